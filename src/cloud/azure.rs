@@ -1,0 +1,224 @@
+//! Entra ID: workload identity federation by client assertion.
+//!
+//! `POST {authority}/{tenant}/oauth2/v2.0/token` with the pod's projected
+//! token (audience `api://AzureADTokenExchange`) as `client_assertion`.
+//! Written on reqwest rather than azure_identity's ClientAssertionCredential:
+//! we need the raw AADSTS code to classify errors for caching, a per-request
+//! tenant and client, and plain-HTTP authority hosts for the emulators.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::{now_unix, retry_after, AccessToken, Cloud, CloudError};
+use crate::secret::{ExposeSecret, SecretString};
+
+/// Well-known Entra authority hosts.
+pub const PUBLIC_CLOUD: &str = "https://login.microsoftonline.com";
+pub const US_GOVERNMENT: &str = "https://login.microsoftonline.us";
+pub const CHINA: &str = "https://login.chinacloudapi.cn";
+
+/// The authority host for a named Azure cloud.
+pub fn authority_for_cloud(name: &str) -> Option<&'static str> {
+    match name.to_ascii_lowercase().as_str() {
+        "public" | "azurepubliccloud" => Some(PUBLIC_CLOUD),
+        "usgovernment" | "azureusgovernment" | "azureusgovernmentcloud" => Some(US_GOVERNMENT),
+        "china" | "azurechinacloud" => Some(CHINA),
+        _ => None,
+    }
+}
+
+/// Converts an AAD v1 resource (what IMDS callers send) to a v2 scope.
+/// A trailing slash on the resource is not doubled.
+pub fn resource_to_scope(resource: &str) -> String {
+    if resource.ends_with("/.default") {
+        resource.to_string()
+    } else if resource.ends_with('/') {
+        format!("{resource}.default")
+    } else {
+        format!("{resource}/.default")
+    }
+}
+
+/// One exchange.
+pub struct AzureRequest<'a> {
+    pub tenant_id: &'a str,
+    pub client_id: &'a str,
+    pub scope: &'a str,
+    pub assertion: &'a SecretString,
+}
+
+/// The Entra exchanger.
+#[derive(Clone)]
+pub struct AzureExchanger {
+    http: reqwest::Client,
+    authority_host: String,
+}
+
+#[derive(Deserialize)]
+struct Success {
+    access_token: String,
+    expires_in: serde_json::Value,
+}
+
+#[derive(Deserialize)]
+struct Failure {
+    error: Option<String>,
+    error_description: Option<String>,
+    #[serde(default)]
+    error_codes: Vec<u64>,
+}
+
+/// AADSTS codes that mean "the service is overloaded or failing", not "no".
+const TRANSIENT_CODES: [u64; 4] = [
+    50196, // client loop / request throttled
+    90033, // temporary service error
+    50000, // server error
+    90055, // too many requests
+];
+
+impl AzureExchanger {
+    pub fn new(http: reqwest::Client, authority_host: impl Into<String>) -> Self {
+        AzureExchanger {
+            http,
+            authority_host: authority_host.into().trim_end_matches('/').to_string(),
+        }
+    }
+
+    pub fn authority_host(&self) -> &str {
+        &self.authority_host
+    }
+
+    pub async fn exchange(&self, req: &AzureRequest<'_>) -> Result<AccessToken, CloudError> {
+        let url = format!(
+            "{}/{}/oauth2/v2.0/token",
+            self.authority_host,
+            urlencode_segment(req.tenant_id)
+        );
+        let form = [
+            ("grant_type", "client_credentials"),
+            ("client_id", req.client_id),
+            ("scope", req.scope),
+            (
+                "client_assertion_type",
+                "urn:ietf:params:oauth:client-assertion-type:jwt-bearer",
+            ),
+            ("client_assertion", req.assertion.expose_secret()),
+        ];
+        let issued_at = now_unix();
+        let resp = self
+            .http
+            .post(&url)
+            .form(&form)
+            .send()
+            .await
+            .map_err(|e| CloudError::Unavailable {
+                cloud: Cloud::Azure,
+                reason: e.without_url().to_string(),
+            })?;
+        let status = resp.status();
+        let retry = retry_after(resp.headers());
+        let body = resp.bytes().await.map_err(|e| CloudError::Unavailable {
+            cloud: Cloud::Azure,
+            reason: e.without_url().to_string(),
+        })?;
+
+        if status.is_success() {
+            let ok: Success = serde_json::from_slice(&body).map_err(|e| CloudError::Protocol {
+                cloud: Cloud::Azure,
+                reason: format!("token response: {e}"),
+            })?;
+            // Entra sends an integer; some proxies and older endpoints a string.
+            let expires_in = match &ok.expires_in {
+                serde_json::Value::Number(n) => n.as_u64(),
+                serde_json::Value::String(s) => s.parse().ok(),
+                _ => None,
+            }
+            .ok_or_else(|| CloudError::Protocol {
+                cloud: Cloud::Azure,
+                reason: "token response has no valid expires_in".into(),
+            })?;
+            return Ok(AccessToken {
+                token: SecretString::from(ok.access_token),
+                issued_at,
+                expires_at: issued_at + expires_in,
+            });
+        }
+
+        let failure: Option<Failure> = serde_json::from_slice(&body).ok();
+        let code = failure
+            .as_ref()
+            .and_then(|f| f.error_codes.first().copied())
+            .map(|c| format!("AADSTS{c}"));
+        let message = failure
+            .as_ref()
+            .and_then(|f| f.error_description.clone().or_else(|| f.error.clone()))
+            .unwrap_or_else(|| format!("HTTP {status}"));
+        let numeric = failure.as_ref().and_then(|f| f.error_codes.first().copied());
+
+        if status.as_u16() == 429 || numeric.is_some_and(|c| TRANSIENT_CODES.contains(&c)) {
+            return Err(CloudError::Throttled {
+                cloud: Cloud::Azure,
+                code: code.unwrap_or_else(|| "HTTP429".into()),
+                retry_after: retry.or(Some(Duration::from_secs(5))),
+            });
+        }
+        if status.is_server_error() {
+            return Err(CloudError::Unavailable {
+                cloud: Cloud::Azure,
+                reason: format!("HTTP {status}: {message}"),
+            });
+        }
+        match code {
+            Some(code) => Err(CloudError::Rejected {
+                cloud: Cloud::Azure,
+                code,
+                message,
+            }),
+            None => Err(CloudError::Protocol {
+                cloud: Cloud::Azure,
+                reason: format!("HTTP {status} without an Entra error body"),
+            }),
+        }
+    }
+}
+
+/// Tenant ids are GUIDs or domain names; anything else is percent-encoded so
+/// it cannot change the path.
+fn urlencode_segment(s: &str) -> String {
+    url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resource_scope_conversion() {
+        assert_eq!(
+            resource_to_scope("https://storage.azure.com"),
+            "https://storage.azure.com/.default"
+        );
+        assert_eq!(
+            resource_to_scope("https://management.azure.com/"),
+            "https://management.azure.com/.default"
+        );
+        assert_eq!(
+            resource_to_scope("https://vault.azure.net/.default"),
+            "https://vault.azure.net/.default"
+        );
+    }
+
+    #[test]
+    fn named_clouds() {
+        assert_eq!(authority_for_cloud("AzurePublicCloud"), Some(PUBLIC_CLOUD));
+        assert_eq!(authority_for_cloud("usgovernment"), Some(US_GOVERNMENT));
+        assert_eq!(authority_for_cloud("china"), Some(CHINA));
+        assert_eq!(authority_for_cloud("mars"), None);
+    }
+
+    #[test]
+    fn tenant_segment_cannot_escape_the_path() {
+        assert_eq!(urlencode_segment("../x?y"), "..%2Fx%3Fy");
+    }
+}

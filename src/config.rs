@@ -1,0 +1,277 @@
+//! Typed configuration: defaults, then a YAML file, then `LANYARD_*`
+//! environment variables, then command-line flags, each overriding the
+//! last. Validated once at start; a bad value is refused with a message
+//! naming the key and what is expected.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use figment::providers::{Env, Format, Serialized};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+use crate::directory::file::ServiceAccountEntry;
+use crate::telemetry::LogFormat;
+
+/// YAML through serde_norway (the maintained serde_yaml fork).
+struct Yaml;
+
+impl Format for Yaml {
+    type Error = serde_norway::Error;
+    const NAME: &'static str = "YAML";
+
+    fn from_str<T: serde::de::DeserializeOwned>(s: &str) -> Result<T, Self::Error> {
+        serde_norway::from_str(s)
+    }
+}
+
+/// Settings for talking to Entra ID.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AzureConfig {
+    /// Named cloud: `public`, `usgovernment` or `china`.
+    pub cloud: String,
+    /// Overrides the cloud's authority host (private endpoints, emulators).
+    pub authority_host: Option<String>,
+    /// Tenant for ServiceAccounts that do not name one.
+    pub tenant_id: Option<String>,
+    /// Audience callers' projected tokens must carry for Azure.
+    pub audience: String,
+}
+
+impl Default for AzureConfig {
+    fn default() -> Self {
+        AzureConfig {
+            cloud: "public".into(),
+            authority_host: None,
+            tenant_id: None,
+            audience: crate::emulator::entra::FEDERATION_AUDIENCE.into(),
+        }
+    }
+}
+
+/// The development identity `lanyard dev` serves.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DevConfig {
+    pub namespace: String,
+    pub service_account: String,
+    pub pod_name: String,
+    pub node_name: String,
+    pub azure_client_id: String,
+    pub azure_tenant_id: String,
+    /// Lifetime, in seconds, of the credentials the emulators issue.
+    pub token_lifetime: u64,
+    /// Lifetime, in seconds, of the projected tokens the built-in issuer
+    /// mints (the kubelet's default is one hour).
+    pub projected_token_lifetime: u64,
+    /// Address the built-in issuer and emulators listen on (port 0: any).
+    pub emulator_listen: SocketAddr,
+    /// Extra ServiceAccounts known to the dev directory.
+    pub service_accounts: Vec<ServiceAccountEntry>,
+}
+
+impl Default for DevConfig {
+    fn default() -> Self {
+        DevConfig {
+            namespace: "default".into(),
+            service_account: "ray-worker".into(),
+            pod_name: "ray-worker-0".into(),
+            node_name: "lanyard-dev-node".into(),
+            azure_client_id: "5f2c9e1a-8d4b-4c7e-9a13-0d6e2b7f4c21".into(),
+            azure_tenant_id: "3b8e4f60-1c2d-4e5f-8a9b-7c6d5e4f3a2b".into(),
+            token_lifetime: 3600,
+            projected_token_lifetime: 3600,
+            emulator_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            service_accounts: Vec::new(),
+        }
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub log_format: LogFormat,
+    /// Default tracing filter (`RUST_LOG` overrides).
+    pub log_level: String,
+    /// Address of the SDK-facing surfaces.
+    pub listen: SocketAddr,
+    pub azure: AzureConfig,
+    pub dev: DevConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            log_format: LogFormat::Text,
+            log_level: "info".into(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 8642)),
+            azure: AzureConfig::default(),
+            dev: DevConfig::default(),
+        }
+    }
+}
+
+/// A configuration value that is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("invalid configuration: {0}")]
+    Load(String),
+    #[error("invalid configuration: {key}: {expected} (got {got:?})")]
+    Invalid {
+        key: &'static str,
+        expected: &'static str,
+        got: String,
+    },
+}
+
+/// Sections whose environment variables are `LANYARD_<SECTION>_<KEY>`.
+const SECTIONS: [&str; 2] = ["azure", "dev"];
+/// Top-level keys settable from the environment.
+const TOP_LEVEL: [&str; 3] = ["log_format", "log_level", "listen"];
+
+impl Config {
+    /// Loads defaults < `file` < environment < `overrides` (flags, as a
+    /// nested map of the same keys), then validates.
+    pub fn load(
+        file: Option<&Path>,
+        overrides: serde_json::Value,
+    ) -> Result<Config, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(path) = file {
+            if !path.is_file() {
+                return Err(ConfigError::Load(format!(
+                    "config file {} does not exist or is not a file",
+                    path.display()
+                )));
+            }
+            figment = figment.merge(figment::providers::Data::<Yaml>::file(path));
+        }
+        figment = figment
+            .merge(env_provider())
+            .merge(Serialized::defaults(overrides));
+        let config: Config = figment
+            .extract()
+            .map_err(|e| ConfigError::Load(e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Semantic checks that types alone cannot express.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key, expected, got: &str| ConfigError::Invalid {
+            key,
+            expected,
+            got: got.to_string(),
+        };
+        if crate::cloud::azure::authority_for_cloud(&self.azure.cloud).is_none() {
+            return Err(invalid(
+                "azure.cloud",
+                "one of public, usgovernment, china",
+                &self.azure.cloud,
+            ));
+        }
+        if let Some(host) = &self.azure.authority_host {
+            check_endpoint(host).map_err(|expected| invalid("azure.authority_host", expected, host))?;
+        }
+        if let Some(t) = &self.azure.tenant_id {
+            if !is_tenant(t) {
+                return Err(invalid("azure.tenant_id", "a tenant GUID or domain name", t));
+            }
+        }
+        if self.azure.audience.trim().is_empty() {
+            return Err(invalid("azure.audience", "a non-empty audience", &self.azure.audience));
+        }
+        let d = &self.dev;
+        if !is_dns_label(&d.namespace) {
+            return Err(invalid("dev.namespace", "a DNS-1123 label (lowercase letters, digits, '-')", &d.namespace));
+        }
+        if !is_dns_subdomain(&d.service_account) {
+            return Err(invalid("dev.service_account", "a DNS-1123 subdomain (lowercase letters, digits, '-', '.')", &d.service_account));
+        }
+        if !is_dns_subdomain(&d.pod_name) {
+            return Err(invalid("dev.pod_name", "a DNS-1123 subdomain", &d.pod_name));
+        }
+        if !is_dns_subdomain(&d.node_name) {
+            return Err(invalid("dev.node_name", "a DNS-1123 subdomain", &d.node_name));
+        }
+        if d.azure_client_id.trim().is_empty() || d.azure_client_id.contains(char::is_whitespace) {
+            return Err(invalid("dev.azure_client_id", "a client id (GUID)", &d.azure_client_id));
+        }
+        if !is_tenant(&d.azure_tenant_id) {
+            return Err(invalid("dev.azure_tenant_id", "a tenant GUID or domain name", &d.azure_tenant_id));
+        }
+        if !(60..=86_400).contains(&d.token_lifetime) {
+            return Err(invalid("dev.token_lifetime", "seconds between 60 and 86400", &d.token_lifetime.to_string()));
+        }
+        if !(600..=86_400).contains(&d.projected_token_lifetime) {
+            return Err(invalid("dev.projected_token_lifetime", "seconds between 600 and 86400 (the kubelet's range)", &d.projected_token_lifetime.to_string()));
+        }
+        for sa in &d.service_accounts {
+            if !is_dns_label(&sa.namespace) || !is_dns_subdomain(&sa.name) {
+                return Err(invalid("dev.service_accounts", "namespace and name as DNS-1123 names", &format!("{}/{}", sa.namespace, sa.name)));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn env_provider() -> Env {
+    Env::prefixed("LANYARD_")
+        .filter(|key| {
+            let key = key.as_str();
+            TOP_LEVEL.contains(&key)
+                || SECTIONS
+                    .iter()
+                    .any(|s| key.strip_prefix(s).is_some_and(|r| r.starts_with('_')))
+        })
+        .map(|key| {
+            let key = key.as_str();
+            for section in SECTIONS {
+                if let Some(rest) = key.strip_prefix(section).and_then(|r| r.strip_prefix('_')) {
+                    return format!("{section}.{rest}").into();
+                }
+            }
+            key.to_string().into()
+        })
+        .lowercase(true)
+}
+
+/// An https URL, or http to a loopback host (emulators, local proxies).
+fn check_endpoint(value: &str) -> Result<(), &'static str> {
+    const EXPECTED: &str = "an https:// URL (http:// only for loopback hosts) without query or fragment";
+    let url = url::Url::parse(value).map_err(|_| EXPECTED)?;
+    let loopback = match url.host() {
+        Some(url::Host::Domain(d)) => d == "localhost",
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    };
+    let scheme_ok = url.scheme() == "https" || (url.scheme() == "http" && loopback);
+    if !scheme_ok || url.query().is_some() || url.fragment().is_some() || url.host().is_none() {
+        return Err(EXPECTED);
+    }
+    Ok(())
+}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
+fn is_tenant(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 256
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+}
+
+#[cfg(test)]
+mod tests;

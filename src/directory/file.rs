@@ -1,0 +1,53 @@
+//! Static bindings: ServiceAccounts and their annotations given in
+//! configuration, in the same shape as in a cluster.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+use super::{Bindings, Directory, DirectoryError};
+
+/// A ServiceAccount as configured: name, namespace and annotations.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceAccountEntry {
+    pub namespace: String,
+    pub name: String,
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// Bindings from a fixed list of ServiceAccounts.
+pub struct StaticDirectory {
+    entries: HashMap<(String, String), Bindings>,
+}
+
+impl StaticDirectory {
+    pub fn new(entries: &[ServiceAccountEntry]) -> Self {
+        StaticDirectory {
+            entries: entries
+                .iter()
+                .map(|e| {
+                    (
+                        (e.namespace.clone(), e.name.clone()),
+                        Bindings::from_annotations(&e.annotations),
+                    )
+                })
+                .collect(),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Directory for StaticDirectory {
+    async fn lookup(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Bindings>, DirectoryError> {
+        Ok(self
+            .entries
+            .get(&(namespace.to_string(), name.to_string()))
+            .cloned())
+    }
+}

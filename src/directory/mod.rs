@@ -1,0 +1,90 @@
+//! Where cloud bindings come from: the annotations on a pod's
+//! ServiceAccount. `file` serves them from static configuration (dev mode,
+//! non-Kubernetes hosts); a Kubernetes reflector arrives with the agent.
+
+pub mod file;
+
+use std::collections::BTreeMap;
+
+/// ServiceAccount annotations Lanyard reads, compatible with the clouds'
+/// own workload-identity webhooks.
+pub mod annotations {
+    pub const AZURE_CLIENT_ID: &str = "azure.workload.identity/client-id";
+    pub const AZURE_TENANT_ID: &str = "azure.workload.identity/tenant-id";
+    /// Lanyard's own: the managed identity's object (principal) id, so that
+    /// IMDS callers selecting by `object_id` can be matched.
+    pub const AZURE_OBJECT_ID: &str = "lanyard.dev/azure-object-id";
+    /// Lanyard's own: the managed identity's ARM resource id, for `msi_res_id`.
+    pub const AZURE_RESOURCE_ID: &str = "lanyard.dev/azure-resource-id";
+}
+
+/// The Azure identity a ServiceAccount may use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AzureBinding {
+    pub client_id: String,
+    /// `None` means the configured default tenant.
+    pub tenant_id: Option<String>,
+    pub object_id: Option<String>,
+    pub resource_id: Option<String>,
+}
+
+/// Every cloud identity bound to one ServiceAccount.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Bindings {
+    pub azure: Option<AzureBinding>,
+}
+
+impl Bindings {
+    /// Reads bindings from ServiceAccount annotations. Empty values count as
+    /// absent, as the clouds' webhooks treat them.
+    pub fn from_annotations(annotations: &BTreeMap<String, String>) -> Bindings {
+        let get = |k: &str| {
+            annotations
+                .get(k)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
+        Bindings {
+            azure: get(annotations::AZURE_CLIENT_ID).map(|client_id| AzureBinding {
+                client_id,
+                tenant_id: get(annotations::AZURE_TENANT_ID),
+                object_id: get(annotations::AZURE_OBJECT_ID),
+                resource_id: get(annotations::AZURE_RESOURCE_ID),
+            }),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.azure.is_none()
+    }
+}
+
+/// Why bindings could not be looked up (the source, not the answer).
+#[derive(Debug, thiserror::Error)]
+#[error("binding directory unavailable: {0}")]
+pub struct DirectoryError(pub String);
+
+/// A source of bindings keyed by namespace and ServiceAccount name.
+#[async_trait::async_trait]
+pub trait Directory: Send + Sync {
+    /// `Ok(None)` when the ServiceAccount is unknown.
+    async fn lookup(&self, namespace: &str, name: &str)
+        -> Result<Option<Bindings>, DirectoryError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn annotations_map_to_bindings() {
+        let mut a = BTreeMap::new();
+        assert!(Bindings::from_annotations(&a).is_empty());
+        a.insert(annotations::AZURE_CLIENT_ID.into(), " abc ".into());
+        a.insert(annotations::AZURE_TENANT_ID.into(), "".into());
+        let b = Bindings::from_annotations(&a);
+        let az = b.azure.unwrap();
+        assert_eq!(az.client_id, "abc");
+        assert_eq!(az.tenant_id, None);
+    }
+}

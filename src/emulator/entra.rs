@@ -1,0 +1,325 @@
+//! Entra ID token endpoint emulator.
+//!
+//! Validates a client-assertion (workload identity federation) request the
+//! way Entra does: the assertion's issuer must appear in a federated
+//! credential of the app, its signature must verify against the keys found
+//! by OIDC discovery of that issuer, its subject and audience must match the
+//! record, and it must be within its validity window. Errors carry Entra's
+//! JSON shape and AADSTS codes, so clients see what they would see in Azure.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use serde_json::json;
+
+use crate::secret::random_token;
+use crate::token::{KeySet, KeySource, Lookup};
+
+/// The audience Entra requires in federated assertions.
+pub const FEDERATION_AUDIENCE: &str = "api://AzureADTokenExchange";
+const JWT_BEARER: &str = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer";
+
+/// A federated identity credential on an app registration.
+#[derive(Debug, Clone)]
+pub struct FederatedCredential {
+    pub issuer: String,
+    pub subject: String,
+    pub audience: String,
+}
+
+/// An app registration (or user-assigned managed identity) in a tenant.
+#[derive(Debug, Clone)]
+pub struct App {
+    pub tenant_id: String,
+    pub client_id: String,
+    pub federated: Vec<FederatedCredential>,
+}
+
+/// Counters tests and the dev admin endpoint read.
+#[derive(Debug, Default)]
+pub struct EntraStats {
+    pub requests: AtomicU64,
+    pub issued: AtomicU64,
+}
+
+/// The emulator's state.
+pub struct Entra {
+    apps: Vec<App>,
+    lifetime: Duration,
+    http: reqwest::Client,
+    key_sets: Mutex<HashMap<String, Arc<KeySet>>>,
+    pub stats: EntraStats,
+}
+
+impl Entra {
+    pub fn new(apps: Vec<App>, lifetime: Duration, http: reqwest::Client) -> Self {
+        Entra {
+            apps,
+            lifetime,
+            http,
+            key_sets: Mutex::new(HashMap::new()),
+            stats: EntraStats::default(),
+        }
+    }
+
+    pub fn router(self: &Arc<Self>) -> Router {
+        Router::new()
+            .route("/{tenant}/oauth2/v2.0/token", post(token))
+            .with_state(self.clone())
+    }
+
+    fn key_set(&self, issuer: &str) -> Arc<KeySet> {
+        let mut sets = self.key_sets.lock().unwrap_or_else(|p| p.into_inner());
+        sets.entry(issuer.to_string())
+            .or_insert_with(|| {
+                Arc::new(KeySet::new(
+                    KeySource::Discovery {
+                        issuer: issuer.to_string(),
+                    },
+                    self.http.clone(),
+                ))
+            })
+            .clone()
+    }
+}
+
+/// An Entra error response.
+struct AadError {
+    status: StatusCode,
+    error: &'static str,
+    code: u32,
+    message: String,
+}
+
+fn aad(status: StatusCode, error: &'static str, code: u32, message: impl Into<String>) -> AadError {
+    AadError {
+        status,
+        error,
+        code,
+        message: message.into(),
+    }
+}
+
+impl IntoResponse for AadError {
+    fn into_response(self) -> Response {
+        let trace_id = uuid::Uuid::new_v4().to_string();
+        let correlation_id = uuid::Uuid::new_v4().to_string();
+        let now = time::OffsetDateTime::now_utc();
+        let timestamp = now
+            .format(time::macros::format_description!(
+                "[year]-[month]-[day] [hour]:[minute]:[second]Z"
+            ))
+            .unwrap_or_default();
+        let description = format!(
+            "AADSTS{}: {} Trace ID: {} Correlation ID: {} Timestamp: {}",
+            self.code, self.message, trace_id, correlation_id, timestamp
+        );
+        let body = json!({
+            "error": self.error,
+            "error_description": description,
+            "error_codes": [self.code],
+            "timestamp": timestamp,
+            "trace_id": trace_id,
+            "correlation_id": correlation_id,
+            "error_uri": format!("https://login.microsoftonline.com/error?code={}", self.code),
+        });
+        (self.status, Json(body)).into_response()
+    }
+}
+
+fn missing(param: &str) -> AadError {
+    aad(
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        900144,
+        format!("The request body must contain the following parameter: '{param}'."),
+    )
+}
+
+#[derive(serde::Deserialize)]
+struct AssertionClaims {
+    iss: Option<String>,
+    sub: Option<String>,
+    aud: Option<crate::token::Audience>,
+    exp: Option<u64>,
+    nbf: Option<u64>,
+}
+
+async fn token(
+    State(entra): State<Arc<Entra>>,
+    Path(tenant): Path<String>,
+    body: Bytes,
+) -> Response {
+    entra.stats.requests.fetch_add(1, Ordering::Relaxed);
+    match issue(&entra, &tenant, &body).await {
+        Ok(resp) => resp,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn issue(entra: &Entra, tenant: &str, body: &[u8]) -> Result<Response, AadError> {
+    let form: HashMap<String, String> = url::form_urlencoded::parse(body).into_owned().collect();
+    let field = |name: &str| form.get(name).map(String::as_str).filter(|v| !v.is_empty());
+
+    if !entra.apps.iter().any(|a| a.tenant_id == tenant) {
+        return Err(aad(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            90002,
+            format!("Tenant '{tenant}' not found. Check to make sure you have the correct tenant ID and are signing into the correct cloud."),
+        ));
+    }
+    let grant_type = field("grant_type").ok_or_else(|| missing("grant_type"))?;
+    if grant_type != "client_credentials" {
+        return Err(aad(
+            StatusCode::BAD_REQUEST,
+            "unsupported_grant_type",
+            70003,
+            format!("The app requested an unsupported grant type '{grant_type}'."),
+        ));
+    }
+    let client_id = field("client_id").ok_or_else(|| missing("client_id"))?;
+    let scope = field("scope").ok_or_else(|| missing("scope"))?;
+    if !scope.ends_with("/.default") || scope.contains(' ') {
+        return Err(aad(
+            StatusCode::BAD_REQUEST,
+            "invalid_scope",
+            1002012,
+            format!("The provided value for scope {scope} is not valid. Client credential flows must have a scope value with /.default suffixed to the resource identifier (application ID URI)."),
+        ));
+    }
+    let assertion = match (field("client_assertion_type"), field("client_assertion")) {
+        (Some(JWT_BEARER), Some(assertion)) => assertion,
+        _ => {
+            return Err(aad(
+                StatusCode::UNAUTHORIZED,
+                "invalid_client",
+                7000218,
+                "The request body must contain the following parameter: 'client_assertion' or 'client_secret'.",
+            ))
+        }
+    };
+    let Some(app) = entra
+        .apps
+        .iter()
+        .find(|a| a.tenant_id == tenant && a.client_id == client_id)
+    else {
+        return Err(aad(
+            StatusCode::BAD_REQUEST,
+            "unauthorized_client",
+            700016,
+            format!("Application with identifier '{client_id}' was not found in the directory '{tenant}'. This can happen if the application has not been installed by the administrator of the tenant or consented to by any user in the tenant."),
+        ));
+    };
+
+    let malformed = || {
+        aad(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            50027,
+            "JWT token is invalid or malformed.",
+        )
+    };
+    let header = jsonwebtoken::decode_header(assertion).map_err(|_| malformed())?;
+    let claims: AssertionClaims =
+        jsonwebtoken::dangerous::insecure_decode_claims(assertion).map_err(|_| malformed())?;
+    let (Some(iss), Some(sub), Some(aud), Some(exp)) = (claims.iss, claims.sub, claims.aud, claims.exp)
+    else {
+        return Err(malformed());
+    };
+
+    let now = jsonwebtoken::get_current_timestamp();
+    let skew = 300; // Entra tolerates five minutes of clock skew.
+    if exp + skew < now || claims.nbf.is_some_and(|nbf| nbf > now + skew) {
+        return Err(aad(
+            StatusCode::BAD_REQUEST,
+            "invalid_client",
+            700024,
+            format!("Client assertion is not within its valid time range. Current time: {}, assertion valid from {}, expiry time of assertion {}.",
+                rfc3339(now), claims.nbf.map(rfc3339).unwrap_or_else(|| "unspecified".into()), rfc3339(exp)),
+        ));
+    }
+
+    let audiences: Vec<&str> = aud.iter().collect();
+    let no_match = || {
+        aad(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            70021,
+            format!("No matching federated identity record found for presented assertion. Assertion Issuer: '{iss}'. Assertion Subject: '{sub}'. Assertion Audience: '{}'.", audiences.join(",")),
+        )
+    };
+    if !app.federated.iter().any(|f| f.issuer == iss) {
+        return Err(no_match());
+    }
+
+    // Signature, against the keys the issuer publishes.
+    let keys = entra.key_set(&iss);
+    let key = match keys.lookup(header.kid.as_deref()).await {
+        Ok(Lookup::Found(key, _)) => key,
+        Ok(Lookup::Unknown) => {
+            return Err(aad(
+                StatusCode::UNAUTHORIZED,
+                "invalid_client",
+                50013,
+                "Assertion failed signature validation. [Reason - The key was not found.]",
+            ))
+        }
+        Err(e) => {
+            return Err(aad(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                50166,
+                format!("Request to External OIDC endpoint failed. {e}"),
+            ))
+        }
+    };
+    let mut validation = jsonwebtoken::Validation::new(header.alg);
+    validation.validate_exp = false; // checked above with Entra's skew
+    validation.validate_aud = false; // checked against the record below
+    validation.required_spec_claims.clear();
+    if jsonwebtoken::decode::<serde_json::Value>(assertion, &key, &validation).is_err() {
+        return Err(aad(
+            StatusCode::UNAUTHORIZED,
+            "invalid_client",
+            50013,
+            "Assertion failed signature validation. [Reason - Key was found, but use of the key to verify the signature failed.]",
+        ));
+    }
+
+    let matched = app.federated.iter().any(|f| {
+        f.issuer == iss && f.subject == sub && audiences.iter().any(|a| *a == f.audience)
+    });
+    if !matched {
+        return Err(no_match());
+    }
+
+    entra.stats.issued.fetch_add(1, Ordering::Relaxed);
+    let lifetime = entra.lifetime.as_secs();
+    Ok((
+        StatusCode::OK,
+        [("cache-control", "no-store, no-cache")],
+        Json(json!({
+            "token_type": "Bearer",
+            "expires_in": lifetime,
+            "ext_expires_in": lifetime,
+            "access_token": format!("entra-emulated.{}", random_token(48)),
+        })),
+    )
+        .into_response())
+}
+
+fn rfc3339(unix: u64) -> String {
+    time::OffsetDateTime::from_unix_timestamp(unix as i64)
+        .ok()
+        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .unwrap_or_else(|| unix.to_string())
+}

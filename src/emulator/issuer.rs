@@ -1,0 +1,138 @@
+//! The built-in service-account token issuer: what kube-apiserver is to a
+//! cluster, on loopback. Serves OIDC discovery and JWKS and mints tokens
+//! with the real Kubernetes claim layout.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::json;
+
+use super::keys::SigningKey;
+use crate::token::{Audience, KubernetesClaim, ObjectRef, ServiceAccountClaims};
+
+/// The pod a token is minted for.
+#[derive(Debug, Clone)]
+pub struct PodIdentity {
+    pub namespace: String,
+    pub service_account: String,
+    pub service_account_uid: String,
+    pub pod_name: String,
+    pub pod_uid: String,
+    pub node_name: String,
+    pub node_uid: String,
+}
+
+impl PodIdentity {
+    /// A pod with fresh uids, as if just scheduled on `node_name`.
+    pub fn new(namespace: &str, service_account: &str, pod_name: &str, node_name: &str) -> Self {
+        PodIdentity {
+            namespace: namespace.to_string(),
+            service_account: service_account.to_string(),
+            service_account_uid: uuid::Uuid::new_v4().to_string(),
+            pod_name: pod_name.to_string(),
+            pod_uid: uuid::Uuid::new_v4().to_string(),
+            node_name: node_name.to_string(),
+            node_uid: uuid::Uuid::new_v4().to_string(),
+        }
+    }
+
+    pub fn subject(&self) -> String {
+        format!(
+            "system:serviceaccount:{}:{}",
+            self.namespace, self.service_account
+        )
+    }
+}
+
+/// An OIDC issuer of service-account tokens.
+pub struct Issuer {
+    url: String,
+    key: SigningKey,
+}
+
+impl Issuer {
+    pub fn new(url: impl Into<String>, key: SigningKey) -> Self {
+        Issuer {
+            url: url.into().trim_end_matches('/').to_string(),
+            key,
+        }
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub fn key(&self) -> &SigningKey {
+        &self.key
+    }
+
+    /// The claims kube-apiserver would put in a projected token for `pod`.
+    pub fn claims_for(
+        &self,
+        pod: &PodIdentity,
+        audiences: &[&str],
+        lifetime: Duration,
+    ) -> ServiceAccountClaims {
+        let now = jsonwebtoken::get_current_timestamp();
+        ServiceAccountClaims {
+            iss: self.url.clone(),
+            sub: pod.subject(),
+            aud: Audience::Many(audiences.iter().map(|a| a.to_string()).collect()),
+            exp: now + lifetime.as_secs(),
+            iat: now,
+            nbf: Some(now),
+            jti: Some(uuid::Uuid::new_v4().to_string()),
+            kubernetes: KubernetesClaim {
+                namespace: pod.namespace.clone(),
+                pod: Some(ObjectRef {
+                    name: pod.pod_name.clone(),
+                    uid: pod.pod_uid.clone(),
+                }),
+                serviceaccount: ObjectRef {
+                    name: pod.service_account.clone(),
+                    uid: pod.service_account_uid.clone(),
+                },
+                node: Some(ObjectRef {
+                    name: pod.node_name.clone(),
+                    uid: pod.node_uid.clone(),
+                }),
+                secret: None,
+            },
+        }
+    }
+
+    /// Mints a projected token for `pod`.
+    pub fn mint(
+        &self,
+        pod: &PodIdentity,
+        audiences: &[&str],
+        lifetime: Duration,
+    ) -> anyhow::Result<String> {
+        self.key.sign(&self.claims_for(pod, audiences, lifetime))
+    }
+
+    /// Signs arbitrary claims (tests use this to craft bad tokens).
+    pub fn sign<T: serde::Serialize>(&self, claims: &T) -> anyhow::Result<String> {
+        self.key.sign(claims)
+    }
+
+    /// Discovery and JWKS, at the paths kube-apiserver uses.
+    pub fn router(self: &Arc<Self>) -> Router {
+        let discovery = json!({
+            "issuer": self.url,
+            "jwks_uri": format!("{}/openid/v1/jwks", self.url),
+            "response_types_supported": ["id_token"],
+            "subject_types_supported": ["public"],
+            "id_token_signing_alg_values_supported": ["RS256", "ES256"],
+        });
+        let jwks = json!({ "keys": [self.key.jwk()] });
+        Router::new()
+            .route(
+                "/.well-known/openid-configuration",
+                get(move || async move { Json(discovery) }),
+            )
+            .route("/openid/v1/jwks", get(move || async move { Json(jwks) }))
+    }
+}

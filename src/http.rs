@@ -1,0 +1,73 @@
+//! Shared HTTP plumbing: the outbound client every exchanger and JWKS fetch
+//! uses, and a helper to run an axum router on a bound listener with
+//! graceful shutdown.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// Builds the outbound HTTP client: rustls, bounded timeouts, no redirects
+/// (token endpoints never redirect; following one could leak a subject
+/// token to another host).
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(15))
+        .redirect(reqwest::redirect::Policy::none())
+        .user_agent(concat!("lanyard/", env!("CARGO_PKG_VERSION")))
+        .build()
+        // Building fails only if the TLS backend cannot initialise, which is
+        // a broken installation rather than a runtime condition.
+        .expect("failed to initialise the HTTP client (TLS backend)")
+}
+
+/// A signal that fires once when the process is asked to stop.
+#[derive(Clone)]
+pub struct Shutdown(watch::Receiver<bool>);
+
+/// The sending half of [`Shutdown`].
+pub struct ShutdownTrigger(watch::Sender<bool>);
+
+impl Shutdown {
+    pub fn new() -> (ShutdownTrigger, Shutdown) {
+        let (tx, rx) = watch::channel(false);
+        (ShutdownTrigger(tx), Shutdown(rx))
+    }
+
+    /// Resolves when shutdown has been triggered (or the trigger dropped).
+    pub async fn wait(mut self) {
+        let _ = self.0.wait_for(|stop| *stop).await;
+    }
+}
+
+impl ShutdownTrigger {
+    pub fn trigger(&self) {
+        let _ = self.0.send(true);
+    }
+}
+
+/// Binds `addr`, failing with a message that names the address.
+pub async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {addr} for the {what}: {e}"))
+}
+
+/// Serves `router` on `listener` until `shutdown` fires, then drains
+/// in-flight requests.
+pub fn spawn_server(
+    listener: TcpListener,
+    router: axum::Router,
+    shutdown: Shutdown,
+) -> tokio::task::JoinHandle<std::io::Result<()>> {
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            router.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(shutdown.wait())
+        .await
+    })
+}

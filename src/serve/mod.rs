@@ -1,0 +1,64 @@
+//! Protocol surfaces: the endpoints cloud SDKs already call, each parsing
+//! its cloud's request into a broker request and rendering the answer (or
+//! the error) in that cloud's exact wire format.
+
+pub mod app_service;
+pub mod azure_imds;
+mod query;
+
+use std::sync::Arc;
+
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use axum::Router;
+
+use crate::broker::TokenBroker;
+use crate::cloud::Cloud;
+use crate::secret::SecretString;
+
+pub use query::Query;
+
+/// Path of the Azure IMDS token endpoint.
+pub const IMDS_TOKEN_PATH: &str = "/metadata/identity/oauth2/token";
+/// Path of the App Service managed-identity endpoint (`IDENTITY_ENDPOINT`).
+pub const APP_SERVICE_PATH: &str = "/msi/token";
+
+/// Where the pod's projected tokens come from: files the kubelet rotates
+/// (sidecar), or the built-in issuer (dev).
+#[async_trait::async_trait]
+pub trait SubjectTokens: Send + Sync {
+    /// The current projected token for `cloud`'s audience.
+    async fn token(&self, cloud: Cloud) -> Result<SecretString, String>;
+}
+
+/// What every surface handler needs.
+pub struct Surfaces {
+    pub broker: Arc<dyn TokenBroker>,
+    pub subjects: Arc<dyn SubjectTokens>,
+    /// Shared secret App Service callers present in `X-IDENTITY-HEADER`.
+    pub identity_header: SecretString,
+}
+
+/// All SDK-facing routes on one listener.
+pub fn router(surfaces: Arc<Surfaces>) -> Router {
+    Router::new()
+        .route(IMDS_TOKEN_PATH, axum::routing::get(azure_imds::token))
+        .route(APP_SERVICE_PATH, axum::routing::get(app_service::token))
+        .fallback(not_found)
+        .with_state(surfaces)
+}
+
+async fn not_found() -> impl IntoResponse {
+    (StatusCode::NOT_FOUND, "Not Found")
+}
+
+/// Requests relayed by a proxy carry `X-Forwarded-For`; metadata services
+/// refuse them so that an SSRF through a proxy in the pod cannot reach us.
+pub(crate) fn is_forwarded(headers: &HeaderMap) -> bool {
+    headers.contains_key("x-forwarded-for") || headers.contains_key("forwarded")
+}
+
+/// Seconds from now until `at` (Unix seconds), never negative.
+pub(crate) fn seconds_until(at: u64) -> u64 {
+    at.saturating_sub(crate::cloud::now_unix())
+}

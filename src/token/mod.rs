@@ -1,0 +1,203 @@
+//! Verification of Kubernetes service-account tokens.
+//!
+//! A [`Verifier`] trusts one issuer (its key set found by discovery or a
+//! fixed JWKS URL) and checks, in order: shape and algorithm, signature,
+//! `iss`, `aud`, `exp`/`nbf` with a small leeway, and the `sub` format. Each
+//! failure is a distinct [`VerifyError`] so that callers, logs and audit
+//! records can say exactly which check failed.
+
+mod claims;
+mod jwks;
+
+use std::collections::HashSet;
+
+pub use claims::{parse_subject, Audience, Caller, KubernetesClaim, ObjectRef, ServiceAccountClaims};
+pub use jwks::{KeySet, KeySource, KeysError, Lookup};
+
+use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::{Algorithm, Validation};
+
+use crate::secret::fingerprint;
+
+/// Clock skew tolerated on `exp`, `nbf` and `iat`, in seconds.
+pub const LEEWAY_SECS: u64 = 30;
+
+/// Algorithms a service-account issuer may use. Kubernetes signs with RS256
+/// or ES256; anything else (notably `none` and HMAC) is refused.
+const ALLOWED_ALGS: [Algorithm; 2] = [Algorithm::RS256, Algorithm::ES256];
+
+/// Which check a token failed.
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    #[error("token is not a well-formed JWT")]
+    Malformed,
+    #[error("token algorithm {0} is not allowed (RS256 or ES256 expected)")]
+    Algorithm(String),
+    #[error("token is signed by a key the issuer does not publish")]
+    UnknownKey,
+    #[error("token signature is invalid")]
+    Signature,
+    #[error("token issuer is not {expected}")]
+    Issuer { expected: String },
+    #[error("token audience does not include {expected}")]
+    Audience { expected: String },
+    #[error("token has expired")]
+    Expired,
+    #[error("token is not valid yet (nbf in the future)")]
+    NotYetValid,
+    #[error("token claim {0} is missing or malformed")]
+    Claims(String),
+    #[error("token subject is not system:serviceaccount:NAMESPACE:NAME or disagrees with its kubernetes.io claim")]
+    Subject,
+    #[error("issuer keys unavailable: {0}")]
+    Keys(#[from] KeysError),
+}
+
+impl VerifyError {
+    /// Short machine-readable reason, for metrics labels and audit.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            VerifyError::Malformed => "malformed",
+            VerifyError::Algorithm(_) => "algorithm",
+            VerifyError::UnknownKey => "unknown_key",
+            VerifyError::Signature => "signature",
+            VerifyError::Issuer { .. } => "issuer",
+            VerifyError::Audience { .. } => "audience",
+            VerifyError::Expired => "expired",
+            VerifyError::NotYetValid => "not_yet_valid",
+            VerifyError::Claims(_) => "claims",
+            VerifyError::Subject => "subject",
+            VerifyError::Keys(_) => "keys_unavailable",
+        }
+    }
+
+    /// Whether retrying later could succeed (issuer keys unreachable) as
+    /// opposed to the token itself being unacceptable.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, VerifyError::Keys(_))
+    }
+}
+
+/// Verifies tokens of one issuer.
+pub struct Verifier {
+    issuer: String,
+    keys: KeySet,
+}
+
+impl Verifier {
+    pub fn new(issuer: impl Into<String>, keys: KeySet) -> Self {
+        Verifier {
+            issuer: issuer.into(),
+            keys,
+        }
+    }
+
+    pub fn issuer(&self) -> &str {
+        &self.issuer
+    }
+
+    /// Verifies `token` for `audience` and returns the claims.
+    pub async fn verify_claims(
+        &self,
+        token: &str,
+        audience: &str,
+    ) -> Result<ServiceAccountClaims, VerifyError> {
+        let header = jsonwebtoken::decode_header(token).map_err(|_| VerifyError::Malformed)?;
+        if !ALLOWED_ALGS.contains(&header.alg) {
+            return Err(VerifyError::Algorithm(format!("{:?}", header.alg)));
+        }
+        let (key, jwk) = match self.keys.lookup(header.kid.as_deref()).await? {
+            Lookup::Found(key, jwk) => (key, jwk),
+            Lookup::Unknown => return Err(VerifyError::UnknownKey),
+        };
+        // A JWK that declares its algorithm binds the key to it: an RSA key
+        // published for RS256 must not verify an RS512 token, and so on.
+        if let Some(key_alg) = jwk.common.key_algorithm {
+            if format!("{key_alg:?}") != format!("{:?}", header.alg) {
+                return Err(VerifyError::Algorithm(format!("{:?}", header.alg)));
+            }
+        }
+
+        let mut validation = Validation::new(header.alg);
+        validation.leeway = LEEWAY_SECS;
+        validation.validate_nbf = true;
+        validation.set_issuer(&[self.issuer.as_str()]);
+        validation.set_audience(&[audience]);
+        validation.set_required_spec_claims(&["exp", "iat", "iss", "aud", "sub"]);
+
+        let data = jsonwebtoken::decode::<ServiceAccountClaims>(token, &key, &validation)
+            .map_err(|e| self.map_error(e.into_kind(), audience))?;
+        let claims = data.claims;
+
+        let now = jsonwebtoken::get_current_timestamp();
+        if claims.iat > now + LEEWAY_SECS {
+            return Err(VerifyError::NotYetValid);
+        }
+        match parse_subject(&claims.sub) {
+            Some((ns, sa))
+                if ns == claims.kubernetes.namespace && sa == claims.kubernetes.serviceaccount.name => {}
+            _ => return Err(VerifyError::Subject),
+        }
+        Ok(claims)
+    }
+
+    /// Verifies `token` for `audience` and returns who is calling.
+    pub async fn verify(&self, token: &str, audience: &str) -> Result<Caller, VerifyError> {
+        let claims = self.verify_claims(token, audience).await?;
+        Ok(Caller {
+            namespace: claims.kubernetes.namespace,
+            service_account: claims.kubernetes.serviceaccount.name,
+            service_account_uid: claims.kubernetes.serviceaccount.uid,
+            pod: claims.kubernetes.pod,
+            node: claims.kubernetes.node,
+            token_expires_at: claims.exp,
+            token_fingerprint: fingerprint(token),
+        })
+    }
+
+    fn map_error(&self, kind: ErrorKind, audience: &str) -> VerifyError {
+        match kind {
+            ErrorKind::InvalidSignature => VerifyError::Signature,
+            ErrorKind::ExpiredSignature => VerifyError::Expired,
+            ErrorKind::ImmatureSignature => VerifyError::NotYetValid,
+            ErrorKind::InvalidIssuer => VerifyError::Issuer {
+                expected: self.issuer.clone(),
+            },
+            ErrorKind::InvalidAudience => VerifyError::Audience {
+                expected: audience.to_string(),
+            },
+            ErrorKind::InvalidAlgorithm => VerifyError::Algorithm("mismatched".into()),
+            ErrorKind::MissingRequiredClaim(c) => VerifyError::Claims(c),
+            ErrorKind::InvalidClaimFormat(c) => VerifyError::Claims(c),
+            ErrorKind::Json(e) => VerifyError::Claims(e.to_string()),
+            ErrorKind::InvalidEcdsaKey | ErrorKind::InvalidRsaKey(_) => VerifyError::Signature,
+            _ => VerifyError::Malformed,
+        }
+    }
+}
+
+/// Reads the unverified `iss` of a token, to decide which issuer's keys to
+/// check it against. Nothing read here is trusted until verified.
+pub fn unverified_issuer(token: &str) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Iss {
+        iss: String,
+    }
+    jsonwebtoken::dangerous::insecure_decode_claims::<Iss>(token)
+        .ok()
+        .map(|c| c.iss)
+}
+
+/// The distinct audiences in a token (unverified), for error messages.
+pub fn unverified_audiences(token: &str) -> HashSet<String> {
+    #[derive(serde::Deserialize)]
+    struct Aud {
+        aud: Audience,
+    }
+    jsonwebtoken::dangerous::insecure_decode_claims::<Aud>(token)
+        .map(|c| c.aud.iter().map(str::to_string).collect())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests;
