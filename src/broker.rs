@@ -188,7 +188,9 @@ fn selector_matches(binding: &AzureBinding, selector: Option<&AzureSelector>) ->
     match selector {
         None => true,
         Some(AzureSelector::ClientId(id)) => eq(id, &binding.client_id),
-        Some(AzureSelector::ObjectId(id)) => binding.object_id.as_deref().is_some_and(|o| eq(o, id)),
+        Some(AzureSelector::ObjectId(id)) => {
+            binding.object_id.as_deref().is_some_and(|o| eq(o, id))
+        }
         Some(AzureSelector::ResourceId(id)) => {
             binding.resource_id.as_deref().is_some_and(|r| eq(r, id))
         }
@@ -210,7 +212,7 @@ impl TokenBroker for Broker {
             caller.as_ref(),
             subject,
             &request.resource,
-            result.as_ref().map(|g| g.client_id.as_str()).map_err(|e| e),
+            result.as_ref().map(|g| g.client_id.as_str()),
             started.elapsed(),
         );
         result
@@ -236,12 +238,26 @@ mod tests {
         assert!(selector_matches(&b, None));
         assert!(selector_matches(
             &b,
-            Some(&AzureSelector::ClientId("11111111-2222-3333-4444-555555555555".to_uppercase()))
+            Some(&AzureSelector::ClientId(
+                "11111111-2222-3333-4444-555555555555".to_uppercase()
+            ))
         ));
-        assert!(!selector_matches(&b, Some(&AzureSelector::ClientId("other".into()))));
-        assert!(selector_matches(&b, Some(&AzureSelector::ObjectId("oid-1".into()))));
-        assert!(!selector_matches(&b, Some(&AzureSelector::ObjectId("oid-2".into()))));
+        assert!(!selector_matches(
+            &b,
+            Some(&AzureSelector::ClientId("other".into()))
+        ));
+        assert!(selector_matches(
+            &b,
+            Some(&AzureSelector::ObjectId("oid-1".into()))
+        ));
+        assert!(!selector_matches(
+            &b,
+            Some(&AzureSelector::ObjectId("oid-2".into()))
+        ));
         // No resource id is known, so no resource id can select it.
-        assert!(!selector_matches(&b, Some(&AzureSelector::ResourceId("/subscriptions/x".into()))));
+        assert!(!selector_matches(
+            &b,
+            Some(&AzureSelector::ResourceId("/subscriptions/x".into()))
+        ));
     }
 }

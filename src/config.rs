@@ -126,6 +126,21 @@ pub enum ConfigError {
     },
 }
 
+/// Command-line flags as a provider, so errors can say "command-line flag".
+struct Flags(serde_json::Value);
+
+impl figment::Provider for Flags {
+    fn metadata(&self) -> figment::Metadata {
+        figment::Metadata::named("command-line flag")
+    }
+
+    fn data(
+        &self,
+    ) -> Result<figment::value::Map<figment::Profile, figment::value::Dict>, figment::Error> {
+        Serialized::defaults(&self.0).data()
+    }
+}
+
 /// Sections whose environment variables are `LANYARD_<SECTION>_<KEY>`.
 const SECTIONS: [&str; 2] = ["azure", "dev"];
 /// Top-level keys settable from the environment.
@@ -134,10 +149,7 @@ const TOP_LEVEL: [&str; 3] = ["log_format", "log_level", "listen"];
 impl Config {
     /// Loads defaults < `file` < environment < `overrides` (flags, as a
     /// nested map of the same keys), then validates.
-    pub fn load(
-        file: Option<&Path>,
-        overrides: serde_json::Value,
-    ) -> Result<Config, ConfigError> {
+    pub fn load(file: Option<&Path>, overrides: serde_json::Value) -> Result<Config, ConfigError> {
         let mut figment = Figment::from(Serialized::defaults(Config::default()));
         if let Some(path) = file {
             if !path.is_file() {
@@ -148,12 +160,8 @@ impl Config {
             }
             figment = figment.merge(figment::providers::Data::<Yaml>::file(path));
         }
-        figment = figment
-            .merge(env_provider())
-            .merge(Serialized::defaults(overrides));
-        let config: Config = figment
-            .extract()
-            .map_err(|e| ConfigError::Load(e.to_string()))?;
+        figment = figment.merge(env_provider()).merge(Flags(overrides));
+        let config: Config = figment.extract().map_err(describe)?;
         config.validate()?;
         Ok(config)
     }
@@ -173,74 +181,148 @@ impl Config {
             ));
         }
         if let Some(host) = &self.azure.authority_host {
-            check_endpoint(host).map_err(|expected| invalid("azure.authority_host", expected, host))?;
+            check_endpoint(host)
+                .map_err(|expected| invalid("azure.authority_host", expected, host))?;
         }
         if let Some(t) = &self.azure.tenant_id {
             if !is_tenant(t) {
-                return Err(invalid("azure.tenant_id", "a tenant GUID or domain name", t));
+                return Err(invalid(
+                    "azure.tenant_id",
+                    "a tenant GUID or domain name",
+                    t,
+                ));
             }
         }
         if self.azure.audience.trim().is_empty() {
-            return Err(invalid("azure.audience", "a non-empty audience", &self.azure.audience));
+            return Err(invalid(
+                "azure.audience",
+                "a non-empty audience",
+                &self.azure.audience,
+            ));
         }
         let d = &self.dev;
         if !is_dns_label(&d.namespace) {
-            return Err(invalid("dev.namespace", "a DNS-1123 label (lowercase letters, digits, '-')", &d.namespace));
+            return Err(invalid(
+                "dev.namespace",
+                "a DNS-1123 label (lowercase letters, digits, '-')",
+                &d.namespace,
+            ));
         }
         if !is_dns_subdomain(&d.service_account) {
-            return Err(invalid("dev.service_account", "a DNS-1123 subdomain (lowercase letters, digits, '-', '.')", &d.service_account));
+            return Err(invalid(
+                "dev.service_account",
+                "a DNS-1123 subdomain (lowercase letters, digits, '-', '.')",
+                &d.service_account,
+            ));
         }
         if !is_dns_subdomain(&d.pod_name) {
             return Err(invalid("dev.pod_name", "a DNS-1123 subdomain", &d.pod_name));
         }
         if !is_dns_subdomain(&d.node_name) {
-            return Err(invalid("dev.node_name", "a DNS-1123 subdomain", &d.node_name));
+            return Err(invalid(
+                "dev.node_name",
+                "a DNS-1123 subdomain",
+                &d.node_name,
+            ));
         }
         if d.azure_client_id.trim().is_empty() || d.azure_client_id.contains(char::is_whitespace) {
-            return Err(invalid("dev.azure_client_id", "a client id (GUID)", &d.azure_client_id));
+            return Err(invalid(
+                "dev.azure_client_id",
+                "a client id (GUID)",
+                &d.azure_client_id,
+            ));
         }
         if !is_tenant(&d.azure_tenant_id) {
-            return Err(invalid("dev.azure_tenant_id", "a tenant GUID or domain name", &d.azure_tenant_id));
+            return Err(invalid(
+                "dev.azure_tenant_id",
+                "a tenant GUID or domain name",
+                &d.azure_tenant_id,
+            ));
         }
         if !(60..=86_400).contains(&d.token_lifetime) {
-            return Err(invalid("dev.token_lifetime", "seconds between 60 and 86400", &d.token_lifetime.to_string()));
+            return Err(invalid(
+                "dev.token_lifetime",
+                "seconds between 60 and 86400",
+                &d.token_lifetime.to_string(),
+            ));
         }
         if !(600..=86_400).contains(&d.projected_token_lifetime) {
-            return Err(invalid("dev.projected_token_lifetime", "seconds between 600 and 86400 (the kubelet's range)", &d.projected_token_lifetime.to_string()));
+            return Err(invalid(
+                "dev.projected_token_lifetime",
+                "seconds between 600 and 86400 (the kubelet's range)",
+                &d.projected_token_lifetime.to_string(),
+            ));
         }
         for sa in &d.service_accounts {
             if !is_dns_label(&sa.namespace) || !is_dns_subdomain(&sa.name) {
-                return Err(invalid("dev.service_accounts", "namespace and name as DNS-1123 names", &format!("{}/{}", sa.namespace, sa.name)));
+                return Err(invalid(
+                    "dev.service_accounts",
+                    "namespace and name as DNS-1123 names",
+                    &format!("{}/{}", sa.namespace, sa.name),
+                ));
             }
         }
         Ok(())
     }
 }
 
-fn env_provider() -> Env {
-    Env::prefixed("LANYARD_")
-        .filter(|key| {
-            let key = key.as_str();
-            TOP_LEVEL.contains(&key)
-                || SECTIONS
-                    .iter()
-                    .any(|s| key.strip_prefix(s).is_some_and(|r| r.starts_with('_')))
-        })
-        .map(|key| {
-            let key = key.as_str();
-            for section in SECTIONS {
-                if let Some(rest) = key.strip_prefix(section).and_then(|r| r.strip_prefix('_')) {
-                    return format!("{section}.{rest}").into();
+/// Turns figment's errors into messages that name the key and where the
+/// bad value came from (file, environment variable or flag).
+fn describe(errors: figment::Error) -> ConfigError {
+    let messages: Vec<String> = errors
+        .into_iter()
+        .map(|e| {
+            let key = e.path.join(".").to_ascii_lowercase();
+            let source = match &e.metadata {
+                Some(m) if m.name.contains("environment") => {
+                    format!(
+                        " (environment variable LANYARD_{})",
+                        e.path.join("_").to_ascii_uppercase()
+                    )
                 }
+                Some(m) => match &m.source {
+                    Some(figment::Source::File(path)) => format!(" (in {})", path.display()),
+                    _ => format!(" ({})", m.name),
+                },
+                None => String::new(),
+            };
+            if key.is_empty() {
+                format!("{}{source}", e.kind)
+            } else {
+                format!("{key}{source}: {}", e.kind)
             }
-            key.to_string().into()
         })
-        .lowercase(true)
+        .collect();
+    ConfigError::Load(messages.join("; "))
+}
+
+fn env_provider() -> Env {
+    // Keys arrive with the prefix stripped but in the environment's case.
+    fn section_key(key: &str) -> Option<String> {
+        let key = key.to_ascii_lowercase();
+        if TOP_LEVEL.contains(&key.as_str()) {
+            return Some(key);
+        }
+        SECTIONS.iter().find_map(|section| {
+            key.strip_prefix(section)
+                .and_then(|r| r.strip_prefix('_'))
+                .filter(|r| !r.is_empty())
+                .map(|rest| format!("{section}.{rest}"))
+        })
+    }
+    Env::prefixed("LANYARD_")
+        .filter(|key| section_key(key.as_str()).is_some())
+        .map(|key| {
+            section_key(key.as_str())
+                .unwrap_or_else(|| key.as_str().to_string())
+                .into()
+        })
 }
 
 /// An https URL, or http to a loopback host (emulators, local proxies).
 fn check_endpoint(value: &str) -> Result<(), &'static str> {
-    const EXPECTED: &str = "an https:// URL (http:// only for loopback hosts) without query or fragment";
+    const EXPECTED: &str =
+        "an https:// URL (http:// only for loopback hosts) without query or fragment";
     let url = url::Url::parse(value).map_err(|_| EXPECTED)?;
     let loopback = match url.host() {
         Some(url::Host::Domain(d)) => d == "localhost",
@@ -258,7 +340,8 @@ fn check_endpoint(value: &str) -> Result<(), &'static str> {
 fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
         && !s.ends_with('-')
 }
@@ -270,7 +353,8 @@ fn is_dns_subdomain(s: &str) -> bool {
 fn is_tenant(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 256
-        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
 }
 
 #[cfg(test)]

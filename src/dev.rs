@@ -13,8 +13,8 @@ use crate::broker::{AzureSettings, Broker};
 use crate::cloud::azure::{authority_for_cloud, AzureExchanger};
 use crate::cloud::Cloud;
 use crate::config::Config;
-use crate::directory::file::{ServiceAccountEntry, StaticDirectory};
 use crate::directory::annotations;
+use crate::directory::file::{ServiceAccountEntry, StaticDirectory};
 use crate::emulator::entra::{App, Entra, FederatedCredential};
 use crate::emulator::{Issuer, PodIdentity, SigningKey};
 use crate::http::{bind, spawn_server, Shutdown, ShutdownTrigger};
@@ -100,9 +100,18 @@ impl DevStack {
         let issuer_listener = bind(dev.emulator_listen, "built-in issuer").await?;
         let issuer_url = format!("http://{}", issuer_listener.local_addr()?);
         let issuer = Arc::new(Issuer::new(issuer_url, SigningKey::generate_rs256()?));
-        servers.push(spawn_server(issuer_listener, issuer.router(), shutdown.clone()));
+        servers.push(spawn_server(
+            issuer_listener,
+            issuer.router(),
+            shutdown.clone(),
+        ));
 
-        let pod = PodIdentity::new(&dev.namespace, &dev.service_account, &dev.pod_name, &dev.node_name);
+        let pod = PodIdentity::new(
+            &dev.namespace,
+            &dev.service_account,
+            &dev.pod_name,
+            &dev.node_name,
+        );
 
         // Entra: the emulator unless an authority host is configured.
         let (authority_host, entra) = match &config.azure.authority_host {
@@ -135,8 +144,14 @@ impl DevStack {
             namespace: dev.namespace.clone(),
             name: dev.service_account.clone(),
             annotations: [
-                (annotations::AZURE_CLIENT_ID.to_string(), dev.azure_client_id.clone()),
-                (annotations::AZURE_TENANT_ID.to_string(), dev.azure_tenant_id.clone()),
+                (
+                    annotations::AZURE_CLIENT_ID.to_string(),
+                    dev.azure_client_id.clone(),
+                ),
+                (
+                    annotations::AZURE_TENANT_ID.to_string(),
+                    dev.azure_tenant_id.clone(),
+                ),
             ]
             .into_iter()
             .collect(),
@@ -158,7 +173,11 @@ impl DevStack {
             directory,
             AzureSettings {
                 exchanger: AzureExchanger::new(http.clone(), authority_host),
-                default_tenant: config.azure.tenant_id.clone().or(Some(dev.azure_tenant_id.clone())),
+                default_tenant: config
+                    .azure
+                    .tenant_id
+                    .clone()
+                    .or(Some(dev.azure_tenant_id.clone())),
                 audience: config.azure.audience.clone(),
             },
         ));
@@ -176,12 +195,22 @@ impl DevStack {
         });
         let listener = bind(config.listen, "SDK surfaces").await?;
         let surfaces_addr = listener.local_addr()?;
-        servers.push(spawn_server(listener, serve::router(surfaces), shutdown.clone()));
+        servers.push(spawn_server(
+            listener,
+            serve::router(surfaces),
+            shutdown.clone(),
+        ));
 
         let base = format!("http://{surfaces_addr}");
         let exports = vec![
-            ("AZURE_POD_IDENTITY_AUTHORITY_HOST".to_string(), base.clone()),
-            ("IDENTITY_ENDPOINT".to_string(), format!("{base}{}", serve::APP_SERVICE_PATH)),
+            (
+                "AZURE_POD_IDENTITY_AUTHORITY_HOST".to_string(),
+                base.clone(),
+            ),
+            (
+                "IDENTITY_ENDPOINT".to_string(),
+                format!("{base}{}", serve::APP_SERVICE_PATH),
+            ),
             ("IDENTITY_HEADER".to_string(), identity_header),
             ("AZURE_CLIENT_ID".to_string(), dev.azure_client_id.clone()),
             ("AZURE_TENANT_ID".to_string(), dev.azure_tenant_id.clone()),
@@ -274,7 +303,10 @@ mod tests {
 
     #[test]
     fn quoting() {
-        assert_eq!(shell_quote("http://127.0.0.1:8642/msi/token"), "http://127.0.0.1:8642/msi/token");
+        assert_eq!(
+            shell_quote("http://127.0.0.1:8642/msi/token"),
+            "http://127.0.0.1:8642/msi/token"
+        );
         assert_eq!(shell_quote("a b"), "'a b'");
         assert_eq!(shell_quote("it's"), r"'it'\''s'");
     }

@@ -10,7 +10,11 @@ use lanyard::config::Config;
 use lanyard::telemetry::{self, LogFormat};
 
 #[derive(Parser)]
-#[command(name = "lanyard", version, about = "Node-local credential broker for Kubernetes: projected service-account tokens in, short-lived Entra ID credentials out, on the endpoints the cloud SDKs already speak.")]
+#[command(
+    name = "lanyard",
+    version,
+    about = "Node-local credential broker for Kubernetes: projected service-account tokens in, short-lived Entra ID credentials out, on the endpoints the cloud SDKs already speak."
+)]
 struct Cli {
     /// YAML configuration file.
     #[arg(long, global = true, env = "LANYARD_CONFIG", value_name = "FILE")]
@@ -91,7 +95,10 @@ fn main() -> ExitCode {
         }
     };
     telemetry::init(config.log_format, &config.log_level);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("lanyard: cannot start the async runtime: {e}");

@@ -15,7 +15,9 @@ use crate::secret::{fingerprint, ExposeSecret, SecretString};
 use crate::token::Caller;
 
 /// Log line format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     Text,

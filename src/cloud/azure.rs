@@ -106,16 +106,16 @@ impl AzureExchanger {
             ("client_assertion", req.assertion.expose_secret()),
         ];
         let issued_at = now_unix();
-        let resp = self
-            .http
-            .post(&url)
-            .form(&form)
-            .send()
-            .await
-            .map_err(|e| CloudError::Unavailable {
-                cloud: Cloud::Azure,
-                reason: e.without_url().to_string(),
-            })?;
+        let resp =
+            self.http
+                .post(&url)
+                .form(&form)
+                .send()
+                .await
+                .map_err(|e| CloudError::Unavailable {
+                    cloud: Cloud::Azure,
+                    reason: e.without_url().to_string(),
+                })?;
         let status = resp.status();
         let retry = retry_after(resp.headers());
         let body = resp.bytes().await.map_err(|e| CloudError::Unavailable {
@@ -154,7 +154,9 @@ impl AzureExchanger {
             .as_ref()
             .and_then(|f| f.error_description.clone().or_else(|| f.error.clone()))
             .unwrap_or_else(|| format!("HTTP {status}"));
-        let numeric = failure.as_ref().and_then(|f| f.error_codes.first().copied());
+        let numeric = failure
+            .as_ref()
+            .and_then(|f| f.error_codes.first().copied());
 
         if status.as_u16() == 429 || numeric.is_some_and(|c| TRANSIENT_CODES.contains(&c)) {
             return Err(CloudError::Throttled {

@@ -231,7 +231,8 @@ async fn issue(entra: &Entra, tenant: &str, body: &[u8]) -> Result<Response, Aad
     let header = jsonwebtoken::decode_header(assertion).map_err(|_| malformed())?;
     let claims: AssertionClaims =
         jsonwebtoken::dangerous::insecure_decode_claims(assertion).map_err(|_| malformed())?;
-    let (Some(iss), Some(sub), Some(aud), Some(exp)) = (claims.iss, claims.sub, claims.aud, claims.exp)
+    let (Some(iss), Some(sub), Some(aud), Some(exp)) =
+        (claims.iss, claims.sub, claims.aud, claims.exp)
     else {
         return Err(malformed());
     };
@@ -295,9 +296,10 @@ async fn issue(entra: &Entra, tenant: &str, body: &[u8]) -> Result<Response, Aad
         ));
     }
 
-    let matched = app.federated.iter().any(|f| {
-        f.issuer == iss && f.subject == sub && audiences.iter().any(|a| *a == f.audience)
-    });
+    let matched = app
+        .federated
+        .iter()
+        .any(|f| f.issuer == iss && f.subject == sub && audiences.iter().any(|a| *a == f.audience));
     if !matched {
         return Err(no_match());
     }
@@ -320,6 +322,9 @@ async fn issue(entra: &Entra, tenant: &str, body: &[u8]) -> Result<Response, Aad
 fn rfc3339(unix: u64) -> String {
     time::OffsetDateTime::from_unix_timestamp(unix as i64)
         .ok()
-        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
         .unwrap_or_else(|| unix.to_string())
 }

@@ -80,7 +80,10 @@ pub async fn token(
         .get("x-identity-header")
         .map(|v| v.as_bytes())
         .unwrap_or_default();
-    if !constant_time_eq(presented, surfaces.identity_header.expose_secret().as_bytes()) {
+    if !constant_time_eq(
+        presented,
+        surfaces.identity_header.expose_secret().as_bytes(),
+    ) {
         return error(
             StatusCode::UNAUTHORIZED,
             "The X-IDENTITY-HEADER header is missing or does not match IDENTITY_HEADER",
@@ -94,10 +97,16 @@ pub async fn token(
         );
     }
     if query.get("api-version").is_none() {
-        return error(StatusCode::BAD_REQUEST, "The api-version parameter is required");
+        return error(
+            StatusCode::BAD_REQUEST,
+            "The api-version parameter is required",
+        );
     }
     let Some(resource) = query.get("resource") else {
-        return error(StatusCode::BAD_REQUEST, "The resource parameter is required");
+        return error(
+            StatusCode::BAD_REQUEST,
+            "The resource parameter is required",
+        );
     };
     let selector = match selector(&query) {
         Ok(s) => s,

@@ -33,13 +33,40 @@ fn bad_request(description: impl Into<String>) -> Response {
 /// Service (`principal_id`, `mi_res_id`), since SDKs mix them.
 pub(crate) fn selector(query: &Query) -> Result<Option<AzureSelector>, String> {
     let candidates = [
-        ("client_id", query.get("client_id").map(|v| AzureSelector::ClientId(v.into()))),
-        ("object_id", query.get("object_id").map(|v| AzureSelector::ObjectId(v.into()))),
-        ("principal_id", query.get("principal_id").map(|v| AzureSelector::ObjectId(v.into()))),
-        ("msi_res_id", query.get("msi_res_id").map(|v| AzureSelector::ResourceId(v.into()))),
-        ("mi_res_id", query.get("mi_res_id").map(|v| AzureSelector::ResourceId(v.into()))),
+        (
+            "client_id",
+            query
+                .get("client_id")
+                .map(|v| AzureSelector::ClientId(v.into())),
+        ),
+        (
+            "object_id",
+            query
+                .get("object_id")
+                .map(|v| AzureSelector::ObjectId(v.into())),
+        ),
+        (
+            "principal_id",
+            query
+                .get("principal_id")
+                .map(|v| AzureSelector::ObjectId(v.into())),
+        ),
+        (
+            "msi_res_id",
+            query
+                .get("msi_res_id")
+                .map(|v| AzureSelector::ResourceId(v.into())),
+        ),
+        (
+            "mi_res_id",
+            query
+                .get("mi_res_id")
+                .map(|v| AzureSelector::ResourceId(v.into())),
+        ),
     ];
-    let mut given = candidates.into_iter().filter_map(|(n, s)| s.map(|s| (n, s)));
+    let mut given = candidates
+        .into_iter()
+        .filter_map(|(n, s)| s.map(|s| (n, s)));
     let first = given.next();
     if let Some((second, _)) = given.next() {
         return Err(format!(
@@ -119,7 +146,9 @@ pub async fn token(
     }
     let query = Query::parse(raw.as_deref());
     if let Some(dup) = query.duplicated() {
-        return bad_request(format!("Query parameter '{dup}' is specified more than once"));
+        return bad_request(format!(
+            "Query parameter '{dup}' is specified more than once"
+        ));
     }
     if query.get("api-version").is_none() {
         return bad_request("Required query variable 'api-version' is missing");

@@ -41,7 +41,9 @@ mod tests {
 
     #[test]
     fn parses_and_flags_duplicates() {
-        let q = Query::parse(Some("resource=https%3A%2F%2Fstorage.azure.com&api-version=2018-02-01&x="));
+        let q = Query::parse(Some(
+            "resource=https%3A%2F%2Fstorage.azure.com&api-version=2018-02-01&x=",
+        ));
         assert_eq!(q.get("resource"), Some("https://storage.azure.com"));
         assert_eq!(q.get("x"), None);
         assert_eq!(q.duplicated(), None);

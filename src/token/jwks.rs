@@ -59,7 +59,7 @@ pub struct KeySet {
 
 /// The outcome of looking up a key id.
 pub enum Lookup {
-    Found(DecodingKey, Jwk),
+    Found(Box<DecodingKey>, Box<Jwk>),
     /// Not in the set, even after a (rate-limited) refetch.
     Unknown,
 }
@@ -173,5 +173,5 @@ fn find(keys: &JwkSet, kid: Option<&str>) -> Option<Lookup> {
         None => return None,
     };
     let key = DecodingKey::from_jwk(jwk).ok()?;
-    Some(Lookup::Found(key, jwk.clone()))
+    Some(Lookup::Found(Box::new(key), Box::new(jwk.clone())))
 }

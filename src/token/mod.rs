@@ -11,7 +11,9 @@ mod jwks;
 
 use std::collections::HashSet;
 
-pub use claims::{parse_subject, Audience, Caller, KubernetesClaim, ObjectRef, ServiceAccountClaims};
+pub use claims::{
+    parse_subject, Audience, Caller, KubernetesClaim, ObjectRef, ServiceAccountClaims,
+};
 pub use jwks::{KeySet, KeySource, KeysError, Lookup};
 
 use jsonwebtoken::errors::ErrorKind;
@@ -135,7 +137,8 @@ impl Verifier {
         }
         match parse_subject(&claims.sub) {
             Some((ns, sa))
-                if ns == claims.kubernetes.namespace && sa == claims.kubernetes.serviceaccount.name => {}
+                if ns == claims.kubernetes.namespace
+                    && sa == claims.kubernetes.serviceaccount.name => {}
             _ => return Err(VerifyError::Subject),
         }
         Ok(claims)

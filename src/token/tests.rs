@@ -1,0 +1,225 @@
+//! Verifier tests against a live built-in issuer on loopback.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+use crate::emulator::{Issuer, PodIdentity, SigningKey};
+use crate::http::{bind, spawn_server, Shutdown};
+
+const AUD: &str = "api://AzureADTokenExchange";
+
+struct Fixture {
+    issuer: Arc<Issuer>,
+    verifier: Verifier,
+    pod: PodIdentity,
+    _trigger: crate::http::ShutdownTrigger,
+}
+
+async fn fixture(key: SigningKey) -> Fixture {
+    let (trigger, shutdown) = Shutdown::new();
+    let listener = bind("127.0.0.1:0".parse().unwrap(), "issuer")
+        .await
+        .unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let issuer = Arc::new(Issuer::new(url.clone(), key));
+    spawn_server(listener, issuer.router(), shutdown);
+    let verifier = Verifier::new(
+        url.clone(),
+        KeySet::new(KeySource::Discovery { issuer: url }, crate::http::client())
+            .with_refetch_interval(Duration::from_millis(200)),
+    );
+    Fixture {
+        issuer,
+        verifier,
+        pod: PodIdentity::new("default", "ray-worker", "ray-worker-0", "node-a"),
+        _trigger: trigger,
+    }
+}
+
+fn hour() -> Duration {
+    Duration::from_secs(3600)
+}
+
+#[tokio::test]
+async fn accepts_rs256_token_and_returns_caller() {
+    let f = fixture(SigningKey::generate_rs256().unwrap()).await;
+    let token = f.issuer.mint(&f.pod, &[AUD, "other"], hour()).unwrap();
+    let caller = f.verifier.verify(&token, AUD).await.unwrap();
+    assert_eq!(caller.namespace, "default");
+    assert_eq!(caller.service_account, "ray-worker");
+    assert_eq!(caller.pod.unwrap().name, "ray-worker-0");
+    assert_eq!(caller.node.unwrap().name, "node-a");
+    assert_eq!(caller.token_fingerprint, crate::secret::fingerprint(&token));
+}
+
+#[tokio::test]
+async fn accepts_es256_token() {
+    let f = fixture(SigningKey::generate_es256().unwrap()).await;
+    let token = f.issuer.mint(&f.pod, &[AUD], hour()).unwrap();
+    assert!(f.verifier.verify(&token, AUD).await.is_ok());
+}
+
+#[tokio::test]
+async fn refuses_wrong_audience() {
+    let f = fixture(SigningKey::generate_rs256().unwrap()).await;
+    let token = f
+        .issuer
+        .mint(&f.pod, &["sts.amazonaws.com"], hour())
+        .unwrap();
+    let err = f.verifier.verify(&token, AUD).await.unwrap_err();
+    assert!(matches!(err, VerifyError::Audience { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn refuses_expired_and_future_tokens() {
+    let f = fixture(SigningKey::generate_rs256().unwrap()).await;
+    let mut claims = f.issuer.claims_for(&f.pod, &[AUD], hour());
+    claims.iat -= 7200;
+    claims.nbf = Some(claims.iat);
+    claims.exp = claims.iat + 600;
+    let expired = f.issuer.sign(&claims).unwrap();
+    let err = f.verifier.verify(&expired, AUD).await.unwrap_err();
+    assert!(matches!(err, VerifyError::Expired), "{err:?}");
+
+    let mut claims = f.issuer.claims_for(&f.pod, &[AUD], hour());
+    claims.nbf = Some(claims.iat + 600);
+    let future = f.issuer.sign(&claims).unwrap();
+    let err = f.verifier.verify(&future, AUD).await.unwrap_err();
+    assert!(matches!(err, VerifyError::NotYetValid), "{err:?}");
+}
+
+#[tokio::test]
+async fn tolerates_small_clock_skew() {
+    let f = fixture(SigningKey::generate_rs256().unwrap()).await;
+    let mut claims = f.issuer.claims_for(&f.pod, &[AUD], hour());
+    claims.nbf = Some(claims.iat + 10);
+    claims.exp = jsonwebtoken::get_current_timestamp() - 10;
+    let token = f.issuer.sign(&claims).unwrap();
+    assert!(f.verifier.verify(&token, AUD).await.is_ok());
+}
+
+#[tokio::test]
+async fn refuses_wrong_issuer() {
+    let f = fixture(SigningKey::generate_rs256().unwrap()).await;
+    let mut claims = f.issuer.claims_for(&f.pod, &[AUD], hour());
+    claims.iss = "https://evil.example".into();
+    let token = f.issuer.sign(&claims).unwrap();
+    let err = f.verifier.verify(&token, AUD).await.unwrap_err();
+    assert!(matches!(err, VerifyError::Issuer { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn refuses_token_signed_by_another_key_with_same_kid() {
+    let f = fixture(SigningKey::generate_rs256().unwrap()).await;
+    let other = SigningKey::generate_rs256().unwrap();
+    let claims = f.issuer.claims_for(&f.pod, &[AUD], hour());
+    let forged = other.sign_with_kid(&claims, f.issuer.key().kid()).unwrap();
+    let err = f.verifier.verify(&forged, AUD).await.unwrap_err();
+    assert!(matches!(err, VerifyError::Signature), "{err:?}");
+}
+
+#[tokio::test]
+async fn unknown_kid_refetches_at_most_once_per_interval() {
+    let f = fixture(SigningKey::generate_rs256().unwrap()).await;
+    let other = SigningKey::generate_rs256().unwrap();
+    let claims = f.issuer.claims_for(&f.pod, &[AUD], hour());
+    let forged = other.sign(&claims).unwrap();
+    // Prime the cache with a good token.
+    let good = f.issuer.mint(&f.pod, &[AUD], hour()).unwrap();
+    f.verifier.verify(&good, AUD).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let err = f.verifier.verify(&forged, AUD).await.unwrap_err();
+    assert!(matches!(err, VerifyError::UnknownKey), "{err:?}");
+    // Immediately again: refused from cache without a refetch storm.
+    let err = f.verifier.verify(&forged, AUD).await.unwrap_err();
+    assert!(matches!(err, VerifyError::UnknownKey), "{err:?}");
+}
+
+#[tokio::test]
+async fn refuses_hmac_and_none_algorithms() {
+    let f = fixture(SigningKey::generate_rs256().unwrap()).await;
+    let claims = f.issuer.claims_for(&f.pod, &[AUD], hour());
+    let hs = jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(Algorithm::HS256),
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(b"secret").unwrap(),
+    )
+    .unwrap();
+    assert!(matches!(
+        f.verifier.verify(&hs, AUD).await.unwrap_err(),
+        VerifyError::Algorithm(_)
+    ));
+    use base64::Engine;
+    let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+    let none = format!(
+        "{}.{}.",
+        b64(r#"{"alg":"none","typ":"JWT"}"#),
+        b64(&serde_json::to_string(&claims).unwrap())
+    );
+    let err = f.verifier.verify(&none, AUD).await.unwrap_err();
+    assert!(
+        matches!(err, VerifyError::Malformed | VerifyError::Algorithm(_)),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn refuses_garbage_and_tampered_tokens() {
+    let f = fixture(SigningKey::generate_rs256().unwrap()).await;
+    for junk in ["", "abc", "a.b.c", "....", "eyJ.eyJ.sig"] {
+        let err = f.verifier.verify(junk, AUD).await.unwrap_err();
+        assert!(matches!(err, VerifyError::Malformed), "{junk:?}: {err:?}");
+    }
+    let token = f.issuer.mint(&f.pod, &[AUD], hour()).unwrap();
+    let mut parts: Vec<String> = token.split('.').map(str::to_string).collect();
+    let mut claims = f.issuer.claims_for(&f.pod, &[AUD], hour());
+    claims.sub = "system:serviceaccount:kube-system:admin".into();
+    claims.kubernetes.namespace = "kube-system".into();
+    claims.kubernetes.serviceaccount.name = "admin".into();
+    use base64::Engine;
+    parts[1] = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .encode(serde_json::to_vec(&claims).unwrap());
+    let tampered = parts.join(".");
+    let err = f.verifier.verify(&tampered, AUD).await.unwrap_err();
+    assert!(matches!(err, VerifyError::Signature), "{err:?}");
+}
+
+#[tokio::test]
+async fn refuses_subject_that_disagrees_with_kubernetes_claim() {
+    let f = fixture(SigningKey::generate_rs256().unwrap()).await;
+    let mut claims = f.issuer.claims_for(&f.pod, &[AUD], hour());
+    claims.sub = "system:serviceaccount:default:someone-else".into();
+    let token = f.issuer.sign(&claims).unwrap();
+    assert!(matches!(
+        f.verifier.verify(&token, AUD).await.unwrap_err(),
+        VerifyError::Subject
+    ));
+    let mut claims = f.issuer.claims_for(&f.pod, &[AUD], hour());
+    claims.sub = "user:alice".into();
+    let token = f.issuer.sign(&claims).unwrap();
+    assert!(matches!(
+        f.verifier.verify(&token, AUD).await.unwrap_err(),
+        VerifyError::Subject
+    ));
+}
+
+#[tokio::test]
+async fn unreachable_issuer_is_a_transient_key_error() {
+    let verifier = Verifier::new(
+        "http://127.0.0.1:9",
+        KeySet::new(
+            KeySource::Discovery {
+                issuer: "http://127.0.0.1:9".into(),
+            },
+            crate::http::client(),
+        ),
+    );
+    let key = SigningKey::generate_rs256().unwrap();
+    let issuer = Issuer::new("http://127.0.0.1:9", key);
+    let pod = PodIdentity::new("default", "sa", "p", "n");
+    let token = issuer.mint(&pod, &[AUD], hour()).unwrap();
+    let err = verifier.verify(&token, AUD).await.unwrap_err();
+    assert!(matches!(err, VerifyError::Keys(_)), "{err:?}");
+    assert!(err.is_transient());
+}

@@ -1,0 +1,98 @@
+"""Fixtures: a running `lanyard dev` and the environment it exports.
+
+Each test gets the exports as a dict and can apply them to os.environ with
+monkeypatch, exactly as a user would `eval` them in a shell. At teardown the
+fixture asserts that no issued token and no JWT ever appeared in Lanyard's
+logs.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Variables a developer's shell might carry that would redirect the SDKs.
+SDK_VARIABLES = [
+    "AZURE_POD_IDENTITY_AUTHORITY_HOST", "IDENTITY_ENDPOINT", "IDENTITY_HEADER",
+    "AZURE_CLIENT_ID", "AZURE_TENANT_ID", "AZURE_FEDERATED_TOKEN_FILE",
+    "AZURE_CLIENT_SECRET", "MSI_ENDPOINT", "MSI_SECRET", "IMDS_ENDPOINT",
+    "IDENTITY_SERVER_THUMBPRINT", "AZURE_AUTHORITY_HOST",
+]
+
+
+def lanyard_binary() -> str:
+    explicit = os.environ.get("LANYARD_BIN")
+    if explicit:
+        return explicit
+    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+    for profile in ("debug", "release"):
+        candidate = target / profile / "lanyard"
+        if candidate.exists():
+            return str(candidate)
+    raise RuntimeError("lanyard binary not found; run `cargo build` or set LANYARD_BIN")
+
+
+class Dev:
+    """A `lanyard dev` process, its exports and its log."""
+
+    def __init__(self, args, log_path: Path):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LANYARD_")}
+        env.setdefault("RUST_LOG", "debug")
+        self.log_path = log_path
+        self.log = open(log_path, "wb")
+        self.proc = subprocess.Popen(
+            [lanyard_binary(), "dev", "--listen", "127.0.0.1:0", *args],
+            stdout=subprocess.PIPE, stderr=self.log, env=env,
+        )
+        self.exports = {}
+        self.issued = []  # every token the tests saw, checked against the log
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            line = self.proc.stdout.readline().decode()
+            if not line:
+                break
+            m = re.match(r"^export ([A-Z0-9_]+)=(.*)$", line.strip())
+            if m:
+                self.exports[m.group(1)] = m.group(2).strip("'")
+            if "AZURE_TENANT_ID" in self.exports:
+                break
+        if "IDENTITY_ENDPOINT" not in self.exports:
+            self.stop()
+            raise RuntimeError("lanyard dev did not print its exports:\n" + self.read_log())
+
+    def read_log(self) -> str:
+        self.log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def dev(tmp_path, monkeypatch):
+    for name in SDK_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    d = Dev([], tmp_path / "lanyard.log")
+    yield d
+    code = d.stop()
+    log = d.log_path.read_text(errors="replace")
+    assert code == 0, f"lanyard dev exited with {code} on SIGTERM:\n{log}"
+    assert "shutting down" in log
+    for token in d.issued:
+        assert token not in log, "an issued token appeared in Lanyard's log"
+    assert not re.search(r"eyJ[A-Za-z0-9_-]{10,}\.", log), "a JWT appeared in Lanyard's log"
+    assert d.exports["IDENTITY_HEADER"] not in log, "the identity header secret appeared in the log"

@@ -1,0 +1,163 @@
+//! Shared test fixtures: a built-in issuer and Entra emulator on loopback,
+//! and a surfaces stack wired to them for a chosen pod and directory.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lanyard::broker::{AzureSettings, Broker};
+use lanyard::cloud::azure::AzureExchanger;
+use lanyard::cloud::Cloud;
+use lanyard::dev::MintedTokens;
+use lanyard::directory::file::{ServiceAccountEntry, StaticDirectory};
+use lanyard::emulator::entra::{App, Entra, FederatedCredential, FEDERATION_AUDIENCE};
+use lanyard::emulator::{Issuer, PodIdentity, SigningKey};
+use lanyard::http::{bind, spawn_server, Shutdown, ShutdownTrigger};
+use lanyard::secret::SecretString;
+use lanyard::serve::{self, Surfaces};
+use lanyard::token::{KeySet, KeySource, Verifier};
+
+pub const TENANT: &str = "3b8e4f60-1c2d-4e5f-8a9b-7c6d5e4f3a2b";
+pub const CLIENT: &str = "5f2c9e1a-8d4b-4c7e-9a13-0d6e2b7f4c21";
+pub const OBJECT: &str = "0c1d2e3f-4a5b-4c6d-8e7f-a0b1c2d3e4f5";
+pub const IDENTITY_HEADER: &str = "test-identity-header-secret";
+
+/// Issuer + Entra emulator, running until dropped.
+pub struct Upstreams {
+    pub issuer: Arc<Issuer>,
+    pub entra: Arc<Entra>,
+    pub entra_url: String,
+    pub trigger: ShutdownTrigger,
+    pub shutdown: Shutdown,
+}
+
+async fn serve(router: axum::Router, shutdown: &Shutdown) -> SocketAddr {
+    let listener = bind("127.0.0.1:0".parse().unwrap(), "test server")
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    spawn_server(listener, router, shutdown.clone());
+    addr
+}
+
+/// The dev pod identity used throughout the tests.
+pub fn pod() -> PodIdentity {
+    PodIdentity::new("default", "ray-worker", "ray-worker-0", "node-a")
+}
+
+/// Starts an issuer and an Entra emulator where `CLIENT` in `TENANT`
+/// federates `subject` from that issuer.
+pub async fn upstreams(subject: &str, lifetime: Duration) -> Upstreams {
+    let (trigger, shutdown) = Shutdown::new();
+    let listener = bind("127.0.0.1:0".parse().unwrap(), "issuer")
+        .await
+        .unwrap();
+    let issuer_url = format!("http://{}", listener.local_addr().unwrap());
+    let issuer = Arc::new(Issuer::new(
+        issuer_url,
+        SigningKey::generate_rs256().unwrap(),
+    ));
+    spawn_server(listener, issuer.router(), shutdown.clone());
+    let entra = Arc::new(Entra::new(
+        vec![App {
+            tenant_id: TENANT.into(),
+            client_id: CLIENT.into(),
+            federated: vec![FederatedCredential {
+                issuer: issuer.url().into(),
+                subject: subject.into(),
+                audience: FEDERATION_AUDIENCE.into(),
+            }],
+        }],
+        lifetime,
+        lanyard::http::client(),
+    ));
+    let entra_url = format!("http://{}", serve(entra.router(), &shutdown).await);
+    Upstreams {
+        issuer,
+        entra,
+        entra_url,
+        trigger,
+        shutdown,
+    }
+}
+
+/// A ServiceAccount entry with annotations.
+pub fn service_account(ns: &str, name: &str, annotations: &[(&str, &str)]) -> ServiceAccountEntry {
+    ServiceAccountEntry {
+        namespace: ns.into(),
+        name: name.into(),
+        annotations: annotations
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect::<BTreeMap<_, _>>(),
+    }
+}
+
+/// The default binding of the dev ServiceAccount.
+pub fn bound_dev_account() -> ServiceAccountEntry {
+    service_account(
+        "default",
+        "ray-worker",
+        &[
+            ("azure.workload.identity/client-id", CLIENT),
+            ("azure.workload.identity/tenant-id", TENANT),
+            ("lanyard.dev/azure-object-id", OBJECT),
+        ],
+    )
+}
+
+/// Surfaces for `pod`, whose projected tokens `issuer` mints, resolving
+/// bindings from `accounts`. Returns the base URL.
+pub async fn surfaces(
+    up: &Upstreams,
+    pod: PodIdentity,
+    accounts: &[ServiceAccountEntry],
+) -> String {
+    surfaces_with_issuer(up, up.issuer.clone(), pod, accounts).await
+}
+
+/// As [`surfaces`], but the pod's tokens come from `minting_issuer`
+/// (which may differ from the issuer the broker trusts).
+pub async fn surfaces_with_issuer(
+    up: &Upstreams,
+    minting_issuer: Arc<Issuer>,
+    pod: PodIdentity,
+    accounts: &[ServiceAccountEntry],
+) -> String {
+    let http = lanyard::http::client();
+    let verifier = Verifier::new(
+        up.issuer.url(),
+        KeySet::new(
+            KeySource::Discovery {
+                issuer: up.issuer.url().into(),
+            },
+            http.clone(),
+        ),
+    );
+    let broker = Arc::new(Broker::new(
+        verifier,
+        Arc::new(StaticDirectory::new(accounts)),
+        AzureSettings {
+            exchanger: AzureExchanger::new(http, up.entra_url.clone()),
+            default_tenant: Some(TENANT.into()),
+            audience: FEDERATION_AUDIENCE.into(),
+        },
+    ));
+    let subjects = Arc::new(MintedTokens::new(
+        minting_issuer,
+        pod,
+        Duration::from_secs(3600),
+        vec![(Cloud::Azure, FEDERATION_AUDIENCE.into())],
+    ));
+    let surfaces = Arc::new(Surfaces {
+        broker,
+        subjects,
+        identity_header: SecretString::from(IDENTITY_HEADER.to_string()),
+    });
+    format!(
+        "http://{}",
+        serve(serve::router(surfaces), &up.shutdown).await
+    )
+}
