@@ -9,9 +9,11 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::cloud::aws::{AwsCredentials, AwsExchanger};
 use crate::cloud::azure::{resource_to_scope, AzureExchanger, AzureRequest};
+use crate::cloud::gcp::{GcpExchanger, IdToken};
 use crate::cloud::{AccessToken, Cloud, CloudError};
-use crate::directory::{AzureBinding, Directory};
+use crate::directory::{AzureBinding, Bindings, Directory};
 use crate::secret::SecretString;
 use crate::token::{Caller, Verifier, VerifyError};
 
@@ -40,6 +42,62 @@ pub struct AzureGrant {
     pub resource: String,
 }
 
+/// The Google identity a caller acts as on the metadata server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GcpIdentity {
+    /// The impersonated service account, or `PROJECT.svc.id.goog` when the
+    /// caller uses its federated principal directly (as GKE reports it).
+    pub email: String,
+    /// Whether `email` is a real service account being impersonated.
+    pub impersonated: bool,
+    pub project_id: String,
+    pub project_number: String,
+}
+
+/// A Google access-token request from the GCE metadata surface.
+#[derive(Debug, Clone)]
+pub struct GcpTokenRequest {
+    /// `default` or the service account's email, from the request path.
+    pub account: String,
+    /// Requested OAuth scopes; empty means cloud-platform.
+    pub scopes: Vec<String>,
+}
+
+/// A Google ID-token request (`.../identity?audience=&format=`).
+#[derive(Debug, Clone)]
+pub struct GcpIdTokenRequest {
+    pub account: String,
+    pub audience: String,
+    /// `format=full`: include the email claims.
+    pub include_email: bool,
+}
+
+/// A Google access token and whom it belongs to.
+#[derive(Debug, Clone)]
+pub struct GcpGrant {
+    pub token: AccessToken,
+    pub identity: GcpIdentity,
+}
+
+/// AWS session credentials and the role they are for.
+#[derive(Debug, Clone)]
+pub struct AwsGrant {
+    pub credentials: AwsCredentials,
+    pub role_arn: String,
+}
+
+impl AwsGrant {
+    /// The role name, the last path segment of the ARN (IMDS lists it).
+    pub fn role_name(&self) -> &str {
+        role_name(&self.role_arn)
+    }
+}
+
+/// The name of a role from its ARN (`arn:aws:iam::1:role/path/NAME` → `NAME`).
+pub fn role_name(arn: &str) -> &str {
+    arn.rsplit('/').next().unwrap_or(arn)
+}
+
 /// Why a request was not granted.
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
@@ -53,6 +111,8 @@ pub enum BrokerError {
     },
     #[error("the requested identity is not bound to this service account")]
     IdentityNotFound,
+    #[error("{0} is not configured on this broker")]
+    CloudDisabled(Cloud),
     #[error("{0}")]
     BadRequest(String),
     #[error(transparent)]
@@ -68,6 +128,7 @@ impl BrokerError {
             BrokerError::Unauthenticated(e) => e.reason(),
             BrokerError::NotBound { .. } => "not_bound",
             BrokerError::IdentityNotFound => "identity_not_found",
+            BrokerError::CloudDisabled(_) => "cloud_disabled",
             BrokerError::BadRequest(_) => "bad_request",
             BrokerError::Upstream(CloudError::Rejected { .. }) => "upstream_rejected",
             BrokerError::Upstream(CloudError::Throttled { .. }) => "upstream_throttled",
@@ -95,6 +156,26 @@ pub trait TokenBroker: Send + Sync {
         subject: &SecretString,
         request: &AzureTokenRequest,
     ) -> Result<AzureGrant, BrokerError>;
+
+    /// Who the caller is on Google (for the metadata server's listings).
+    async fn gcp_identity(&self, subject: &SecretString) -> Result<GcpIdentity, BrokerError>;
+
+    async fn gcp_token(
+        &self,
+        subject: &SecretString,
+        request: &GcpTokenRequest,
+    ) -> Result<GcpGrant, BrokerError>;
+
+    async fn gcp_id_token(
+        &self,
+        subject: &SecretString,
+        request: &GcpIdTokenRequest,
+    ) -> Result<IdToken, BrokerError>;
+
+    /// The role ARN bound to the caller, without exchanging (IMDS listing).
+    async fn aws_role(&self, subject: &SecretString) -> Result<String, BrokerError>;
+
+    async fn aws_credentials(&self, subject: &SecretString) -> Result<AwsGrant, BrokerError>;
 }
 
 /// Per-cloud settings of the broker.
@@ -106,20 +187,245 @@ pub struct AzureSettings {
     pub audience: String,
 }
 
+/// Google settings of the broker.
+pub struct GcpSettings {
+    pub exchanger: GcpExchanger,
+    /// The workload identity pool provider, `//iam.googleapis.com/projects/N/locations/global/workloadIdentityPools/P/providers/R`:
+    /// the STS `audience`.
+    pub provider: String,
+    /// Audience callers' projected tokens must carry for Google.
+    pub audience: String,
+    pub project_id: String,
+    pub project_number: String,
+    /// Lifetime asked of `generateAccessToken`.
+    pub token_lifetime: std::time::Duration,
+}
+
+/// AWS settings of the broker.
+pub struct AwsSettings {
+    pub exchanger: AwsExchanger,
+    /// Audience callers' projected tokens must carry for AWS.
+    pub audience: String,
+    /// `DurationSeconds` asked of STS.
+    pub session_duration: std::time::Duration,
+}
+
 /// The in-process broker: the agent's core.
 pub struct Broker {
     verifier: Verifier,
     directory: Arc<dyn Directory>,
-    azure: AzureSettings,
+    azure: Option<AzureSettings>,
+    gcp: Option<GcpSettings>,
+    aws: Option<AwsSettings>,
 }
 
 impl Broker {
-    pub fn new(verifier: Verifier, directory: Arc<dyn Directory>, azure: AzureSettings) -> Self {
+    /// A broker with no cloud enabled; add them with the `with_*` methods.
+    pub fn new(verifier: Verifier, directory: Arc<dyn Directory>) -> Self {
         Broker {
             verifier,
             directory,
-            azure,
+            azure: None,
+            gcp: None,
+            aws: None,
         }
+    }
+
+    pub fn with_azure(mut self, azure: AzureSettings) -> Self {
+        self.azure = Some(azure);
+        self
+    }
+
+    pub fn with_gcp(mut self, gcp: GcpSettings) -> Self {
+        self.gcp = Some(gcp);
+        self
+    }
+
+    pub fn with_aws(mut self, aws: AwsSettings) -> Self {
+        self.aws = Some(aws);
+        self
+    }
+
+    /// Verifies the caller's token for `audience` and looks up its bindings.
+    async fn authenticate(
+        &self,
+        subject: &SecretString,
+        audience: &str,
+        caller_out: &mut Option<Caller>,
+    ) -> Result<(Caller, Bindings), BrokerError> {
+        use secrecy::ExposeSecret;
+        let caller = self
+            .verifier
+            .verify(subject.expose_secret(), audience)
+            .await?;
+        *caller_out = Some(caller.clone());
+        let bindings = self
+            .directory
+            .lookup(&caller.namespace, &caller.service_account)
+            .await
+            .map_err(|e| BrokerError::Unavailable(e.to_string()))?
+            .unwrap_or_default();
+        Ok((caller, bindings))
+    }
+
+    fn not_bound(cloud: Cloud, caller: &Caller) -> BrokerError {
+        BrokerError::NotBound {
+            cloud,
+            namespace: caller.namespace.clone(),
+            name: caller.service_account.clone(),
+        }
+    }
+
+    fn gcp_settings(&self) -> Result<&GcpSettings, BrokerError> {
+        self.gcp
+            .as_ref()
+            .ok_or(BrokerError::CloudDisabled(Cloud::Gcp))
+    }
+
+    fn aws_settings(&self) -> Result<&AwsSettings, BrokerError> {
+        self.aws
+            .as_ref()
+            .ok_or(BrokerError::CloudDisabled(Cloud::Aws))
+    }
+
+    async fn gcp_identity_inner(
+        &self,
+        subject: &SecretString,
+        caller_out: &mut Option<Caller>,
+    ) -> Result<GcpIdentity, BrokerError> {
+        let gcp = self.gcp_settings()?;
+        let (_, bindings) = self
+            .authenticate(subject, &gcp.audience, caller_out)
+            .await?;
+        Ok(match bindings.gcp_service_account {
+            Some(email) => GcpIdentity {
+                email,
+                impersonated: true,
+                project_id: gcp.project_id.clone(),
+                project_number: gcp.project_number.clone(),
+            },
+            None => GcpIdentity {
+                email: format!("{}.svc.id.goog", gcp.project_id),
+                impersonated: false,
+                project_id: gcp.project_id.clone(),
+                project_number: gcp.project_number.clone(),
+            },
+        })
+    }
+
+    /// `default` or the identity's own email select it; anything else is
+    /// another identity and is refused.
+    fn check_account(identity: &GcpIdentity, account: &str) -> Result<(), BrokerError> {
+        if account == "default" || account.eq_ignore_ascii_case(&identity.email) {
+            Ok(())
+        } else {
+            Err(BrokerError::IdentityNotFound)
+        }
+    }
+
+    async fn gcp_token_inner(
+        &self,
+        subject: &SecretString,
+        request: &GcpTokenRequest,
+        caller_out: &mut Option<Caller>,
+    ) -> Result<GcpGrant, BrokerError> {
+        let gcp = self.gcp_settings()?;
+        let identity = self.gcp_identity_inner(subject, caller_out).await?;
+        Self::check_account(&identity, &request.account)?;
+        let token = if identity.impersonated {
+            let federated = gcp
+                .exchanger
+                .exchange(
+                    subject,
+                    &gcp.provider,
+                    &[crate::cloud::gcp::CLOUD_PLATFORM_SCOPE.to_string()],
+                )
+                .await?;
+            gcp.exchanger
+                .generate_access_token(
+                    &federated.token,
+                    &identity.email,
+                    &request.scopes,
+                    gcp.token_lifetime,
+                )
+                .await?
+        } else {
+            gcp.exchanger
+                .exchange(subject, &gcp.provider, &request.scopes)
+                .await?
+        };
+        Ok(GcpGrant { token, identity })
+    }
+
+    async fn gcp_id_token_inner(
+        &self,
+        subject: &SecretString,
+        request: &GcpIdTokenRequest,
+        caller_out: &mut Option<Caller>,
+    ) -> Result<IdToken, BrokerError> {
+        let gcp = self.gcp_settings()?;
+        let identity = self.gcp_identity_inner(subject, caller_out).await?;
+        Self::check_account(&identity, &request.account)?;
+        if !identity.impersonated {
+            // A federated principal has no email to sign ID tokens for; GKE
+            // refuses the same way.
+            return Err(BrokerError::BadRequest(
+                "ID tokens need a Google service account: annotate the Kubernetes service account with iam.gke.io/gcp-service-account".into(),
+            ));
+        }
+        if request.audience.trim().is_empty() {
+            return Err(BrokerError::BadRequest("audience is required".into()));
+        }
+        let federated = gcp
+            .exchanger
+            .exchange(
+                subject,
+                &gcp.provider,
+                &[crate::cloud::gcp::CLOUD_PLATFORM_SCOPE.to_string()],
+            )
+            .await?;
+        Ok(gcp
+            .exchanger
+            .generate_id_token(
+                &federated.token,
+                &identity.email,
+                &request.audience,
+                request.include_email,
+            )
+            .await?)
+    }
+
+    async fn aws_role_inner(
+        &self,
+        subject: &SecretString,
+        caller_out: &mut Option<Caller>,
+    ) -> Result<(Caller, String), BrokerError> {
+        let aws = self.aws_settings()?;
+        let (caller, bindings) = self
+            .authenticate(subject, &aws.audience, caller_out)
+            .await?;
+        let arn = bindings
+            .aws_role_arn
+            .ok_or_else(|| Self::not_bound(Cloud::Aws, &caller))?;
+        Ok((caller, arn))
+    }
+
+    async fn aws_credentials_inner(
+        &self,
+        subject: &SecretString,
+        caller_out: &mut Option<Caller>,
+    ) -> Result<AwsGrant, BrokerError> {
+        let aws = self.aws_settings()?;
+        let (caller, role_arn) = self.aws_role_inner(subject, caller_out).await?;
+        let session = AwsExchanger::session_name(&caller.namespace, &caller.service_account);
+        let credentials = aws
+            .exchanger
+            .assume_role_with_web_identity(&role_arn, &session, subject, aws.session_duration)
+            .await?;
+        Ok(AwsGrant {
+            credentials,
+            role_arn,
+        })
     }
 
     async fn azure_inner(
@@ -128,31 +434,23 @@ impl Broker {
         request: &AzureTokenRequest,
         caller_out: &mut Option<Caller>,
     ) -> Result<AzureGrant, BrokerError> {
-        use secrecy::ExposeSecret;
-        let caller = self
-            .verifier
-            .verify(subject.expose_secret(), &self.azure.audience)
+        let azure = self
+            .azure
+            .as_ref()
+            .ok_or(BrokerError::CloudDisabled(Cloud::Azure))?;
+        let (caller, bindings) = self
+            .authenticate(subject, &azure.audience, caller_out)
             .await?;
-        *caller_out = Some(caller.clone());
-        let bindings = self
-            .directory
-            .lookup(&caller.namespace, &caller.service_account)
-            .await
-            .map_err(|e| BrokerError::Unavailable(e.to_string()))?;
         let binding = bindings
-            .and_then(|b| b.azure)
-            .ok_or_else(|| BrokerError::NotBound {
-                cloud: Cloud::Azure,
-                namespace: caller.namespace.clone(),
-                name: caller.service_account.clone(),
-            })?;
+            .azure
+            .ok_or_else(|| Self::not_bound(Cloud::Azure, &caller))?;
         if !selector_matches(&binding, request.selector.as_ref()) {
             return Err(BrokerError::IdentityNotFound);
         }
         let tenant = binding
             .tenant_id
             .as_deref()
-            .or(self.azure.default_tenant.as_deref())
+            .or(azure.default_tenant.as_deref())
             .ok_or_else(|| {
                 BrokerError::BadRequest(format!(
                     "service account {}/{} names no Azure tenant and no default tenant is configured",
@@ -164,8 +462,7 @@ impl Broker {
             return Err(BrokerError::BadRequest("resource is empty".into()));
         }
         let scope = resource_to_scope(resource);
-        let token = self
-            .azure
+        let token = azure
             .exchanger
             .exchange(&AzureRequest {
                 tenant_id: tenant,
@@ -213,6 +510,71 @@ impl TokenBroker for Broker {
             subject,
             &request.resource,
             result.as_ref().map(|g| g.client_id.as_str()),
+            started.elapsed(),
+        );
+        result
+    }
+
+    async fn gcp_identity(&self, subject: &SecretString) -> Result<GcpIdentity, BrokerError> {
+        // A lookup, not a grant: no audit record.
+        self.gcp_identity_inner(subject, &mut None).await
+    }
+
+    async fn gcp_token(
+        &self,
+        subject: &SecretString,
+        request: &GcpTokenRequest,
+    ) -> Result<GcpGrant, BrokerError> {
+        let started = Instant::now();
+        let mut caller = None;
+        let result = self.gcp_token_inner(subject, request, &mut caller).await;
+        let scopes = request.scopes.join(" ");
+        crate::telemetry::audit_decision(
+            Cloud::Gcp,
+            caller.as_ref(),
+            subject,
+            &scopes,
+            result.as_ref().map(|g| g.identity.email.as_str()),
+            started.elapsed(),
+        );
+        result
+    }
+
+    async fn gcp_id_token(
+        &self,
+        subject: &SecretString,
+        request: &GcpIdTokenRequest,
+    ) -> Result<IdToken, BrokerError> {
+        let started = Instant::now();
+        let mut caller = None;
+        let result = self.gcp_id_token_inner(subject, request, &mut caller).await;
+        crate::telemetry::audit_decision(
+            Cloud::Gcp,
+            caller.as_ref(),
+            subject,
+            &format!("id_token:{}", request.audience),
+            result.as_ref().map(|_| request.account.as_str()),
+            started.elapsed(),
+        );
+        result
+    }
+
+    async fn aws_role(&self, subject: &SecretString) -> Result<String, BrokerError> {
+        self.aws_role_inner(subject, &mut None)
+            .await
+            .map(|(_, arn)| arn)
+    }
+
+    async fn aws_credentials(&self, subject: &SecretString) -> Result<AwsGrant, BrokerError> {
+        let started = Instant::now();
+        let mut caller = None;
+        let result = self.aws_credentials_inner(subject, &mut caller).await;
+        crate::telemetry::audit_decision(
+            Cloud::Aws,
+            caller.as_ref(),
+            subject,
+            "sts:AssumeRoleWithWebIdentity",
+            result.as_ref().map(|g| g.role_arn.as_str()),
             started.elapsed(),
         );
         result

@@ -50,6 +50,61 @@ impl Default for AzureConfig {
     }
 }
 
+/// Settings for Google workload identity federation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GcpConfig {
+    /// `//iam.googleapis.com/projects/N/locations/global/workloadIdentityPools/P/providers/R`.
+    pub workload_identity_provider: Option<String>,
+    pub project_id: Option<String>,
+    pub project_number: Option<String>,
+    /// Audience callers' projected tokens must carry; default: the provider.
+    pub audience: Option<String>,
+    pub sts_endpoint: Option<String>,
+    pub iamcredentials_endpoint: Option<String>,
+    /// Lifetime, in seconds, asked of generateAccessToken (300–3600).
+    pub token_lifetime: u64,
+}
+
+impl Default for GcpConfig {
+    fn default() -> Self {
+        GcpConfig {
+            workload_identity_provider: None,
+            project_id: None,
+            project_number: None,
+            audience: None,
+            sts_endpoint: None,
+            iamcredentials_endpoint: None,
+            token_lifetime: 3600,
+        }
+    }
+}
+
+/// Settings for AWS STS.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AwsConfig {
+    /// Region of the STS endpoint and the one reported to SDKs.
+    pub region: String,
+    /// Overrides the regional STS endpoint.
+    pub sts_endpoint: Option<String>,
+    /// Audience callers' projected tokens must carry for AWS.
+    pub audience: String,
+    /// `DurationSeconds` asked of STS (900–43200).
+    pub session_duration: u64,
+}
+
+impl Default for AwsConfig {
+    fn default() -> Self {
+        AwsConfig {
+            region: "us-east-1".into(),
+            sts_endpoint: None,
+            audience: "sts.amazonaws.com".into(),
+            session_duration: 3600,
+        }
+    }
+}
+
 /// The development identity `lanyard dev` serves.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -60,6 +115,10 @@ pub struct DevConfig {
     pub node_name: String,
     pub azure_client_id: String,
     pub azure_tenant_id: String,
+    /// Google service account the dev identity impersonates.
+    pub gcp_service_account: String,
+    /// IAM role the dev identity assumes.
+    pub aws_role_arn: String,
     /// Lifetime, in seconds, of the credentials the emulators issue.
     pub token_lifetime: u64,
     /// Lifetime, in seconds, of the projected tokens the built-in issuer
@@ -80,6 +139,8 @@ impl Default for DevConfig {
             node_name: "lanyard-dev-node".into(),
             azure_client_id: "5f2c9e1a-8d4b-4c7e-9a13-0d6e2b7f4c21".into(),
             azure_tenant_id: "3b8e4f60-1c2d-4e5f-8a9b-7c6d5e4f3a2b".into(),
+            gcp_service_account: format!("ray-worker@{DEV_GCP_PROJECT_ID}.iam.gserviceaccount.com"),
+            aws_role_arn: "arn:aws:iam::111122223333:role/ray-worker".into(),
             token_lifetime: 3600,
             projected_token_lifetime: 3600,
             emulator_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -87,6 +148,11 @@ impl Default for DevConfig {
         }
     }
 }
+
+/// Google project of `lanyard dev`'s emulated workload identity pool.
+pub const DEV_GCP_PROJECT_ID: &str = "lanyard-dev";
+pub const DEV_GCP_PROJECT_NUMBER: &str = "123456789012";
+pub const DEV_GCP_PROVIDER: &str = "//iam.googleapis.com/projects/123456789012/locations/global/workloadIdentityPools/lanyard-dev/providers/dev-cluster";
 
 /// The whole configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -98,6 +164,8 @@ pub struct Config {
     /// Address of the SDK-facing surfaces.
     pub listen: SocketAddr,
     pub azure: AzureConfig,
+    pub gcp: GcpConfig,
+    pub aws: AwsConfig,
     pub dev: DevConfig,
 }
 
@@ -108,6 +176,8 @@ impl Default for Config {
             log_level: "info".into(),
             listen: SocketAddr::from(([127, 0, 0, 1], 8642)),
             azure: AzureConfig::default(),
+            gcp: GcpConfig::default(),
+            aws: AwsConfig::default(),
             dev: DevConfig::default(),
         }
     }
@@ -142,7 +212,7 @@ impl figment::Provider for Flags {
 }
 
 /// Sections whose environment variables are `LANYARD_<SECTION>_<KEY>`.
-const SECTIONS: [&str; 2] = ["azure", "dev"];
+const SECTIONS: [&str; 4] = ["azure", "gcp", "aws", "dev"];
 /// Top-level keys settable from the environment.
 const TOP_LEVEL: [&str; 3] = ["log_format", "log_level", "listen"];
 
@@ -200,6 +270,68 @@ impl Config {
                 &self.azure.audience,
             ));
         }
+        let g = &self.gcp;
+        if let Some(p) = &g.workload_identity_provider {
+            if !is_provider_name(p) {
+                return Err(invalid(
+                    "gcp.workload_identity_provider",
+                    "//iam.googleapis.com/projects/NUMBER/locations/global/workloadIdentityPools/POOL/providers/PROVIDER",
+                    p,
+                ));
+            }
+        }
+        if let Some(n) = &g.project_number {
+            if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(invalid(
+                    "gcp.project_number",
+                    "the numeric project number",
+                    n,
+                ));
+            }
+        }
+        if let Some(id) = &g.project_id {
+            if !is_project_id(id) {
+                return Err(invalid(
+                    "gcp.project_id",
+                    "a project id (6-30 lowercase letters, digits, '-')",
+                    id,
+                ));
+            }
+        }
+        for (key, value) in [
+            ("gcp.sts_endpoint", &g.sts_endpoint),
+            ("gcp.iamcredentials_endpoint", &g.iamcredentials_endpoint),
+            ("aws.sts_endpoint", &self.aws.sts_endpoint),
+        ] {
+            if let Some(v) = value {
+                check_endpoint(v).map_err(|expected| invalid(key, expected, v))?;
+            }
+        }
+        if !(300..=3600).contains(&g.token_lifetime) {
+            return Err(invalid(
+                "gcp.token_lifetime",
+                "seconds between 300 and 3600",
+                &g.token_lifetime.to_string(),
+            ));
+        }
+        let a = &self.aws;
+        if !is_region(&a.region) {
+            return Err(invalid(
+                "aws.region",
+                "an AWS region such as us-east-1",
+                &a.region,
+            ));
+        }
+        if a.audience.trim().is_empty() {
+            return Err(invalid("aws.audience", "a non-empty audience", &a.audience));
+        }
+        if !(900..=43_200).contains(&a.session_duration) {
+            return Err(invalid(
+                "aws.session_duration",
+                "seconds between 900 and 43200",
+                &a.session_duration.to_string(),
+            ));
+        }
         let d = &self.dev;
         if !is_dns_label(&d.namespace) {
             return Err(invalid(
@@ -237,6 +369,22 @@ impl Config {
                 "dev.azure_tenant_id",
                 "a tenant GUID or domain name",
                 &d.azure_tenant_id,
+            ));
+        }
+        if !d.gcp_service_account.contains('@')
+            || d.gcp_service_account.contains(char::is_whitespace)
+        {
+            return Err(invalid(
+                "dev.gcp_service_account",
+                "a service account email",
+                &d.gcp_service_account,
+            ));
+        }
+        if crate::emulator::aws::parse_role_arn(&d.aws_role_arn).is_none() {
+            return Err(invalid(
+                "dev.aws_role_arn",
+                "arn:aws:iam::ACCOUNT:role/NAME",
+                &d.aws_role_arn,
             ));
         }
         if !(60..=86_400).contains(&d.token_lifetime) {
@@ -348,6 +496,36 @@ fn is_dns_label(s: &str) -> bool {
 
 fn is_dns_subdomain(s: &str) -> bool {
     !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
+fn is_provider_name(s: &str) -> bool {
+    let Some(rest) = s.strip_prefix("//iam.googleapis.com/projects/") else {
+        return false;
+    };
+    let parts: Vec<&str> = rest.split('/').collect();
+    matches!(
+        parts.as_slice(),
+        [number, "locations", "global", "workloadIdentityPools", pool, "providers", provider]
+            if !number.is_empty() && number.bytes().all(|b| b.is_ascii_digit())
+                && !pool.is_empty() && !provider.is_empty()
+    )
+}
+
+fn is_project_id(s: &str) -> bool {
+    (6..=30).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.starts_with(|c: char| c.is_ascii_lowercase())
+}
+
+fn is_region(s: &str) -> bool {
+    let parts: Vec<&str> = s.split('-').collect();
+    parts.len() >= 3
+        && parts.iter().all(|p| {
+            !p.is_empty()
+                && p.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        })
 }
 
 fn is_tenant(s: &str) -> bool {

@@ -9,13 +9,17 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex;
 
-use crate::broker::{AzureSettings, Broker};
-use crate::cloud::azure::{authority_for_cloud, AzureExchanger};
+use crate::broker::{AwsSettings, AzureSettings, Broker, GcpSettings};
+use crate::cloud::aws::AwsExchanger;
+use crate::cloud::azure::AzureExchanger;
+use crate::cloud::gcp::GcpExchanger;
 use crate::cloud::Cloud;
-use crate::config::Config;
+use crate::config::{Config, DEV_GCP_PROJECT_ID, DEV_GCP_PROJECT_NUMBER, DEV_GCP_PROVIDER};
 use crate::directory::annotations;
 use crate::directory::file::{ServiceAccountEntry, StaticDirectory};
+use crate::emulator::aws::{AwsEmulatorConfig, AwsRole, AwsSts, OidcProvider};
 use crate::emulator::entra::{App, Entra, FederatedCredential};
+use crate::emulator::gcp::{Gcp, GcpEmulatorConfig, GcpServiceAccount, WorkloadIdentityProvider};
 use crate::emulator::{Issuer, PodIdentity, SigningKey};
 use crate::http::{bind, spawn_server, Shutdown, ShutdownTrigger};
 use crate::secret::{random_token, SecretString};
@@ -84,6 +88,12 @@ pub struct DevStack {
     pub issuer: Arc<Issuer>,
     /// `None` when an external authority host is configured.
     pub entra: Option<Arc<Entra>>,
+    /// `None` when external Google endpoints are configured.
+    pub gcp: Option<Arc<Gcp>>,
+    /// `None` when an external STS endpoint is configured.
+    pub aws: Option<Arc<AwsSts>>,
+    /// Holds the AWS container authorization token file; removed on drop.
+    _scratch: tempfile::TempDir,
     trigger: ShutdownTrigger,
     servers: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
 }
@@ -136,8 +146,73 @@ impl DevStack {
                 (url, Some(entra))
             }
         };
-        // Validated at load; the fallback only guards against a bypass.
-        let _ = authority_for_cloud(&config.azure.cloud);
+        // Google: provider and project default to the emulated pool.
+        let provider = config
+            .gcp
+            .workload_identity_provider
+            .clone()
+            .unwrap_or_else(|| DEV_GCP_PROVIDER.to_string());
+        let gcp_audience = config
+            .gcp
+            .audience
+            .clone()
+            .unwrap_or_else(|| provider.clone());
+        let (sts_endpoint, iam_endpoint, gcp) = match (
+            &config.gcp.sts_endpoint,
+            &config.gcp.iamcredentials_endpoint,
+        ) {
+            (Some(sts), Some(iam)) => (sts.clone(), iam.clone(), None),
+            (sts, iam) => {
+                let listener = bind(dev.emulator_listen, "Google emulator").await?;
+                let url = format!("http://{}", listener.local_addr()?);
+                let gcp = Arc::new(Gcp::new(
+                    GcpEmulatorConfig {
+                        providers: vec![WorkloadIdentityProvider {
+                            name: provider.clone(),
+                            issuer: issuer.url().to_string(),
+                            allowed_audiences: vec![gcp_audience.clone()],
+                        }],
+                        service_accounts: vec![GcpServiceAccount {
+                            email: dev.gcp_service_account.clone(),
+                            members: vec![Gcp::principal_for(&provider, &pod.subject())],
+                        }],
+                        lifetime: Duration::from_secs(dev.token_lifetime),
+                    },
+                    http.clone(),
+                )?);
+                servers.push(spawn_server(listener, gcp.router(), shutdown.clone()));
+                (
+                    sts.clone().unwrap_or_else(|| url.clone()),
+                    iam.clone().unwrap_or_else(|| url.clone()),
+                    Some(gcp),
+                )
+            }
+        };
+
+        // AWS: the STS emulator unless an endpoint is configured.
+        let (aws_endpoint, aws) = match &config.aws.sts_endpoint {
+            Some(endpoint) => (endpoint.clone(), None),
+            None => {
+                let listener = bind(dev.emulator_listen, "AWS STS emulator").await?;
+                let url = format!("http://{}", listener.local_addr()?);
+                let sts = Arc::new(AwsSts::new(
+                    AwsEmulatorConfig {
+                        providers: vec![OidcProvider {
+                            issuer: issuer.url().to_string(),
+                            audiences: vec![config.aws.audience.clone()],
+                        }],
+                        roles: vec![AwsRole {
+                            arn: dev.aws_role_arn.clone(),
+                            trusted_subjects: vec![pod.subject()],
+                            max_session_duration: 43_200,
+                        }],
+                    },
+                    http.clone(),
+                ));
+                servers.push(spawn_server(listener, sts.router(), shutdown.clone()));
+                (url, Some(sts))
+            }
+        };
 
         // Directory: the dev ServiceAccount plus any configured ones.
         let mut entries = vec![ServiceAccountEntry {
@@ -151,6 +226,14 @@ impl DevStack {
                 (
                     annotations::AZURE_TENANT_ID.to_string(),
                     dev.azure_tenant_id.clone(),
+                ),
+                (
+                    annotations::GCP_SERVICE_ACCOUNT.to_string(),
+                    dev.gcp_service_account.clone(),
+                ),
+                (
+                    annotations::AWS_ROLE_ARN.to_string(),
+                    dev.aws_role_arn.clone(),
                 ),
             ]
             .into_iter()
@@ -168,30 +251,66 @@ impl DevStack {
                 http.clone(),
             ),
         );
-        let broker = Arc::new(Broker::new(
-            verifier,
-            directory,
-            AzureSettings {
-                exchanger: AzureExchanger::new(http.clone(), authority_host),
-                default_tenant: config
-                    .azure
-                    .tenant_id
-                    .clone()
-                    .or(Some(dev.azure_tenant_id.clone())),
-                audience: config.azure.audience.clone(),
-            },
-        ));
+        let broker = Arc::new(
+            Broker::new(verifier, directory)
+                .with_azure(AzureSettings {
+                    exchanger: AzureExchanger::new(http.clone(), authority_host),
+                    default_tenant: config
+                        .azure
+                        .tenant_id
+                        .clone()
+                        .or(Some(dev.azure_tenant_id.clone())),
+                    audience: config.azure.audience.clone(),
+                })
+                .with_gcp(GcpSettings {
+                    exchanger: GcpExchanger::new(http.clone(), sts_endpoint, iam_endpoint),
+                    provider: provider.clone(),
+                    audience: gcp_audience.clone(),
+                    project_id: config
+                        .gcp
+                        .project_id
+                        .clone()
+                        .unwrap_or_else(|| DEV_GCP_PROJECT_ID.to_string()),
+                    project_number: config
+                        .gcp
+                        .project_number
+                        .clone()
+                        .unwrap_or_else(|| DEV_GCP_PROJECT_NUMBER.to_string()),
+                    token_lifetime: Duration::from_secs(
+                        config.gcp.token_lifetime.min(dev.token_lifetime.max(300)),
+                    ),
+                })
+                .with_aws(AwsSettings {
+                    exchanger: AwsExchanger::new(http.clone(), aws_endpoint),
+                    audience: config.aws.audience.clone(),
+                    session_duration: Duration::from_secs(
+                        config.aws.session_duration.min(dev.token_lifetime.max(900)),
+                    ),
+                }),
+        );
         let subjects = Arc::new(MintedTokens::new(
             issuer.clone(),
             pod,
             Duration::from_secs(dev.projected_token_lifetime),
-            vec![(Cloud::Azure, config.azure.audience.clone())],
+            vec![
+                (Cloud::Azure, config.azure.audience.clone()),
+                (Cloud::Gcp, gcp_audience),
+                (Cloud::Aws, config.aws.audience.clone()),
+            ],
         ));
+        // The app-facing token for AWS container credentials, in a file only
+        // this user can read, as the kubelet would project it.
+        let scratch = tempfile::Builder::new().prefix("lanyard-dev-").tempdir()?;
+        let aws_token_file = scratch.path().join("aws-container-authorization-token");
+        write_private(&aws_token_file, &random_token(32))?;
         let identity_header = random_token(32);
         let surfaces = Arc::new(Surfaces {
             broker,
             subjects,
             identity_header: SecretString::from(identity_header.clone()),
+            aws_container_token_file: Some(aws_token_file.clone()),
+            imds_sessions: serve::aws_imds::SessionTokens::new(),
+            aws_region: Some(config.aws.region.clone()),
         });
         let listener = bind(config.listen, "SDK surfaces").await?;
         let surfaces_addr = listener.local_addr()?;
@@ -214,12 +333,31 @@ impl DevStack {
             ("IDENTITY_HEADER".to_string(), identity_header),
             ("AZURE_CLIENT_ID".to_string(), dev.azure_client_id.clone()),
             ("AZURE_TENANT_ID".to_string(), dev.azure_tenant_id.clone()),
+            ("GCE_METADATA_HOST".to_string(), surfaces_addr.to_string()),
+            ("GCE_METADATA_IP".to_string(), surfaces_addr.to_string()),
+            ("GCE_METADATA_ROOT".to_string(), surfaces_addr.to_string()),
+            (
+                "AWS_CONTAINER_CREDENTIALS_FULL_URI".to_string(),
+                format!("{base}{}", serve::AWS_CONTAINER_PATH),
+            ),
+            (
+                "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE".to_string(),
+                aws_token_file.display().to_string(),
+            ),
+            (
+                "AWS_EC2_METADATA_SERVICE_ENDPOINT".to_string(),
+                format!("{base}/"),
+            ),
+            ("AWS_REGION".to_string(), config.aws.region.clone()),
         ];
         Ok(DevStack {
             exports,
             surfaces_addr,
             issuer,
             entra,
+            gcp,
+            aws,
+            _scratch: scratch,
             trigger,
             servers,
         })
@@ -239,6 +377,9 @@ impl DevStack {
     }
 }
 
+/// The last line `lanyard dev` prints on stdout once it serves.
+pub const READY_LINE: &str = "# lanyard dev ready";
+
 /// Runs `lanyard dev` in the foreground until SIGINT or SIGTERM.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let stack = DevStack::start(&config).await?;
@@ -248,6 +389,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         for (name, value) in &stack.exports {
             writeln!(out, "export {name}={}", shell_quote(value))?;
         }
+        // A shell comment, so `eval` ignores it; readers of stdout can stop here.
+        writeln!(out, "{READY_LINE}")?;
         out.flush()?;
     }
     tracing::info!(
@@ -260,6 +403,20 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     wait_for_signal().await;
     tracing::info!("shutting down");
     stack.stop().await;
+    Ok(())
+}
+
+/// Writes `contents` to a new file readable only by this user.
+fn write_private(path: &std::path::Path, contents: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options
+        .open(path)
+        .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", path.display()))?;
+    file.write_all(contents.as_bytes())?;
     Ok(())
 }
 

@@ -27,14 +27,14 @@ fn start(extra: &[&str]) -> Dev {
     let mut exports = HashMap::new();
     for line in BufReader::new(stdout).lines() {
         let line = line.unwrap();
+        if line == lanyard::dev::READY_LINE {
+            break;
+        }
         let (name, value) = line
             .strip_prefix("export ")
             .and_then(|l| l.split_once('='))
             .unwrap_or_else(|| panic!("unexpected stdout line {line:?}"));
-        exports.insert(name.to_string(), value.to_string());
-        if name == "AZURE_TENANT_ID" {
-            break;
-        }
+        exports.insert(name.to_string(), value.trim_matches('\'').to_string());
     }
     Dev { child, exports }
 }
@@ -69,6 +69,13 @@ async fn dev_prints_exports_serves_tokens_and_stops_cleanly_without_logging_secr
         "IDENTITY_HEADER",
         "AZURE_CLIENT_ID",
         "AZURE_TENANT_ID",
+        "GCE_METADATA_HOST",
+        "GCE_METADATA_IP",
+        "GCE_METADATA_ROOT",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
+        "AWS_EC2_METADATA_SERVICE_ENDPOINT",
+        "AWS_REGION",
     ] {
         assert!(dev.exports.contains_key(name), "missing export {name}");
     }

@@ -3,7 +3,9 @@
 //! (sovereign clouds, private endpoints, emulators) and upstream errors are
 //! mapped to [`CloudError`], which says whether retrying can help.
 
+pub mod aws;
 pub mod azure;
+pub mod gcp;
 
 use std::fmt;
 use std::time::Duration;

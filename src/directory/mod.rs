@@ -16,6 +16,10 @@ pub mod annotations {
     pub const AZURE_OBJECT_ID: &str = "lanyard.dev/azure-object-id";
     /// Lanyard's own: the managed identity's ARM resource id, for `msi_res_id`.
     pub const AZURE_RESOURCE_ID: &str = "lanyard.dev/azure-resource-id";
+    /// The Google service account to impersonate (GKE's annotation).
+    pub const GCP_SERVICE_ACCOUNT: &str = "iam.gke.io/gcp-service-account";
+    /// The IAM role to assume (EKS IRSA's annotation).
+    pub const AWS_ROLE_ARN: &str = "eks.amazonaws.com/role-arn";
 }
 
 /// The Azure identity a ServiceAccount may use.
@@ -32,6 +36,10 @@ pub struct AzureBinding {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Bindings {
     pub azure: Option<AzureBinding>,
+    /// Google service account email to impersonate; `None` means the
+    /// federated principal is used directly.
+    pub gcp_service_account: Option<String>,
+    pub aws_role_arn: Option<String>,
 }
 
 impl Bindings {
@@ -51,11 +59,13 @@ impl Bindings {
                 object_id: get(annotations::AZURE_OBJECT_ID),
                 resource_id: get(annotations::AZURE_RESOURCE_ID),
             }),
+            gcp_service_account: get(annotations::GCP_SERVICE_ACCOUNT),
+            aws_role_arn: get(annotations::AWS_ROLE_ARN),
         }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.azure.is_none()
+        self.azure.is_none() && self.gcp_service_account.is_none() && self.aws_role_arn.is_none()
     }
 }
 
@@ -86,5 +96,22 @@ mod tests {
         let az = b.azure.unwrap();
         assert_eq!(az.client_id, "abc");
         assert_eq!(az.tenant_id, None);
+        a.insert(
+            annotations::AWS_ROLE_ARN.into(),
+            "arn:aws:iam::111122223333:role/r".into(),
+        );
+        a.insert(
+            annotations::GCP_SERVICE_ACCOUNT.into(),
+            "sa@p.iam.gserviceaccount.com".into(),
+        );
+        let b = Bindings::from_annotations(&a);
+        assert_eq!(
+            b.aws_role_arn.as_deref(),
+            Some("arn:aws:iam::111122223333:role/r")
+        );
+        assert_eq!(
+            b.gcp_service_account.as_deref(),
+            Some("sa@p.iam.gserviceaccount.com")
+        );
     }
 }

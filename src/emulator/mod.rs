@@ -5,7 +5,9 @@
 //! and answers in the real service's error format. An emulator that accepted
 //! anything would prove nothing.
 
+pub mod aws;
 pub mod entra;
+pub mod gcp;
 pub mod issuer;
 pub mod keys;
 

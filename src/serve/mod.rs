@@ -3,9 +3,13 @@
 //! the error) in that cloud's exact wire format.
 
 pub mod app_service;
+pub mod aws_container;
+pub mod aws_imds;
 pub mod azure_imds;
+pub mod gce;
 mod query;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::http::{HeaderMap, StatusCode};
@@ -22,6 +26,8 @@ pub use query::Query;
 pub const IMDS_TOKEN_PATH: &str = "/metadata/identity/oauth2/token";
 /// Path of the App Service managed-identity endpoint (`IDENTITY_ENDPOINT`).
 pub const APP_SERVICE_PATH: &str = "/msi/token";
+/// Path of the AWS container credentials endpoint.
+pub const AWS_CONTAINER_PATH: &str = "/v1/credentials";
 
 /// Where the pod's projected tokens come from: files the kubelet rotates
 /// (sidecar), or the built-in issuer (dev).
@@ -37,6 +43,14 @@ pub struct Surfaces {
     pub subjects: Arc<dyn SubjectTokens>,
     /// Shared secret App Service callers present in `X-IDENTITY-HEADER`.
     pub identity_header: SecretString,
+    /// File whose contents AWS container-credential callers must present
+    /// as `Authorization` (`AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE`);
+    /// `None` disables the endpoint.
+    pub aws_container_token_file: Option<PathBuf>,
+    /// IMDSv2 session tokens.
+    pub imds_sessions: aws_imds::SessionTokens,
+    /// Region reported at `placement/region`.
+    pub aws_region: Option<String>,
 }
 
 /// All SDK-facing routes on one listener.
@@ -44,6 +58,27 @@ pub fn router(surfaces: Arc<Surfaces>) -> Router {
     Router::new()
         .route(IMDS_TOKEN_PATH, axum::routing::get(azure_imds::token))
         .route(APP_SERVICE_PATH, axum::routing::get(app_service::token))
+        .route("/", axum::routing::get(gce::handle))
+        .route("/computeMetadata", axum::routing::get(gce::handle))
+        .route("/computeMetadata/", axum::routing::get(gce::handle))
+        .route("/computeMetadata/{*rest}", axum::routing::get(gce::handle))
+        .route(
+            AWS_CONTAINER_PATH,
+            axum::routing::get(aws_container::credentials),
+        )
+        .route("/latest/api/token", axum::routing::put(aws_imds::put_token))
+        .route(
+            "/latest/meta-data/iam/security-credentials/",
+            axum::routing::get(aws_imds::list_roles),
+        )
+        .route(
+            "/latest/meta-data/iam/security-credentials/{role}",
+            axum::routing::get(aws_imds::role_credentials),
+        )
+        .route(
+            "/latest/meta-data/placement/region",
+            axum::routing::get(aws_imds::region),
+        )
         .fallback(not_found)
         .with_state(surfaces)
 }

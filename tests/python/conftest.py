@@ -23,6 +23,14 @@ SDK_VARIABLES = [
     "AZURE_CLIENT_ID", "AZURE_TENANT_ID", "AZURE_FEDERATED_TOKEN_FILE",
     "AZURE_CLIENT_SECRET", "MSI_ENDPOINT", "MSI_SECRET", "IMDS_ENDPOINT",
     "IDENTITY_SERVER_THUMBPRINT", "AZURE_AUTHORITY_HOST",
+    "GCE_METADATA_HOST", "GCE_METADATA_IP", "GCE_METADATA_ROOT",
+    "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CONFIG",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_AUTHORIZATION_TOKEN", "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
+    "AWS_EC2_METADATA_SERVICE_ENDPOINT", "AWS_EC2_METADATA_DISABLED", "AWS_REGION",
+    "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+    "AWS_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN", "AWS_CONFIG_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
 ]
 
 
@@ -55,13 +63,11 @@ class Dev:
         deadline = time.time() + 30
         while time.time() < deadline:
             line = self.proc.stdout.readline().decode()
-            if not line:
+            if not line or line.strip() == "# lanyard dev ready":
                 break
             m = re.match(r"^export ([A-Z0-9_]+)=(.*)$", line.strip())
             if m:
                 self.exports[m.group(1)] = m.group(2).strip("'")
-            if "AZURE_TENANT_ID" in self.exports:
-                break
         if "IDENTITY_ENDPOINT" not in self.exports:
             self.stop()
             raise RuntimeError("lanyard dev did not print its exports:\n" + self.read_log())
@@ -86,6 +92,10 @@ class Dev:
 def dev(tmp_path, monkeypatch):
     for name in SDK_VARIABLES:
         monkeypatch.delenv(name, raising=False)
+    # No user configuration may leak into the clients under test.
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-credentials"))
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
     d = Dev([], tmp_path / "lanyard.log")
     yield d
     code = d.stop()

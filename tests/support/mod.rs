@@ -136,15 +136,13 @@ pub async fn surfaces_with_issuer(
             http.clone(),
         ),
     );
-    let broker = Arc::new(Broker::new(
-        verifier,
-        Arc::new(StaticDirectory::new(accounts)),
-        AzureSettings {
+    let broker = Arc::new(
+        Broker::new(verifier, Arc::new(StaticDirectory::new(accounts))).with_azure(AzureSettings {
             exchanger: AzureExchanger::new(http, up.entra_url.clone()),
             default_tenant: Some(TENANT.into()),
             audience: FEDERATION_AUDIENCE.into(),
-        },
-    ));
+        }),
+    );
     let subjects = Arc::new(MintedTokens::new(
         minting_issuer,
         pod,
@@ -155,6 +153,9 @@ pub async fn surfaces_with_issuer(
         broker,
         subjects,
         identity_header: SecretString::from(IDENTITY_HEADER.to_string()),
+        aws_container_token_file: None,
+        imds_sessions: serve::aws_imds::SessionTokens::new(),
+        aws_region: None,
     });
     format!(
         "http://{}",

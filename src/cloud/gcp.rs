@@ -1,0 +1,688 @@
+//! Google: workload identity federation through STS, then (optionally)
+//! service-account impersonation through IAM Credentials.
+//!
+//! 1. STS `POST {sts}/v1/token` exchanges the pod's projected token for a
+//!    federated access token of the principal
+//!    `principal://…/workloadIdentityPools/P/subject/system:serviceaccount:NS:SA`.
+//!    That token is used directly when the ServiceAccount names no Google
+//!    service account.
+//! 2. With `iam.gke.io/gcp-service-account`, IAM Credentials
+//!    `:generateAccessToken` / `:generateIdToken` turn the federated token
+//!    into the service account's access or ID token.
+//!
+//! Written on reqwest rather than a Google auth crate: we need the raw
+//! OAuth `error` / Google `status` to classify failures for caching, and
+//! plain-HTTP endpoints for the emulators.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{now_unix, retry_after, AccessToken, Cloud, CloudError};
+use crate::secret::{ExposeSecret, SecretString};
+
+/// Google's public endpoints.
+pub const STS_ENDPOINT: &str = "https://sts.googleapis.com";
+pub const IAMCREDENTIALS_ENDPOINT: &str = "https://iamcredentials.googleapis.com";
+/// The scope asked for when the caller names none (what the GCE metadata
+/// server hands out by default).
+pub const CLOUD_PLATFORM_SCOPE: &str = "https://www.googleapis.com/auth/cloud-platform";
+
+const TOKEN_EXCHANGE_GRANT: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
+const ACCESS_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:access_token";
+const JWT_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:jwt";
+/// Federated tokens never outlive an hour.
+const MAX_FEDERATED_SECS: u64 = 3600;
+/// Upstream messages are for humans; keep them to a log line.
+const MAX_MESSAGE_CHARS: usize = 512;
+
+/// A Google-signed OIDC ID token of a service account.
+#[derive(Debug, Clone)]
+pub struct IdToken {
+    pub token: SecretString,
+    /// Unix seconds (the token's `exp`).
+    pub expires_at: u64,
+}
+
+/// The Google exchanger.
+#[derive(Clone)]
+pub struct GcpExchanger {
+    http: reqwest::Client,
+    sts_endpoint: String,
+    iamcredentials_endpoint: String,
+}
+
+#[derive(Deserialize)]
+struct StsSuccess {
+    access_token: String,
+    #[serde(default)]
+    expires_in: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AccessTokenSuccess {
+    access_token: String,
+    expire_time: String,
+}
+
+#[derive(Deserialize)]
+struct IdTokenSuccess {
+    token: String,
+}
+
+impl GcpExchanger {
+    pub fn new(
+        http: reqwest::Client,
+        sts_endpoint: impl Into<String>,
+        iamcredentials_endpoint: impl Into<String>,
+    ) -> Self {
+        GcpExchanger {
+            http,
+            sts_endpoint: sts_endpoint.into().trim_end_matches('/').to_string(),
+            iamcredentials_endpoint: iamcredentials_endpoint
+                .into()
+                .trim_end_matches('/')
+                .to_string(),
+        }
+    }
+
+    pub fn sts_endpoint(&self) -> &str {
+        &self.sts_endpoint
+    }
+
+    pub fn iamcredentials_endpoint(&self) -> &str {
+        &self.iamcredentials_endpoint
+    }
+
+    /// Exchanges `subject` (a projected token whose `aud` the provider
+    /// accepts) for a federated access token. `provider_audience` is the
+    /// provider's full resource name,
+    /// `//iam.googleapis.com/projects/N/locations/global/workloadIdentityPools/P/providers/R`.
+    pub async fn exchange(
+        &self,
+        subject: &SecretString,
+        provider_audience: &str,
+        scopes: &[String],
+    ) -> Result<AccessToken, CloudError> {
+        let scope = join_scopes(scopes);
+        let form = [
+            ("grant_type", TOKEN_EXCHANGE_GRANT),
+            ("audience", provider_audience),
+            ("scope", scope.as_str()),
+            ("requested_token_type", ACCESS_TOKEN_TYPE),
+            ("subject_token", subject.expose_secret()),
+            ("subject_token_type", JWT_TOKEN_TYPE),
+        ];
+        let issued_at = now_unix();
+        let request = self
+            .http
+            .post(format!("{}/v1/token", self.sts_endpoint))
+            .form(&form);
+        let body = send(request, subject.expose_secret()).await?;
+        let ok: StsSuccess = serde_json::from_slice(&body).map_err(|e| CloudError::Protocol {
+            cloud: Cloud::Gcp,
+            reason: format!("STS token response: {e}"),
+        })?;
+        let expires_in = match &ok.expires_in {
+            Some(v) => Some(positive_seconds(v).ok_or_else(|| CloudError::Protocol {
+                cloud: Cloud::Gcp,
+                reason: "STS token response has an invalid expires_in".into(),
+            })?),
+            None => None,
+        };
+        // STS leaves out expires_in when the subject token has only seconds
+        // left; the federated token then lives as long as the subject token.
+        let expires_at = match expires_in {
+            Some(secs) => issued_at + secs,
+            None => jwt_exp(subject.expose_secret())
+                .map(|exp| exp.min(issued_at + MAX_FEDERATED_SECS))
+                .ok_or_else(|| CloudError::Protocol {
+                    cloud: Cloud::Gcp,
+                    reason: "STS token response has no expires_in and the subject token no exp"
+                        .into(),
+                })?,
+        };
+        Ok(AccessToken {
+            token: SecretString::from(ok.access_token),
+            issued_at,
+            expires_at,
+        })
+    }
+
+    /// Impersonates `email` with a federated token: an OAuth access token of
+    /// the service account for `scopes` (cloud-platform when empty), living
+    /// `lifetime` (IAM allows at most one hour by default).
+    pub async fn generate_access_token(
+        &self,
+        federated: &SecretString,
+        email: &str,
+        scopes: &[String],
+        lifetime: Duration,
+    ) -> Result<AccessToken, CloudError> {
+        let scope: Vec<&str> = if scopes.is_empty() {
+            vec![CLOUD_PLATFORM_SCOPE]
+        } else {
+            scopes.iter().map(String::as_str).collect()
+        };
+        let payload = json!({
+            "scope": scope,
+            "lifetime": format!("{}s", lifetime.as_secs()),
+        });
+        let issued_at = now_unix();
+        let body = send(
+            self.iam_request(federated, email, "generateAccessToken")
+                .json(&payload),
+            federated.expose_secret(),
+        )
+        .await?;
+        let ok: AccessTokenSuccess =
+            serde_json::from_slice(&body).map_err(|e| CloudError::Protocol {
+                cloud: Cloud::Gcp,
+                reason: format!("generateAccessToken response: {e}"),
+            })?;
+        let expires_at = parse_rfc3339(&ok.expire_time).ok_or_else(|| CloudError::Protocol {
+            cloud: Cloud::Gcp,
+            reason: format!(
+                "generateAccessToken expireTime {:?} is not an RFC 3339 time",
+                truncate(&ok.expire_time)
+            ),
+        })?;
+        Ok(AccessToken {
+            token: SecretString::from(ok.access_token),
+            issued_at,
+            expires_at,
+        })
+    }
+
+    /// Impersonates `email` with a federated token: a Google-signed ID token
+    /// for `audience`, carrying `email`/`email_verified` when `include_email`.
+    pub async fn generate_id_token(
+        &self,
+        federated: &SecretString,
+        email: &str,
+        audience: &str,
+        include_email: bool,
+    ) -> Result<IdToken, CloudError> {
+        let payload = json!({ "audience": audience, "includeEmail": include_email });
+        let body = send(
+            self.iam_request(federated, email, "generateIdToken")
+                .json(&payload),
+            federated.expose_secret(),
+        )
+        .await?;
+        let ok: IdTokenSuccess =
+            serde_json::from_slice(&body).map_err(|e| CloudError::Protocol {
+                cloud: Cloud::Gcp,
+                reason: format!("generateIdToken response: {e}"),
+            })?;
+        // Not verified: it came over TLS from Google and we only need to
+        // know how long to cache it. Whoever consumes it verifies it.
+        let expires_at = jwt_exp(&ok.token).ok_or_else(|| CloudError::Protocol {
+            cloud: Cloud::Gcp,
+            reason: "generateIdToken returned a token that is not a JWT with an exp claim".into(),
+        })?;
+        Ok(IdToken {
+            token: SecretString::from(ok.token),
+            expires_at,
+        })
+    }
+
+    fn iam_request(
+        &self,
+        federated: &SecretString,
+        email: &str,
+        method: &str,
+    ) -> reqwest::RequestBuilder {
+        self.http
+            .post(format!(
+                "{}/v1/projects/-/serviceAccounts/{}:{method}",
+                self.iamcredentials_endpoint,
+                encode_path_segment(email)
+            ))
+            .bearer_auth(federated.expose_secret())
+    }
+}
+
+/// Sends `request` and returns the body of a 2xx answer, or the classified
+/// error. `secret` is the credential the request carried, scrubbed from any
+/// upstream message that might echo it.
+async fn send(request: reqwest::RequestBuilder, secret: &str) -> Result<Vec<u8>, CloudError> {
+    let resp = request.send().await.map_err(|e| CloudError::Unavailable {
+        cloud: Cloud::Gcp,
+        reason: e.without_url().to_string(),
+    })?;
+    let status = resp.status();
+    let retry = retry_after(resp.headers());
+    let body = resp.bytes().await.map_err(|e| CloudError::Unavailable {
+        cloud: Cloud::Gcp,
+        reason: e.without_url().to_string(),
+    })?;
+    if status.is_success() {
+        return Ok(body.to_vec());
+    }
+    Err(classify(status, retry, &body, secret))
+}
+
+/// Google's two error shapes: OAuth `{error, error_description}` (STS) and
+/// `{"error": {code, message, status}}` (every other Google API).
+fn parse_failure(body: &[u8]) -> Option<(String, String)> {
+    let value: Value = serde_json::from_slice(body).ok()?;
+    match value.get("error")? {
+        Value::String(code) if !code.is_empty() => {
+            let message = value
+                .get("error_description")
+                .and_then(Value::as_str)
+                .unwrap_or(code);
+            Some((code.clone(), message.to_string()))
+        }
+        Value::Object(error) => {
+            let status = error.get("status").and_then(Value::as_str);
+            let code = error.get("code").and_then(Value::as_u64);
+            let code = match (status, code) {
+                (Some(s), _) if !s.is_empty() => s.to_string(),
+                (_, Some(c)) => format!("HTTP{c}"),
+                _ => return None,
+            };
+            let message = error
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or(&code)
+                .to_string();
+            Some((code, message))
+        }
+        _ => None,
+    }
+}
+
+/// Codes that mean "slow down" rather than "no".
+fn is_throttle(code: &str) -> bool {
+    matches!(
+        code,
+        "RESOURCE_EXHAUSTED" | "quota_exceeded" | "rate_limit_exceeded"
+    )
+}
+
+/// Codes that mean Google failed on its side, whatever the HTTP status.
+fn is_transient(code: &str) -> bool {
+    matches!(
+        code,
+        "UNAVAILABLE"
+            | "INTERNAL"
+            | "DEADLINE_EXCEEDED"
+            | "temporarily_unavailable"
+            | "server_error"
+    )
+}
+
+/// Maps a non-2xx answer to a [`CloudError`].
+fn classify(status: StatusCode, retry: Option<Duration>, body: &[u8], secret: &str) -> CloudError {
+    let failure = parse_failure(body).map(|(code, message)| (code, scrub(&message, secret)));
+    if status == StatusCode::TOO_MANY_REQUESTS
+        || failure.as_ref().is_some_and(|(code, _)| is_throttle(code))
+    {
+        return CloudError::Throttled {
+            cloud: Cloud::Gcp,
+            code: failure
+                .map(|(code, _)| code)
+                .unwrap_or_else(|| "HTTP429".into()),
+            retry_after: retry.or(Some(Duration::from_secs(5))),
+        };
+    }
+    if status.is_server_error() || failure.as_ref().is_some_and(|(code, _)| is_transient(code)) {
+        let detail = failure
+            .map(|(code, message)| format!("{code}: {message}"))
+            .unwrap_or_else(|| "no error body".into());
+        return CloudError::Unavailable {
+            cloud: Cloud::Gcp,
+            reason: format!("HTTP {}: {detail}", status.as_u16()),
+        };
+    }
+    match failure {
+        // invalid_grant, invalid_target, UNAUTHENTICATED, PERMISSION_DENIED,
+        // NOT_FOUND, INVALID_ARGUMENT…: the same request will fail again.
+        Some((code, message)) => CloudError::Rejected {
+            cloud: Cloud::Gcp,
+            code,
+            message,
+        },
+        None => CloudError::Protocol {
+            cloud: Cloud::Gcp,
+            reason: format!("HTTP {} without a Google error body", status.as_u16()),
+        },
+    }
+}
+
+/// Removes `secret` from an upstream message and bounds its length.
+fn scrub(message: &str, secret: &str) -> String {
+    let cleaned = if secret.len() >= 8 && message.contains(secret) {
+        message.replace(secret, "[redacted]")
+    } else {
+        message.to_string()
+    };
+    truncate(&cleaned)
+}
+
+fn truncate(text: &str) -> String {
+    match text.char_indices().nth(MAX_MESSAGE_CHARS) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_string(),
+    }
+}
+
+/// STS sends an integer; tolerate a numeric string as some proxies do.
+fn positive_seconds(value: &Value) -> Option<u64> {
+    match value {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+}
+
+/// Space-separated scopes for STS, cloud-platform when none are given.
+fn join_scopes(scopes: &[String]) -> String {
+    let scopes: Vec<&str> = scopes
+        .iter()
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty())
+        .collect();
+    if scopes.is_empty() {
+        CLOUD_PLATFORM_SCOPE.to_string()
+    } else {
+        scopes.join(" ")
+    }
+}
+
+/// The unverified `exp` of a JWT.
+fn jwt_exp(token: &str) -> Option<u64> {
+    #[derive(Deserialize)]
+    struct Exp {
+        exp: u64,
+    }
+    jsonwebtoken::dangerous::insecure_decode_claims::<Exp>(token)
+        .ok()
+        .map(|c| c.exp)
+}
+
+/// Percent-encodes a service-account email (or unique id) for one path
+/// segment, so that nothing in it can change the path or the method after
+/// the colon. `@` stays readable, as Google's own clients send it.
+fn encode_path_segment(segment: &str) -> String {
+    let mut out = String::with_capacity(segment.len());
+    for b in segment.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'@') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Parses the RFC 3339 times Google sends (`2026-12-02T10:00:00Z`, with an
+/// optional fraction and a `Z` or `±HH:MM` offset) into Unix seconds.
+fn parse_rfc3339(text: &str) -> Option<u64> {
+    let b = text.as_bytes();
+    let num = |range: std::ops::Range<usize>| -> Option<u32> {
+        let digits = b.get(range)?;
+        if !digits.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        std::str::from_utf8(digits).ok()?.parse().ok()
+    };
+    if b.len() < 20
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || !matches!(b[10], b'T' | b't' | b' ')
+        || b[13] != b':'
+        || b[16] != b':'
+    {
+        return None;
+    }
+    let year = i32::try_from(num(0..4)?).ok()?;
+    let month = time::Month::try_from(u8::try_from(num(5..7)?).ok()?).ok()?;
+    let day = u8::try_from(num(8..10)?).ok()?;
+    let hour = u8::try_from(num(11..13)?).ok()?;
+    let minute = u8::try_from(num(14..16)?).ok()?;
+    let second = u8::try_from(num(17..19)?).ok()?;
+
+    let mut rest = &text[19..];
+    if let Some(fraction) = rest.strip_prefix('.') {
+        let digits = fraction.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return None;
+        }
+        rest = &fraction[digits..];
+    }
+    let offset = match rest {
+        "Z" | "z" => time::UtcOffset::UTC,
+        _ => {
+            let o = rest.as_bytes();
+            if o.len() != 6 || !matches!(o[0], b'+' | b'-') || o[3] != b':' {
+                return None;
+            }
+            let hours = i8::try_from(num_of(&rest[1..3])?).ok()?;
+            let minutes = i8::try_from(num_of(&rest[4..6])?).ok()?;
+            let sign = if o[0] == b'-' { -1 } else { 1 };
+            time::UtcOffset::from_hms(sign * hours, sign * minutes, 0).ok()?
+        }
+    };
+    let date = time::Date::from_calendar_date(year, month, day).ok()?;
+    let clock = time::Time::from_hms(hour, minute, second).ok()?;
+    let unix = time::PrimitiveDateTime::new(date, clock)
+        .assume_offset(offset)
+        .unix_timestamp();
+    u64::try_from(unix).ok()
+}
+
+fn num_of(text: &str) -> Option<u32> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_times_parse() {
+        assert_eq!(parse_rfc3339("2026-12-02T10:00:00Z"), Some(1_796_205_600));
+        assert_eq!(
+            parse_rfc3339("2026-12-02T10:00:00.123456789Z"),
+            Some(1_796_205_600)
+        );
+        assert_eq!(
+            parse_rfc3339("2026-12-02T11:30:00+01:30"),
+            Some(1_796_205_600)
+        );
+        assert_eq!(
+            parse_rfc3339("2026-12-02T08:00:00-02:00"),
+            Some(1_796_205_600)
+        );
+        assert_eq!(parse_rfc3339("1970-01-01T00:00:00Z"), Some(0));
+        for bad in [
+            "",
+            "2026-12-02",
+            "2026-12-02T10:00:00",
+            "2026-13-02T10:00:00Z",
+            "2026-02-30T10:00:00Z",
+            "2026-12-02T24:00:00Z",
+            "2026-12-02T10:00:00.Z",
+            "2026-12-02T10:00:00+0100",
+            "2026-12-02T10:00:00ZZ",
+            "20x6-12-02T10:00:00Z",
+            "1969-12-31T23:59:59Z",
+        ] {
+            assert_eq!(parse_rfc3339(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn failures_of_both_shapes_parse() {
+        assert_eq!(
+            parse_failure(br#"{"error":"invalid_grant","error_description":"Unable to verify the ID Token signature."}"#),
+            Some(("invalid_grant".into(), "Unable to verify the ID Token signature.".into()))
+        );
+        assert_eq!(
+            parse_failure(br#"{"error":"invalid_target"}"#),
+            Some(("invalid_target".into(), "invalid_target".into()))
+        );
+        assert_eq!(
+            parse_failure(
+                br#"{"error":{"code":403,"message":"denied","status":"PERMISSION_DENIED"}}"#
+            ),
+            Some(("PERMISSION_DENIED".into(), "denied".into()))
+        );
+        assert_eq!(
+            parse_failure(br#"{"error":{"code":404,"message":"gone"}}"#),
+            Some(("HTTP404".into(), "gone".into()))
+        );
+        assert_eq!(parse_failure(b"<html>502</html>"), None);
+        assert_eq!(parse_failure(br#"{"error":{}}"#), None);
+        assert_eq!(parse_failure(br#"{"message":"x"}"#), None);
+    }
+
+    fn rejected_code(e: &CloudError) -> Option<&str> {
+        match e {
+            CloudError::Rejected { code, .. } => Some(code),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn errors_are_classified() {
+        let e = classify(
+            StatusCode::BAD_REQUEST,
+            None,
+            br#"{"error":"invalid_grant","error_description":"ID Token issued at 1 is stale to sign-in."}"#,
+            "",
+        );
+        assert_eq!(rejected_code(&e), Some("invalid_grant"));
+        assert!(!e.is_retryable());
+
+        let e = classify(
+            StatusCode::FORBIDDEN,
+            None,
+            br#"{"error":{"code":403,"message":"Permission 'iam.serviceAccounts.getAccessToken' denied on resource (or it may not exist).","status":"PERMISSION_DENIED"}}"#,
+            "",
+        );
+        assert_eq!(rejected_code(&e), Some("PERMISSION_DENIED"));
+
+        let e = classify(
+            StatusCode::TOO_MANY_REQUESTS,
+            Some(Duration::from_secs(30)),
+            br#"{"error":"quota_exceeded","error_description":"The request was throttled due to rate limit: sts.googleapis.com/requests. Please retry after a few seconds."}"#,
+            "",
+        );
+        match e {
+            CloudError::Throttled {
+                code, retry_after, ..
+            } => {
+                assert_eq!(code, "quota_exceeded");
+                assert_eq!(retry_after, Some(Duration::from_secs(30)));
+            }
+            other => panic!("{other:?}"),
+        }
+
+        // RESOURCE_EXHAUSTED is throttling even if a proxy changed the status.
+        let e = classify(
+            StatusCode::FORBIDDEN,
+            None,
+            br#"{"error":{"code":429,"message":"Quota exceeded","status":"RESOURCE_EXHAUSTED"}}"#,
+            "",
+        );
+        assert!(
+            matches!(e, CloudError::Throttled { ref code, retry_after: Some(_), .. } if code == "RESOURCE_EXHAUSTED")
+        );
+
+        let e = classify(StatusCode::TOO_MANY_REQUESTS, None, b"", "");
+        assert_eq!(e.code(), Some("HTTP429"));
+
+        let e = classify(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            None,
+            br#"{"error":{"code":500,"message":"Internal error encountered.","status":"INTERNAL"}}"#,
+            "",
+        );
+        assert!(matches!(e, CloudError::Unavailable { .. }));
+        assert!(e.is_retryable());
+        assert!(matches!(
+            classify(StatusCode::BAD_GATEWAY, None, b"<html/>", ""),
+            CloudError::Unavailable { .. }
+        ));
+        assert!(matches!(
+            classify(StatusCode::NOT_FOUND, None, b"<html>Not Found</html>", ""),
+            CloudError::Protocol { .. }
+        ));
+    }
+
+    #[test]
+    fn tokens_never_reach_error_messages() {
+        let secret = "eyJhbGciOiJSUzI1NiJ9.c2VjcmV0.c2ln";
+        let body =
+            format!(r#"{{"error":"invalid_grant","error_description":"bad token {secret}"}}"#);
+        let e = classify(StatusCode::BAD_REQUEST, None, body.as_bytes(), secret);
+        assert!(!e.to_string().contains(secret));
+        assert!(e.to_string().contains("[redacted]"));
+    }
+
+    #[test]
+    fn long_messages_are_truncated() {
+        let long = "x".repeat(2000);
+        assert_eq!(truncate(&long).chars().count(), MAX_MESSAGE_CHARS + 1);
+        assert_eq!(truncate("short"), "short");
+    }
+
+    #[test]
+    fn scopes_default_to_cloud_platform() {
+        assert_eq!(join_scopes(&[]), CLOUD_PLATFORM_SCOPE);
+        assert_eq!(join_scopes(&[" ".into()]), CLOUD_PLATFORM_SCOPE);
+        assert_eq!(join_scopes(&["a".into(), "b".into()]), "a b");
+    }
+
+    #[test]
+    fn emails_cannot_escape_their_path_segment() {
+        assert_eq!(
+            encode_path_segment("sa@p.iam.gserviceaccount.com"),
+            "sa@p.iam.gserviceaccount.com"
+        );
+        assert_eq!(
+            encode_path_segment("a/../b:signJwt?x"),
+            "a%2F..%2Fb%3AsignJwt%3Fx"
+        );
+    }
+
+    #[test]
+    fn expires_in_may_be_number_or_string() {
+        assert_eq!(positive_seconds(&json!(3599)), Some(3599));
+        assert_eq!(positive_seconds(&json!("3599")), Some(3599));
+        assert_eq!(positive_seconds(&json!(-1)), None);
+        assert_eq!(positive_seconds(&json!(null)), None);
+    }
+
+    #[test]
+    fn jwt_exp_reads_the_payload() {
+        use base64::Engine;
+        let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+        let token = format!(
+            "{}.{}.sig",
+            b64(r#"{"alg":"RS256"}"#),
+            b64(r#"{"exp":1796205600}"#)
+        );
+        assert_eq!(jwt_exp(&token), Some(1_796_205_600));
+        assert_eq!(jwt_exp("not-a-jwt"), None);
+        let no_exp = format!("{}.{}.sig", b64(r#"{"alg":"RS256"}"#), b64(r#"{"iat":1}"#));
+        assert_eq!(jwt_exp(&no_exp), None);
+    }
+
+    #[test]
+    fn endpoints_lose_trailing_slashes() {
+        let x = GcpExchanger::new(reqwest::Client::new(), "http://a/", "http://b//");
+        assert_eq!(x.sts_endpoint(), "http://a");
+        assert_eq!(x.iamcredentials_endpoint(), "http://b");
+    }
+}

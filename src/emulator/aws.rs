@@ -1,0 +1,837 @@
+//! AWS STS emulator: `AssumeRoleWithWebIdentity`, validating like AWS.
+//!
+//! The request is the unsigned query-protocol form `Action`, `Version`,
+//! `RoleArn`, `RoleSessionName`, `WebIdentityToken`, `DurationSeconds`.
+//! Checks run in the order STS applies them as far as its answers show:
+//! operation and version, the request's field constraints (AWS's
+//! "N validation errors detected" text), the token's issuer against the
+//! registered IAM OIDC providers (the issuer URL without scheme is the
+//! provider id, as in IAM), the token's signature against the keys found by
+//! OIDC discovery of that issuer, its expiry, its audience against the
+//! provider's client ids, the role's trust in the token's subject, and the
+//! role's `MaxSessionDuration`. Answers carry STS's XML shapes and error
+//! codes, so the exchanger and the SDKs see what they would see from AWS.
+//!
+//! Simplification: the emulator has one IAM namespace. Every registered
+//! provider is trusted by every role (as if each role's trust policy named
+//! each provider as its `Federated` principal); roles differ in which
+//! subjects they accept (`StringLike` patterns on `sub`).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use quick_xml::escape::escape;
+use sha2::{Digest, Sha256};
+
+use crate::token::{Audience, KeySet, KeySource, Lookup};
+
+/// The XML namespace of every STS answer.
+pub const STS_NAMESPACE: &str = "https://sts.amazonaws.com/doc/2011-06-15/";
+/// The only STS API version there is.
+pub const STS_VERSION: &str = "2011-06-15";
+/// The client id EKS registers for IRSA tokens; what projected tokens for
+/// AWS carry as `aud`.
+pub const DEFAULT_AUDIENCE: &str = "sts.amazonaws.com";
+
+const ACTION: &str = "AssumeRoleWithWebIdentity";
+/// STS's bounds on `DurationSeconds`, independent of the role.
+const MIN_DURATION: u64 = 900;
+const MAX_DURATION: u64 = 43200;
+/// STS's default when `DurationSeconds` is absent.
+const DEFAULT_DURATION: u64 = 3600;
+/// STS's message when the JWKS of the issuer cannot be fetched (observed
+/// from AWS, including its double space). Clients recognise it as
+/// transient, so the exact text matters.
+pub const KEY_RETRIEVAL_FAILED: &str = "Couldn't retrieve verification key from your identity provider,  please reference AssumeRoleWithWebIdentity documentation for requirements";
+
+/// An IAM OIDC identity provider.
+#[derive(Debug, Clone)]
+pub struct OidcProvider {
+    /// The issuer URL (`https://oidc.eks.…/id/…`; `http://127.0.0.1:…` for
+    /// the built-in issuer). Without its scheme it is the provider id.
+    pub issuer: String,
+    /// Allowed client ids: the token's `aud` must contain one.
+    pub audiences: Vec<String>,
+}
+
+/// An IAM role that web identities may assume.
+#[derive(Debug, Clone)]
+pub struct AwsRole {
+    /// `arn:aws:iam::123456789012:role/NAME` (a path before NAME is allowed).
+    pub arn: String,
+    /// Subjects the trust policy accepts, as `StringLike` patterns: `*`
+    /// matches any run of characters, `?` one character.
+    pub trusted_subjects: Vec<String>,
+    /// The role's `MaxSessionDuration`, in seconds (IAM allows 3600–43200).
+    pub max_session_duration: u64,
+}
+
+/// What the emulated account contains.
+#[derive(Debug, Clone, Default)]
+pub struct AwsEmulatorConfig {
+    pub providers: Vec<OidcProvider>,
+    pub roles: Vec<AwsRole>,
+}
+
+/// Counters tests and the dev admin endpoint read.
+#[derive(Debug, Default)]
+pub struct AwsStsStats {
+    /// Every request that reached the endpoint, throttled or not.
+    pub requests: AtomicU64,
+    /// Credentials handed out.
+    pub issued: AtomicU64,
+    /// Requests refused by the throttle knob.
+    pub throttled: AtomicU64,
+}
+
+/// The emulator's state.
+pub struct AwsSts {
+    config: AwsEmulatorConfig,
+    http: reqwest::Client,
+    key_sets: Mutex<HashMap<String, Arc<KeySet>>>,
+    throttle: AtomicU32,
+    pub stats: AwsStsStats,
+}
+
+impl AwsSts {
+    pub fn new(config: AwsEmulatorConfig, http: reqwest::Client) -> Self {
+        AwsSts {
+            config,
+            http,
+            key_sets: Mutex::new(HashMap::new()),
+            throttle: AtomicU32::new(0),
+            stats: AwsStsStats::default(),
+        }
+    }
+
+    /// STS answers every action on `POST /`.
+    pub fn router(self: &Arc<Self>) -> Router {
+        Router::new()
+            .route("/", post(handle))
+            .with_state(self.clone())
+    }
+
+    /// Makes the next `n` requests fail with `Throttling` ("Rate exceeded",
+    /// HTTP 400), as STS does when an account exceeds its request rate, so
+    /// that tests can show what the cache does while upstream pushes back.
+    pub fn set_throttle(&self, n: u32) {
+        self.throttle.store(n, Ordering::SeqCst);
+    }
+
+    /// Takes one request from the throttle budget, if any is left.
+    fn take_throttle(&self) -> bool {
+        self.throttle
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    fn key_set(&self, issuer: &str) -> Arc<KeySet> {
+        let mut sets = self.key_sets.lock().unwrap_or_else(|p| p.into_inner());
+        sets.entry(issuer.to_string())
+            .or_insert_with(|| {
+                Arc::new(KeySet::new(
+                    KeySource::Discovery {
+                        issuer: issuer.to_string(),
+                    },
+                    self.http.clone(),
+                ))
+            })
+            .clone()
+    }
+
+    fn provider(&self, iss: &str) -> Option<&OidcProvider> {
+        let id = provider_id(iss);
+        self.config
+            .providers
+            .iter()
+            .find(|p| provider_id(&p.issuer) == id)
+    }
+}
+
+/// The IAM provider id of an issuer URL: the URL without its scheme and
+/// trailing slash (`oidc.eks.us-west-2.amazonaws.com/id/ABC`).
+pub fn provider_id(issuer: &str) -> &str {
+    let rest = issuer
+        .strip_prefix("https://")
+        .or_else(|| issuer.strip_prefix("http://"))
+        .unwrap_or(issuer);
+    rest.trim_end_matches('/')
+}
+
+/// An STS error answer.
+#[derive(Debug)]
+struct StsError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+fn sts_error(status: StatusCode, code: &'static str, message: impl Into<String>) -> StsError {
+    StsError {
+        status,
+        code,
+        message: message.into(),
+    }
+}
+
+fn invalid_token(message: impl Into<String>) -> StsError {
+    sts_error(StatusCode::BAD_REQUEST, "InvalidIdentityToken", message)
+}
+
+fn validation(message: impl Into<String>) -> StsError {
+    sts_error(StatusCode::BAD_REQUEST, "ValidationError", message)
+}
+
+/// STS's answer when the role does not exist or does not trust the caller:
+/// the same for both, so that callers cannot probe for role names.
+fn access_denied() -> StsError {
+    sts_error(
+        StatusCode::FORBIDDEN,
+        "AccessDenied",
+        "Not authorized to perform sts:AssumeRoleWithWebIdentity",
+    )
+}
+
+impl IntoResponse for StsError {
+    fn into_response(self) -> Response {
+        let request_id = uuid::Uuid::new_v4().to_string();
+        let body = format!(
+            "<ErrorResponse xmlns=\"{STS_NAMESPACE}\">\n  <Error>\n    <Type>Sender</Type>\n    <Code>{}</Code>\n    <Message>{}</Message>\n  </Error>\n  <RequestId>{request_id}</RequestId>\n</ErrorResponse>\n",
+            self.code,
+            escape(self.message.as_str()),
+        );
+        (
+            self.status,
+            [
+                (header::CONTENT_TYPE.as_str(), "text/xml".to_string()),
+                ("x-amzn-requestid", request_id),
+            ],
+            body,
+        )
+            .into_response()
+    }
+}
+
+async fn handle(State(sts): State<Arc<AwsSts>>, body: Bytes) -> Response {
+    sts.stats.requests.fetch_add(1, Ordering::Relaxed);
+    if sts.take_throttle() {
+        sts.stats.throttled.fetch_add(1, Ordering::Relaxed);
+        return sts_error(StatusCode::BAD_REQUEST, "Throttling", "Rate exceeded").into_response();
+    }
+    match assume(&sts, &body).await {
+        Ok(resp) => resp,
+        Err(e) => e.into_response(),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct WebIdentityClaims {
+    iss: Option<String>,
+    sub: Option<String>,
+    aud: Option<Audience>,
+    exp: Option<u64>,
+    nbf: Option<u64>,
+}
+
+async fn assume(sts: &AwsSts, body: &[u8]) -> Result<Response, StsError> {
+    let form: HashMap<String, String> = url::form_urlencoded::parse(body).into_owned().collect();
+    let field = |name: &str| form.get(name).map(String::as_str);
+
+    let Some(action) = field("Action").filter(|a| !a.is_empty()) else {
+        return Err(sts_error(
+            StatusCode::BAD_REQUEST,
+            "MissingAction",
+            "Missing Action",
+        ));
+    };
+    let version = field("Version").unwrap_or("NO_VERSION_SPECIFIED");
+    if action != ACTION || version != STS_VERSION {
+        return Err(sts_error(
+            StatusCode::BAD_REQUEST,
+            "InvalidAction",
+            format!("Could not find operation {action} for version {version}"),
+        ));
+    }
+
+    let params = validate_params(
+        field("RoleArn"),
+        field("RoleSessionName"),
+        field("WebIdentityToken"),
+        field("DurationSeconds"),
+    )?;
+    let token = params.token;
+
+    // The token, unverified, only to learn which provider to verify it with.
+    let header = jsonwebtoken::decode_header(token)
+        .map_err(|_| invalid_token("The ID token is not a valid JWT."))?;
+    let claims: WebIdentityClaims = jsonwebtoken::dangerous::insecure_decode_claims(token)
+        .map_err(|_| invalid_token("The ID token is not a valid JWT."))?;
+    let Some(iss) = claims.iss.as_deref() else {
+        return Err(invalid_token("The ID token has no issuer (iss) claim."));
+    };
+    // Keys are fetched only for registered providers: an unregistered issuer
+    // must not make STS call out to an arbitrary URL.
+    let Some(provider) = sts.provider(iss) else {
+        return Err(invalid_token(format!(
+            "No OpenIDConnect provider found in your account for {iss}"
+        )));
+    };
+
+    // Signature, against the keys the provider's issuer publishes.
+    let alg_family_ok = matches!(
+        header.alg,
+        jsonwebtoken::Algorithm::RS256
+            | jsonwebtoken::Algorithm::RS384
+            | jsonwebtoken::Algorithm::RS512
+            | jsonwebtoken::Algorithm::PS256
+            | jsonwebtoken::Algorithm::PS384
+            | jsonwebtoken::Algorithm::PS512
+            | jsonwebtoken::Algorithm::ES256
+            | jsonwebtoken::Algorithm::ES384
+    );
+    if !alg_family_ok {
+        return Err(invalid_token(format!(
+            "The ID token is signed with an unsupported algorithm ({:?}).",
+            header.alg
+        )));
+    }
+    let keys = sts.key_set(provider.issuer.trim_end_matches('/'));
+    let key = match keys.lookup(header.kid.as_deref()).await {
+        Ok(Lookup::Found(key, _)) => key,
+        Ok(Lookup::Unknown) => {
+            return Err(invalid_token(
+                "The ID token's signing key (kid) is not published by the identity provider.",
+            ))
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "STS emulator could not fetch issuer keys");
+            return Err(invalid_token(KEY_RETRIEVAL_FAILED));
+        }
+    };
+    let mut v = jsonwebtoken::Validation::new(header.alg);
+    v.validate_exp = false; // checked below, with STS's own error
+    v.validate_aud = false; // checked below against the provider's client ids
+    v.required_spec_claims.clear();
+    if jsonwebtoken::decode::<serde_json::Value>(token, &key, &v).is_err() {
+        return Err(invalid_token(
+            "The ID token's signature could not be verified.",
+        ));
+    }
+
+    let now = jsonwebtoken::get_current_timestamp();
+    let Some(exp) = claims.exp else {
+        return Err(invalid_token("The ID token has no expiration (exp) claim."));
+    };
+    if exp <= now {
+        return Err(sts_error(
+            StatusCode::BAD_REQUEST,
+            "ExpiredTokenException",
+            format!("Token expired: current date/time {now} must be before the expiration date/time {exp}"),
+        ));
+    }
+    if claims.nbf.is_some_and(|nbf| nbf > now + 60) {
+        return Err(invalid_token("The ID token is not valid yet (nbf)."));
+    }
+    let audience = claims
+        .aud
+        .as_ref()
+        .and_then(|aud| {
+            aud.iter()
+                .find(|a| provider.audiences.iter().any(|p| p == a))
+        })
+        .ok_or_else(|| invalid_token("Incorrect token audience"))?
+        .to_string();
+    let Some(sub) = claims.sub.as_deref().filter(|s| !s.is_empty()) else {
+        return Err(invalid_token("The ID token has no subject (sub) claim."));
+    };
+
+    let role = sts
+        .config
+        .roles
+        .iter()
+        .find(|r| r.arn == params.role_arn)
+        .ok_or_else(access_denied)?;
+    let role_arn = parse_role_arn(&role.arn).ok_or_else(access_denied)?;
+    if !role.trusted_subjects.iter().any(|p| string_like(p, sub)) {
+        return Err(access_denied());
+    }
+    if params.duration > role.max_session_duration {
+        return Err(validation(
+            "The requested DurationSeconds exceeds the MaxSessionDuration set for this role.",
+        ));
+    }
+
+    let credentials = Issued::generate().ok_or_else(|| {
+        sts_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalFailure",
+            "An internal error occurred.",
+        )
+    })?;
+    let expiration = iso8601(now + params.duration);
+    let session = params.session_name;
+    let role_id = format!("{}:{session}", role_unique_id(&role.arn));
+    let assumed_arn = format!(
+        "arn:{}:sts::{}:assumed-role/{}/{session}",
+        role_arn.partition, role_arn.account, role_arn.name
+    );
+    let provider_arn = format!(
+        "arn:{}:iam::{}:oidc-provider/{}",
+        role_arn.partition,
+        role_arn.account,
+        provider_id(&provider.issuer)
+    );
+    let request_id = uuid::Uuid::new_v4().to_string();
+    let body = format!(
+        "<AssumeRoleWithWebIdentityResponse xmlns=\"{STS_NAMESPACE}\">\n  <AssumeRoleWithWebIdentityResult>\n    <Audience>{}</Audience>\n    <AssumedRoleUser>\n      <AssumedRoleId>{}</AssumedRoleId>\n      <Arn>{}</Arn>\n    </AssumedRoleUser>\n    <Provider>{}</Provider>\n    <Credentials>\n      <AccessKeyId>{}</AccessKeyId>\n      <SecretAccessKey>{}</SecretAccessKey>\n      <SessionToken>{}</SessionToken>\n      <Expiration>{}</Expiration>\n    </Credentials>\n    <SubjectFromWebIdentityToken>{}</SubjectFromWebIdentityToken>\n  </AssumeRoleWithWebIdentityResult>\n  <ResponseMetadata>\n    <RequestId>{request_id}</RequestId>\n  </ResponseMetadata>\n</AssumeRoleWithWebIdentityResponse>\n",
+        escape(audience.as_str()),
+        escape(role_id.as_str()),
+        escape(assumed_arn.as_str()),
+        escape(provider_arn.as_str()),
+        credentials.access_key_id,
+        escape(credentials.secret_access_key.as_str()),
+        escape(credentials.session_token.as_str()),
+        expiration,
+        escape(sub),
+    );
+    sts.stats.issued.fetch_add(1, Ordering::Relaxed);
+    Ok((
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE.as_str(), "text/xml".to_string()),
+            ("x-amzn-requestid", request_id),
+        ],
+        body,
+    )
+        .into_response())
+}
+
+/// The request's fields after STS's declarative constraints.
+struct Params<'a> {
+    role_arn: &'a str,
+    session_name: &'a str,
+    token: &'a str,
+    duration: u64,
+}
+
+/// Applies the constraints of the STS API model, collecting every
+/// violation into one message as AWS does: "2 validation errors detected:
+/// Value '…' at 'roleSessionName' failed to satisfy constraint: …; …".
+/// The token is never echoed (AWS redacts sensitive members).
+fn validate_params<'a>(
+    role_arn: Option<&'a str>,
+    session_name: Option<&'a str>,
+    token: Option<&'a str>,
+    duration: Option<&'a str>,
+) -> Result<Params<'a>, StsError> {
+    let mut errors: Vec<String> = Vec::new();
+    let mut fail = |value: Option<&str>, member: &str, constraint: &str| {
+        let value = match value {
+            Some(v) => format!("'{v}'"),
+            None => "null".to_string(),
+        };
+        errors.push(format!(
+            "Value {value} at '{member}' failed to satisfy constraint: {constraint}"
+        ));
+    };
+
+    match role_arn {
+        None => fail(None, "roleArn", "Member must not be null"),
+        Some(v) if v.chars().count() < 20 => fail(
+            Some(v),
+            "roleArn",
+            "Member must have length greater than or equal to 20",
+        ),
+        Some(v) if v.chars().count() > 2048 => fail(
+            Some(v),
+            "roleArn",
+            "Member must have length less than or equal to 2048",
+        ),
+        Some(_) => {}
+    }
+    match session_name {
+        None => fail(None, "roleSessionName", "Member must not be null"),
+        Some(v) => {
+            if !v.chars().all(session_name_char) {
+                fail(
+                    Some(v),
+                    "roleSessionName",
+                    r"Member must satisfy regular expression pattern: [\w+=,.@-]*",
+                );
+            }
+            let len = v.chars().count();
+            if len < 2 {
+                fail(
+                    Some(v),
+                    "roleSessionName",
+                    "Member must have length greater than or equal to 2",
+                );
+            } else if len > 64 {
+                fail(
+                    Some(v),
+                    "roleSessionName",
+                    "Member must have length less than or equal to 64",
+                );
+            }
+        }
+    }
+    let redacted = Some("*** Sensitive Data Redacted ***");
+    match token {
+        None => fail(None, "webIdentityToken", "Member must not be null"),
+        Some(v) if v.len() < 4 => fail(
+            redacted,
+            "webIdentityToken",
+            "Member must have length greater than or equal to 4",
+        ),
+        Some(v) if v.len() > 20000 => fail(
+            redacted,
+            "webIdentityToken",
+            "Member must have length less than or equal to 20000",
+        ),
+        Some(_) => {}
+    }
+    let mut seconds = DEFAULT_DURATION;
+    if let Some(raw) = duration {
+        match raw.trim().parse::<i64>() {
+            Ok(n) if n < MIN_DURATION as i64 => fail(
+                Some(raw),
+                "durationSeconds",
+                "Member must have value greater than or equal to 900",
+            ),
+            Ok(n) if n > MAX_DURATION as i64 => fail(
+                Some(raw),
+                "durationSeconds",
+                "Member must have value less than or equal to 43200",
+            ),
+            Ok(n) => seconds = n.unsigned_abs(),
+            Err(_) => fail(
+                Some(raw),
+                "durationSeconds",
+                "Member must be a valid integer",
+            ),
+        }
+    }
+
+    match (role_arn, session_name, token) {
+        (Some(role_arn), Some(session_name), Some(token)) if errors.is_empty() => Ok(Params {
+            role_arn,
+            session_name,
+            token,
+            duration: seconds,
+        }),
+        _ => {
+            let n = errors.len();
+            let plural = if n == 1 { "" } else { "s" };
+            Err(validation(format!(
+                "{n} validation error{plural} detected: {}",
+                errors.join("; ")
+            )))
+        }
+    }
+}
+
+/// `[\w+=,.@-]`: the characters STS allows in a role session name (`\w`
+/// being ASCII letters, digits and underscore).
+pub fn session_name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '_' | '+' | '=' | ',' | '.' | '@' | '-')
+}
+
+/// IAM's `StringLike`: `*` matches any run of characters (including none),
+/// `?` exactly one; everything else literally and case-sensitively.
+pub fn string_like(pattern: &str, value: &str) -> bool {
+    let p: Vec<char> = pattern.chars().collect();
+    let v: Vec<char> = value.chars().collect();
+    // Iterative glob with single-star backtracking: linear in practice and
+    // never exponential, whatever the pattern.
+    let (mut pi, mut vi) = (0usize, 0usize);
+    let mut star: Option<(usize, usize)> = None;
+    while vi < v.len() {
+        match p.get(pi) {
+            Some('*') => {
+                star = Some((pi, vi));
+                pi += 1;
+            }
+            Some(&c) if c == '?' || c == v[vi] => {
+                pi += 1;
+                vi += 1;
+            }
+            _ => match star {
+                Some((sp, sv)) => {
+                    pi = sp + 1;
+                    vi = sv + 1;
+                    star = Some((sp, sv + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    p[pi..].iter().all(|&c| c == '*')
+}
+
+/// The parts of an IAM role ARN that an assumed-role ARN is built from.
+#[derive(Debug, PartialEq, Eq)]
+pub struct RoleArn<'a> {
+    pub partition: &'a str,
+    pub account: &'a str,
+    /// The role name, without its path: assumed-role ARNs drop the path.
+    pub name: &'a str,
+}
+
+/// Parses `arn:PARTITION:iam::ACCOUNT:role/[PATH/]NAME`.
+pub fn parse_role_arn(arn: &str) -> Option<RoleArn<'_>> {
+    let mut parts = arn.splitn(6, ':');
+    let (Some("arn"), Some(partition), Some("iam"), Some(""), Some(account), Some(resource)) = (
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+    ) else {
+        return None;
+    };
+    let partition_ok = partition.starts_with("aws")
+        && partition
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c == '-');
+    let account_ok = account.len() == 12 && account.bytes().all(|b| b.is_ascii_digit());
+    let path_and_name = resource.strip_prefix("role/")?;
+    let name = path_and_name.rsplit('/').next()?;
+    let name_ok = !name.is_empty()
+        && name.len() <= 64
+        && name.chars().all(|c| {
+            c.is_ascii_alphanumeric() || matches!(c, '_' | '+' | '=' | ',' | '.' | '@' | '-')
+        });
+    (partition_ok && account_ok && name_ok).then_some(RoleArn {
+        partition,
+        account,
+        name,
+    })
+}
+
+/// A role's unique id (`AROA` + 17 characters), stable for its ARN as IAM's
+/// is for the role's lifetime.
+fn role_unique_id(arn: &str) -> String {
+    const ALPHABET: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+    let digest = Sha256::digest(arn.as_bytes());
+    let mut id = String::from("AROA");
+    id.extend(
+        digest
+            .iter()
+            .take(17)
+            .map(|b| char::from(ALPHABET[usize::from(b % 32)])),
+    );
+    id
+}
+
+/// Freshly minted session credentials in STS's formats.
+struct Issued {
+    /// `ASIA` + 16 uppercase alphanumerics: the prefix marks temporary keys.
+    access_key_id: String,
+    /// 40 characters of base64.
+    secret_access_key: String,
+    /// Opaque and long, as real session tokens are (hundreds of bytes).
+    session_token: String,
+}
+
+impl Issued {
+    fn generate() -> Option<Issued> {
+        use aws_lc_rs::rand::SecureRandom;
+        use base64::engine::general_purpose::STANDARD;
+        use base64::Engine;
+        const UPPER_ALNUM: &[u8; 36] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+        let rng = aws_lc_rs::rand::SystemRandom::new();
+        let mut id = [0u8; 16];
+        let mut secret = [0u8; 30];
+        let mut token = vec![0u8; 420];
+        rng.fill(&mut id).ok()?;
+        rng.fill(&mut secret).ok()?;
+        rng.fill(&mut token).ok()?;
+        let mut access_key_id = String::from("ASIA");
+        access_key_id.extend(
+            id.iter()
+                .map(|b| char::from(UPPER_ALNUM[usize::from(b % 36)])),
+        );
+        Some(Issued {
+            access_key_id,
+            secret_access_key: STANDARD.encode(secret),
+            // Real tokens are standard base64 (with `+`, `/`, `=`) and start
+            // with this protobuf-ish prefix; clients must carry them verbatim.
+            session_token: format!("IQoJb3JpZ2luX2VjE{}", STANDARD.encode(token)),
+        })
+    }
+}
+
+/// `2026-12-02T11:00:00Z`, the form of STS's `Expiration`.
+fn iso8601(unix: u64) -> String {
+    i64::try_from(unix)
+        .ok()
+        .and_then(|u| time::OffsetDateTime::from_unix_timestamp(u).ok())
+        .and_then(|t| {
+            t.format(time::macros::format_description!(
+                "[year]-[month]-[day]T[hour]:[minute]:[second]Z"
+            ))
+            .ok()
+        })
+        .unwrap_or_else(|| "1970-01-01T00:00:00Z".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aws_string_like_globs() {
+        assert!(string_like(
+            "system:serviceaccount:ml:*",
+            "system:serviceaccount:ml:ray"
+        ));
+        assert!(string_like(
+            "system:serviceaccount:ml:*",
+            "system:serviceaccount:ml:"
+        ));
+        assert!(!string_like(
+            "system:serviceaccount:ml:*",
+            "system:serviceaccount:mlx:ray"
+        ));
+        assert!(string_like(
+            "system:serviceaccount:ml:ray",
+            "system:serviceaccount:ml:ray"
+        ));
+        assert!(!string_like(
+            "system:serviceaccount:ml:ray",
+            "system:serviceaccount:ml:ray2"
+        ));
+        assert!(string_like("a*c*e", "abcdcxe"));
+        assert!(!string_like("a*c*e", "abcdcx"));
+        assert!(string_like("ray-?", "ray-1"));
+        assert!(!string_like("ray-?", "ray-12"));
+        assert!(string_like("*", ""));
+        assert!(!string_like("", "x"));
+    }
+
+    #[test]
+    fn aws_role_arns() {
+        assert_eq!(
+            parse_role_arn("arn:aws:iam::123456789012:role/ray-data"),
+            Some(RoleArn {
+                partition: "aws",
+                account: "123456789012",
+                name: "ray-data"
+            })
+        );
+        assert_eq!(
+            parse_role_arn("arn:aws-cn:iam::123456789012:role/team/a/ray").map(|r| r.name),
+            Some("ray")
+        );
+        assert!(parse_role_arn("arn:aws:iam::12345678901:role/x").is_none());
+        assert!(parse_role_arn("arn:aws:iam::123456789012:user/x").is_none());
+        assert!(parse_role_arn("arn:aws:sts::123456789012:role/x").is_none());
+        assert!(parse_role_arn("arn:aws:iam::123456789012:role/").is_none());
+    }
+
+    #[test]
+    fn aws_provider_ids_drop_scheme_and_slash() {
+        assert_eq!(
+            provider_id("https://oidc.eks.eu-west-1.amazonaws.com/id/ABC/"),
+            "oidc.eks.eu-west-1.amazonaws.com/id/ABC"
+        );
+        assert_eq!(provider_id("http://127.0.0.1:8080"), "127.0.0.1:8080");
+    }
+
+    #[test]
+    fn aws_validation_messages_have_aws_shape() {
+        let e = validate_params(
+            Some("arn:aws:iam::123456789012:role/r"),
+            Some("bad name"),
+            Some("tok.en.x"),
+            Some("3600"),
+        )
+        .err()
+        .unwrap();
+        assert_eq!(e.code, "ValidationError");
+        assert_eq!(
+            e.message,
+            r"1 validation error detected: Value 'bad name' at 'roleSessionName' failed to satisfy constraint: Member must satisfy regular expression pattern: [\w+=,.@-]*"
+        );
+
+        let e = validate_params(
+            Some("arn:aws:iam::123456789012:role/r"),
+            Some("x"),
+            Some("secret-token"),
+            Some("50000"),
+        )
+        .err()
+        .unwrap();
+        assert!(
+            e.message.starts_with("2 validation errors detected: "),
+            "{}",
+            e.message
+        );
+        assert!(e.message.contains("Member must have length greater than or equal to 2; Value '50000' at 'durationSeconds' failed to satisfy constraint: Member must have value less than or equal to 43200"));
+
+        let e = validate_params(
+            Some("arn:aws:iam::123456789012:role/r"),
+            Some("ok"),
+            Some("abc"),
+            None,
+        )
+        .err()
+        .unwrap();
+        assert!(!e.message.contains("abc"), "the token must not be echoed");
+
+        let ok = validate_params(
+            Some("arn:aws:iam::123456789012:role/r"),
+            Some("ok"),
+            Some("a.b.c"),
+            None,
+        );
+        assert_eq!(ok.ok().map(|p| p.duration), Some(3600));
+    }
+
+    #[test]
+    fn aws_credentials_have_sts_formats() {
+        let c = Issued::generate().unwrap();
+        assert_eq!(c.access_key_id.len(), 20);
+        assert!(c.access_key_id.starts_with("ASIA"));
+        assert!(c.access_key_id[4..]
+            .chars()
+            .all(|ch| ch.is_ascii_uppercase() || ch.is_ascii_digit()));
+        assert_eq!(c.secret_access_key.len(), 40);
+        assert!(c.session_token.len() > 500);
+        let other = Issued::generate().unwrap();
+        assert_ne!(c.access_key_id, other.access_key_id);
+        assert_ne!(c.secret_access_key, other.secret_access_key);
+    }
+
+    #[test]
+    fn aws_role_ids_are_stable_and_shaped() {
+        let a = role_unique_id("arn:aws:iam::123456789012:role/a");
+        assert_eq!(a, role_unique_id("arn:aws:iam::123456789012:role/a"));
+        assert_ne!(a, role_unique_id("arn:aws:iam::123456789012:role/b"));
+        assert_eq!(a.len(), 21);
+        assert!(a.starts_with("AROA"));
+    }
+
+    #[test]
+    fn aws_expiration_format() {
+        assert_eq!(iso8601(1_796_209_200), "2026-12-02T11:00:00Z");
+    }
+
+    #[test]
+    fn aws_throttle_budget_counts_down() {
+        let sts = AwsSts::new(AwsEmulatorConfig::default(), reqwest::Client::new());
+        assert!(!sts.take_throttle());
+        sts.set_throttle(2);
+        assert!(sts.take_throttle());
+        assert!(sts.take_throttle());
+        assert!(!sts.take_throttle());
+    }
+}

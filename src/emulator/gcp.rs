@@ -1,0 +1,1264 @@
+//! Google Security Token Service and IAM Credentials emulator.
+//!
+//! Validates the way Google does, so that what passes here would pass there:
+//!
+//! * STS `POST /v1/token` exchanges an OIDC token for a *federated* access
+//!   token. The `audience` must name a configured workload identity pool
+//!   provider, the subject token's `iss` must be that provider's issuer, its
+//!   signature must verify against the keys found by OIDC discovery of that
+//!   issuer, its `aud` must contain one of the provider's allowed audiences
+//!   and it must be within its validity window (Google allows about a minute
+//!   of skew). The federated token is opaque; the emulator remembers which
+//!   federated principal (`principal://…/subject/SUB`) it stands for.
+//! * IAM Credentials `:generateAccessToken` and `:generateIdToken` let a
+//!   federated principal impersonate a service account only when it (or a
+//!   `principalSet://…/*` covering its pool) holds
+//!   `roles/iam.workloadIdentityUser` on that account. ID tokens are JWTs
+//!   signed by the emulator's own key, published at `GET /oauth2/v3/certs`.
+//!
+//! Error bodies have Google's shapes: OAuth `{error, error_description}` from
+//! STS and `{"error": {code, message, status}}` from IAM, with the texts
+//! Google sends where they are known (see the constants below).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
+
+use super::keys::SigningKey;
+use crate::secret::random_token;
+use crate::token::{Audience, KeySet, KeySource, Lookup};
+
+/// The only grant STS supports for workload identity federation.
+pub const TOKEN_EXCHANGE_GRANT: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
+/// The only token type STS issues.
+pub const ACCESS_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:access_token";
+/// Subject token types of OIDC providers (`id_token` is accepted as a synonym).
+pub const JWT_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:jwt";
+pub const ID_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:id_token";
+/// The role that lets a federated principal impersonate a service account.
+pub const WORKLOAD_IDENTITY_USER: &str = "roles/iam.workloadIdentityUser";
+/// The scope Google applies when a caller asks for none.
+pub const CLOUD_PLATFORM_SCOPE: &str = "https://www.googleapis.com/auth/cloud-platform";
+/// Issuer of Google-signed service-account ID tokens.
+pub const ID_TOKEN_ISSUER: &str = "https://accounts.google.com";
+
+/// Full resource names of providers start with this service prefix.
+const IAM_SERVICE: &str = "//iam.googleapis.com/";
+/// Clock skew Google STS tolerates on `exp` and `iat` (measured: a token 59 s
+/// past `exp` is accepted, 61 s past is refused).
+const SKEW_SECS: u64 = 60;
+/// Google caps the mapped `google.subject` (here: `sub`) at 127 bytes.
+const MAX_SUBJECT_BYTES: usize = 127;
+/// IAM refuses service-account token lifetimes over one hour unless an org
+/// policy extends it; the emulator models the default.
+const MAX_SA_LIFETIME_SECS: u64 = 3600;
+/// How many live federated tokens the emulator remembers. Thousands of pods
+/// each hold one; beyond this the ones closest to expiry are forgotten
+/// (their holders get 401 and exchange again), so memory stays bounded.
+const FEDERATED_CAPACITY: usize = 65_536;
+
+// Texts Google sends, as observed (sources in each comment).
+// google-github-actions/auth#60 and #211 (STS response bodies quoted in full).
+const BAD_AUDIENCE: &str = "Invalid value for \"audience\". This value should be the full resource name of the Identity Provider. See https://cloud.google.com/iam/docs/reference/sts/rest/v1/TopLevel/token for the list of possible formats.";
+// google-github-actions/auth#161 (gcloud error quoting the STS body).
+const UNKNOWN_PROVIDER: &str = "The target service indicated by the \"audience\" parameters is invalid. This might either be because the pool or provider is disabled or deleted or because it doesn't exist.";
+// Google Cloud docs, "Troubleshoot Workload Identity Federation".
+const ISSUER_UNREACHABLE: &str = "Error connecting to the given credential's issuer.";
+const SUBJECT_TOO_LONG: &str = "The size of mapped attribute google.subject exceeds the 127 bytes limit. Either modify your attribute mapping or the incoming assertion to produce a mapped attribute that is less than 127 bytes.";
+const UNAUTHENTICATED_INVALID: &str = "Request had invalid authentication credentials. Expected OAuth 2 access token, login cookie or other valid authentication credential. See https://developers.google.com/identity/sign-in/web/devconsole-project.";
+// Measured against real STS (negative checks of a self-held OIDC key) and
+// quoted by client libraries' tests (googleauth's STS stubs).
+const UNPARSABLE_TOKEN: &str = "Unable to parse the ID Token.";
+const BAD_SIGNATURE: &str = "Unable to verify the ID Token signature.";
+// Google's text when no credential is presented at all.
+const UNAUTHENTICATED_MISSING: &str = "Request is missing required authentication credential. Expected OAuth 2 access token, login cookie or other valid authentication credential. See https://developers.google.com/identity/sign-in/web/devconsole-project.";
+// Measured IAM Credentials answers to out-of-range lifetimes (Google's typo kept).
+const LIFETIME_ZERO: &str = "Lifetime of access token must be larger then zero.";
+const LIFETIME_TOO_LONG: &str = "can not have lifetimes of more than 1 hour. Use the Org Policy Constraint constraints/iam.allowServiceAccountCredentialLifetimeExtension to allow up to 12 hours.";
+// Google's generic INVALID_ARGUMENT message.
+const INVALID_ARGUMENT: &str = "Request contains an invalid argument.";
+
+/// A workload identity pool provider (OIDC).
+#[derive(Debug, Clone)]
+pub struct WorkloadIdentityProvider {
+    /// Full resource name:
+    /// `//iam.googleapis.com/projects/NUMBER/locations/global/workloadIdentityPools/POOL/providers/PROVIDER`.
+    pub name: String,
+    /// The OIDC issuer whose tokens this provider accepts (`iss`).
+    pub issuer: String,
+    /// Audiences a subject token may carry. Empty means Google's default: the
+    /// provider's full resource name, with `//` or `https://` in front.
+    pub allowed_audiences: Vec<String>,
+}
+
+/// A service account and who may impersonate it.
+#[derive(Debug, Clone)]
+pub struct GcpServiceAccount {
+    pub email: String,
+    /// Members holding `roles/iam.workloadIdentityUser` on the account:
+    /// `principal://iam.googleapis.com/projects/N/locations/global/workloadIdentityPools/P/subject/SUB`
+    /// or `principalSet://iam.googleapis.com/projects/N/locations/global/workloadIdentityPools/P/*`.
+    pub members: Vec<String>,
+}
+
+/// What the emulator trusts and grants.
+#[derive(Debug, Clone)]
+pub struct GcpEmulatorConfig {
+    pub providers: Vec<WorkloadIdentityProvider>,
+    pub service_accounts: Vec<GcpServiceAccount>,
+    /// Upper bound on every credential issued (federated tokens, service
+    /// account access and ID tokens). Google's is one hour; tests shorten
+    /// it to exercise refresh.
+    pub lifetime: Duration,
+}
+
+/// Counters tests and the dev admin endpoint read.
+#[derive(Debug, Default)]
+pub struct GcpStats {
+    pub sts_requests: AtomicU64,
+    pub sts_issued: AtomicU64,
+    pub iam_requests: AtomicU64,
+    pub iam_issued: AtomicU64,
+}
+
+/// The parts of a provider's full resource name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ProviderName {
+    project_number: String,
+    pool: String,
+    provider: String,
+}
+
+impl ProviderName {
+    /// Parses `//iam.googleapis.com/projects/N/locations/global/workloadIdentityPools/P/providers/R`.
+    /// Google requires the project *number* and the `//` service prefix.
+    fn parse(name: &str) -> Option<Self> {
+        let rest = name.strip_prefix(IAM_SERVICE)?;
+        let parts: Vec<&str> = rest.split('/').collect();
+        match parts.as_slice() {
+            ["projects", number, "locations", "global", "workloadIdentityPools", pool, "providers", provider]
+                if !number.is_empty()
+                    && number.bytes().all(|b| b.is_ascii_digit())
+                    && valid_id(pool)
+                    && valid_id(provider) =>
+            {
+                Some(ProviderName {
+                    project_number: number.to_string(),
+                    pool: pool.to_string(),
+                    provider: provider.to_string(),
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// `projects/N/locations/global/workloadIdentityPools/P`.
+    fn pool_resource(&self) -> String {
+        format!(
+            "projects/{}/locations/global/workloadIdentityPools/{}",
+            self.project_number, self.pool
+        )
+    }
+
+    /// The audiences Google accepts when the provider lists none.
+    fn default_audiences(&self) -> [String; 2] {
+        let path = format!("{}/providers/{}", self.pool_resource(), self.provider);
+        [
+            format!("//iam.googleapis.com/{path}"),
+            format!("https://iam.googleapis.com/{path}"),
+        ]
+    }
+}
+
+/// Pool and provider ids: 4–32 lowercase letters, digits and hyphens in
+/// Google; the emulator only insists they are non-empty path-safe tokens.
+fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+/// The federated principal STS issues for `subject` through `provider_name`
+/// (`principal://iam.googleapis.com/projects/N/locations/global/workloadIdentityPools/P/subject/SUB`):
+/// what IAM bindings name to grant a Kubernetes service account access.
+pub fn principal_for(provider_name: &str, subject: &str) -> String {
+    let path = provider_name.trim_start_matches("//");
+    let pool = path.split("/providers/").next().unwrap_or(path);
+    format!("principal://{pool}/subject/{subject}")
+}
+
+/// Whether the IAM member `member` covers `principal`: the same principal,
+/// or `principalSet://…/workloadIdentityPools/P/*` for the principal's pool.
+fn member_covers(member: &str, principal: &str) -> bool {
+    if member == principal {
+        return true;
+    }
+    let Some(pool) = member
+        .strip_prefix("principalSet://")
+        .and_then(|m| m.strip_suffix("/*"))
+    else {
+        return false;
+    };
+    principal
+        .strip_prefix("principal://")
+        .and_then(|p| p.strip_prefix(pool))
+        .is_some_and(|rest| rest.starts_with("/subject/"))
+}
+
+/// A stable numeric unique id for a service account, shaped like Google's
+/// 21-digit ids (used as `sub` and `azp` of its ID tokens).
+pub fn service_account_unique_id(email: &str) -> String {
+    let digest = Sha256::digest(email.to_ascii_lowercase().as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    format!("1{:020}", u64::from_be_bytes(first))
+}
+
+/// A federated token's meaning.
+#[derive(Debug, Clone)]
+struct Federated {
+    principal: String,
+    expires_at: u64,
+}
+
+/// Live federated tokens, keyed by SHA-256 of the token so the map holds
+/// nothing that could be replayed.
+struct FederatedStore {
+    tokens: HashMap<[u8; 32], Federated>,
+    capacity: usize,
+}
+
+impl FederatedStore {
+    fn new(capacity: usize) -> Self {
+        FederatedStore {
+            tokens: HashMap::new(),
+            capacity: capacity.max(1),
+        }
+    }
+
+    fn key(token: &str) -> [u8; 32] {
+        Sha256::digest(token.as_bytes()).into()
+    }
+
+    fn insert(&mut self, token: &str, federated: Federated, now: u64) {
+        if self.tokens.len() >= self.capacity {
+            self.tokens.retain(|_, f| f.expires_at > now);
+        }
+        while self.tokens.len() >= self.capacity {
+            // Still full of live tokens: forget the one closest to expiry.
+            let Some(victim) = self
+                .tokens
+                .iter()
+                .min_by_key(|(_, f)| f.expires_at)
+                .map(|(k, _)| *k)
+            else {
+                break;
+            };
+            self.tokens.remove(&victim);
+        }
+        self.tokens.insert(Self::key(token), federated);
+    }
+
+    fn get(&self, token: &str, now: u64) -> Option<&Federated> {
+        self.tokens
+            .get(&Self::key(token))
+            .filter(|f| f.expires_at > now)
+    }
+}
+
+struct Provider {
+    config: WorkloadIdentityProvider,
+    name: ProviderName,
+}
+
+struct ServiceAccount {
+    email: String,
+    unique_id: String,
+    members: Vec<String>,
+}
+
+/// The emulator's state.
+pub struct Gcp {
+    providers: Vec<Provider>,
+    service_accounts: Vec<ServiceAccount>,
+    lifetime: Duration,
+    /// One key set per issuer that a configured provider names; built up
+    /// front so a subject token can never make the emulator fetch keys from
+    /// an issuer nobody trusts.
+    key_sets: HashMap<String, Arc<KeySet>>,
+    federated: Mutex<FederatedStore>,
+    signing_key: SigningKey,
+    pub stats: GcpStats,
+}
+
+impl Gcp {
+    /// Validates the configuration and generates the emulator's ID-token key.
+    pub fn new(config: GcpEmulatorConfig, http: reqwest::Client) -> anyhow::Result<Self> {
+        if config.lifetime.as_secs() == 0 {
+            anyhow::bail!("GCP emulator token lifetime must be at least one second");
+        }
+        let mut providers = Vec::with_capacity(config.providers.len());
+        let mut key_sets = HashMap::new();
+        for p in config.providers {
+            let name = ProviderName::parse(&p.name).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "workload identity provider {:?} is not //iam.googleapis.com/projects/NUMBER/locations/global/workloadIdentityPools/POOL/providers/PROVIDER",
+                    p.name
+                )
+            })?;
+            if p.issuer.trim().is_empty() {
+                anyhow::bail!("workload identity provider {} has no issuer", p.name);
+            }
+            key_sets.entry(p.issuer.clone()).or_insert_with(|| {
+                Arc::new(KeySet::new(
+                    KeySource::Discovery {
+                        issuer: p.issuer.clone(),
+                    },
+                    http.clone(),
+                ))
+            });
+            providers.push(Provider { config: p, name });
+        }
+        let mut service_accounts = Vec::with_capacity(config.service_accounts.len());
+        for sa in config.service_accounts {
+            if !sa.email.contains('@') || sa.email.contains('/') || sa.email.contains(':') {
+                anyhow::bail!("service account email {:?} is not an email", sa.email);
+            }
+            for m in &sa.members {
+                if !(m.starts_with("principal://") || m.starts_with("principalSet://")) {
+                    anyhow::bail!(
+                        "member {m:?} of {} is neither principal:// nor principalSet://",
+                        sa.email
+                    );
+                }
+            }
+            service_accounts.push(ServiceAccount {
+                unique_id: service_account_unique_id(&sa.email),
+                email: sa.email,
+                members: sa.members,
+            });
+        }
+        Ok(Gcp {
+            providers,
+            service_accounts,
+            lifetime: config.lifetime,
+            key_sets,
+            federated: Mutex::new(FederatedStore::new(FEDERATED_CAPACITY)),
+            signing_key: SigningKey::generate_rs256()?,
+            stats: GcpStats::default(),
+        })
+    }
+
+    /// STS, IAM Credentials and the ID-token JWKS on one listener (point both
+    /// endpoints of the exchanger at it).
+    pub fn router(self: &Arc<Self>) -> Router {
+        Router::new()
+            .route("/v1/token", post(sts_token))
+            .route(
+                "/v1/projects/-/serviceAccounts/{name}",
+                post(iam_credentials),
+            )
+            .route("/oauth2/v3/certs", get(certs))
+            .with_state(self.clone())
+    }
+
+    /// See [`principal_for`].
+    pub fn principal_for(provider_name: &str, subject: &str) -> String {
+        principal_for(provider_name, subject)
+    }
+
+    /// The principal a live federated token stands for (for tests and for
+    /// emulated APIs that accept federated tokens directly).
+    pub fn federated_principal(&self, token: &str) -> Option<String> {
+        let now = jsonwebtoken::get_current_timestamp();
+        self.federated
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(token, now)
+            .map(|f| f.principal.clone())
+    }
+
+    /// The JWKS that verifies the emulator's ID tokens.
+    pub fn jwks(&self) -> Value {
+        json!({ "keys": [self.signing_key.jwk()] })
+    }
+
+    fn remember(&self, token: &str, federated: Federated, now: u64) {
+        self.federated
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(token, federated, now);
+    }
+}
+
+// ---------------------------------------------------------------- STS ----
+
+/// An STS error: OAuth shape, HTTP 400.
+#[derive(Debug)]
+struct OAuthError {
+    error: &'static str,
+    description: String,
+}
+
+fn oauth(error: &'static str, description: impl Into<String>) -> OAuthError {
+    OAuthError {
+        error,
+        description: description.into(),
+    }
+}
+
+impl IntoResponse for OAuthError {
+    fn into_response(self) -> Response {
+        (
+            StatusCode::BAD_REQUEST,
+            Json(json!({ "error": self.error, "error_description": self.description })),
+        )
+            .into_response()
+    }
+}
+
+/// Request parameters: STS takes form-encoded bodies (what the auth
+/// libraries send) and JSON bodies with camelCase or snake_case names (what
+/// some REST clients send).
+struct Params(HashMap<String, String>);
+
+impl Params {
+    fn parse(headers: &HeaderMap, body: &[u8]) -> Result<Self, OAuthError> {
+        let is_json = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.trim_start().starts_with("application/json"));
+        if !is_json {
+            return Ok(Params(
+                url::form_urlencoded::parse(body).into_owned().collect(),
+            ));
+        }
+        let map: Map<String, Value> = serde_json::from_slice(body)
+            .map_err(|_| oauth("invalid_request", "Invalid JSON payload received."))?;
+        Ok(Params(
+            map.into_iter()
+                .filter_map(|(k, v)| match v {
+                    Value::String(s) => Some((snake_case(&k), s)),
+                    _ => None,
+                })
+                .collect(),
+        ))
+    }
+
+    fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .get(name)
+            .map(String::as_str)
+            .filter(|v| !v.is_empty())
+    }
+}
+
+/// `subjectTokenType` → `subject_token_type`.
+fn snake_case(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 4);
+    for c in name.chars() {
+        if c.is_ascii_uppercase() {
+            out.push('_');
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[derive(serde::Deserialize)]
+struct SubjectClaims {
+    iss: Option<String>,
+    sub: Option<String>,
+    aud: Option<Audience>,
+    exp: Option<u64>,
+    iat: Option<u64>,
+    nbf: Option<u64>,
+}
+
+async fn sts_token(State(gcp): State<Arc<Gcp>>, headers: HeaderMap, body: Bytes) -> Response {
+    gcp.stats.sts_requests.fetch_add(1, Ordering::Relaxed);
+    match exchange(&gcp, &headers, &body).await {
+        Ok(resp) => resp,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn exchange(gcp: &Gcp, headers: &HeaderMap, body: &[u8]) -> Result<Response, OAuthError> {
+    let params = Params::parse(headers, body)?;
+
+    match params.get("grant_type") {
+        Some(TOKEN_EXCHANGE_GRANT) => {}
+        Some(other) => {
+            return Err(oauth(
+                "unsupported_grant_type",
+                format!("Invalid value for \"grant_type\": {other}. The only supported value is {TOKEN_EXCHANGE_GRANT}."),
+            ))
+        }
+        None => {
+            return Err(oauth(
+                "invalid_request",
+                "The \"grant_type\" parameter is required.",
+            ))
+        }
+    }
+    let audience = params.get("audience").unwrap_or_default();
+    if ProviderName::parse(audience).is_none() {
+        return Err(oauth("invalid_request", BAD_AUDIENCE));
+    }
+    let Some(provider) = gcp.providers.iter().find(|p| p.config.name == audience) else {
+        return Err(oauth("invalid_target", UNKNOWN_PROVIDER));
+    };
+    if params.get("requested_token_type") != Some(ACCESS_TOKEN_TYPE) {
+        return Err(oauth(
+            "invalid_request",
+            format!("Invalid value for \"requested_token_type\". The only supported value is {ACCESS_TOKEN_TYPE}."),
+        ));
+    }
+    match params.get("subject_token_type") {
+        Some(JWT_TOKEN_TYPE | ID_TOKEN_TYPE) => {}
+        _ => {
+            return Err(oauth(
+                "invalid_request",
+                format!("Invalid value for \"subject_token_type\". An OIDC provider accepts {JWT_TOKEN_TYPE} or {ID_TOKEN_TYPE}."),
+            ))
+        }
+    }
+    let Some(subject_token) = params.get("subject_token") else {
+        return Err(oauth(
+            "invalid_request",
+            "The \"subject_token\" parameter is required.",
+        ));
+    };
+
+    let unparsable = || oauth("invalid_grant", UNPARSABLE_TOKEN);
+    let header = jsonwebtoken::decode_header(subject_token).map_err(|_| unparsable())?;
+    let claims: SubjectClaims =
+        jsonwebtoken::dangerous::insecure_decode_claims(subject_token).map_err(|_| unparsable())?;
+
+    // Issuer first: it decides whose keys to trust, and only the provider's.
+    // Google compares it exactly; even a trailing slash makes a mismatch.
+    let expected_issuer = provider.config.issuer.as_str();
+    if claims.iss.as_deref() != Some(expected_issuer) {
+        return Err(oauth(
+            "invalid_grant",
+            format!(
+                "The issuer in ID Token {} does not match the expected one in config: {expected_issuer}.",
+                claims.iss.as_deref().unwrap_or("null")
+            ),
+        ));
+    }
+
+    // Signature, against the keys the issuer publishes. Google accepts RSA
+    // and EC P-256 keys, as Kubernetes issuers use.
+    if !matches!(
+        header.alg,
+        jsonwebtoken::Algorithm::RS256 | jsonwebtoken::Algorithm::ES256
+    ) {
+        return Err(oauth("invalid_grant", BAD_SIGNATURE));
+    }
+    let Some(keys) = gcp.key_sets.get(expected_issuer) else {
+        // Unreachable: every provider's issuer has a key set from `new`.
+        return Err(oauth("invalid_grant", ISSUER_UNREACHABLE));
+    };
+    let key = match keys.lookup(header.kid.as_deref()).await {
+        Ok(Lookup::Found(key, _)) => key,
+        // Measured: an unknown kid gets the same answer as an unreachable issuer.
+        Ok(Lookup::Unknown) | Err(_) => return Err(oauth("invalid_grant", ISSUER_UNREACHABLE)),
+    };
+    let mut validation = jsonwebtoken::Validation::new(header.alg);
+    validation.validate_exp = false; // checked below with Google's skew and texts
+    validation.validate_aud = false; // checked below against the provider
+    validation.required_spec_claims.clear();
+    if jsonwebtoken::decode::<Value>(subject_token, &key, &validation).is_err() {
+        return Err(oauth("invalid_grant", BAD_SIGNATURE));
+    }
+
+    // Validity window. Google words every failure here as a stale token.
+    let now = jsonwebtoken::get_current_timestamp();
+    let stale = || {
+        oauth(
+            "invalid_grant",
+            format!(
+                "ID Token issued at {} is stale to sign-in.",
+                claims
+                    .iat
+                    .map(|i| i.to_string())
+                    .unwrap_or_else(|| "null".into())
+            ),
+        )
+    };
+    let (Some(iat), Some(exp)) = (claims.iat, claims.exp) else {
+        return Err(stale());
+    };
+    if exp + SKEW_SECS < now
+        || iat > now + SKEW_SECS
+        || claims.nbf.is_some_and(|nbf| nbf > now + SKEW_SECS)
+    {
+        return Err(stale());
+    }
+
+    let audiences: Vec<&str> = claims
+        .aud
+        .as_ref()
+        .map(|a| a.iter().collect())
+        .unwrap_or_default();
+    let defaults = provider.name.default_audiences();
+    let allowed: Vec<&str> = if provider.config.allowed_audiences.is_empty() {
+        defaults.iter().map(String::as_str).collect()
+    } else {
+        provider
+            .config
+            .allowed_audiences
+            .iter()
+            .map(String::as_str)
+            .collect()
+    };
+    if !audiences.iter().any(|a| allowed.contains(a)) {
+        return Err(oauth(
+            "invalid_grant",
+            format!(
+                "The audience in ID Token [{}] does not match the expected audience.",
+                audiences.join(", ")
+            ),
+        ));
+    }
+
+    // google.subject = assertion.sub, the default mapping.
+    let Some(subject) = claims.sub.filter(|s| !s.is_empty()) else {
+        return Err(oauth(
+            "invalid_request",
+            "The mapped attribute google.subject must not be empty.",
+        ));
+    };
+    if subject.len() > MAX_SUBJECT_BYTES {
+        return Err(oauth("invalid_request", SUBJECT_TOO_LONG));
+    }
+
+    // Federated tokens live until the subject token expires, at most the
+    // configured lifetime (Google: min(exp - now, 3600)).
+    let expires_in = exp.saturating_sub(now).clamp(1, gcp.lifetime.as_secs());
+    let access_token = format!("ya29.emulated-federated.{}", random_token(48));
+    gcp.remember(
+        &access_token,
+        Federated {
+            principal: principal_for(&provider.config.name, &subject),
+            expires_at: now + expires_in,
+        },
+        now,
+    );
+    gcp.stats.sts_issued.fetch_add(1, Ordering::Relaxed);
+    Ok((
+        StatusCode::OK,
+        [(header::CACHE_CONTROL, "no-store")],
+        Json(json!({
+            "access_token": access_token,
+            "issued_token_type": ACCESS_TOKEN_TYPE,
+            "token_type": "Bearer",
+            "expires_in": expires_in,
+        })),
+    )
+        .into_response())
+}
+
+// ------------------------------------------------------ IAM Credentials ----
+
+/// A Google API error: `{"error": {code, message, status[, details]}}`.
+#[derive(Debug)]
+struct ApiError {
+    code: StatusCode,
+    status: &'static str,
+    message: String,
+    /// The IAM permission refused, for the `ErrorInfo` detail of a 403.
+    permission: Option<&'static str>,
+}
+
+fn api(code: StatusCode, status: &'static str, message: impl Into<String>) -> ApiError {
+    ApiError {
+        code,
+        status,
+        message: message.into(),
+        permission: None,
+    }
+}
+
+fn invalid_argument(message: impl Into<String>) -> ApiError {
+    api(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", message)
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut error = json!({
+            "code": self.code.as_u16(),
+            "message": self.message,
+            "status": self.status,
+        });
+        if let Some(permission) = self.permission {
+            error["details"] = json!([{
+                "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                "reason": "IAM_PERMISSION_DENIED",
+                "domain": "iam.googleapis.com",
+                "metadata": { "permission": permission },
+            }]);
+        }
+        let body = Json(json!({ "error": error }));
+        if self.code == StatusCode::UNAUTHORIZED {
+            (
+                self.code,
+                [(
+                    header::WWW_AUTHENTICATE,
+                    "Bearer realm=\"https://accounts.google.com/\"",
+                )],
+                body,
+            )
+                .into_response()
+        } else {
+            (self.code, body).into_response()
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Method {
+    GenerateAccessToken,
+    GenerateIdToken,
+}
+
+impl Method {
+    fn permission(self) -> &'static str {
+        match self {
+            Method::GenerateAccessToken => "iam.serviceAccounts.getAccessToken",
+            Method::GenerateIdToken => "iam.serviceAccounts.getOpenIdToken",
+        }
+    }
+}
+
+/// Splits the `{name}` path segment, `EMAIL:method`, on its last colon.
+fn split_resource(name: &str) -> Option<(&str, Method)> {
+    let (account, method) = name.rsplit_once(':')?;
+    let method = match method {
+        "generateAccessToken" => Method::GenerateAccessToken,
+        "generateIdToken" => Method::GenerateIdToken,
+        _ => return None,
+    };
+    (!account.is_empty()).then_some((account, method))
+}
+
+/// Reads the bearer token from `Authorization`.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.trim().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+/// Parses a protobuf JSON `Duration` (`"3600s"`, `"1.5s"`) into whole and
+/// fractional seconds.
+fn parse_duration(text: &str) -> Option<(i64, u32)> {
+    let number = text.strip_suffix('s')?;
+    let (negative, digits) = match number.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, number),
+    };
+    let (whole, fraction) = match digits.split_once('.') {
+        Some((w, f)) => (w, f),
+        None => (digits, ""),
+    };
+    if whole.is_empty()
+        || !whole.bytes().all(|b| b.is_ascii_digit())
+        || fraction.len() > 9
+        || !fraction.bytes().all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    let secs: i64 = whole.parse().ok()?;
+    let nanos: u32 = if fraction.is_empty() {
+        0
+    } else {
+        format!("{fraction:0<9}").parse().ok()?
+    };
+    Some(if negative {
+        (-secs, nanos)
+    } else {
+        (secs, nanos)
+    })
+}
+
+/// Checks a requested service-account token lifetime the way IAM does and
+/// returns it in whole seconds (a fraction rounds up, so `0.5s` lives 1 s).
+fn check_lifetime(value: Option<&Value>) -> Result<u64, ApiError> {
+    let Some(value) = value else {
+        return Ok(MAX_SA_LIFETIME_SECS);
+    };
+    let (secs, nanos) = value.as_str().and_then(parse_duration).ok_or_else(|| {
+        invalid_argument(format!(
+            "Invalid value at 'lifetime' (type.googleapis.com/google.protobuf.Duration), {value}"
+        ))
+    })?;
+    if secs < 0 || (secs == 0 && nanos == 0) {
+        return Err(invalid_argument(LIFETIME_ZERO));
+    }
+    let secs = secs.unsigned_abs();
+    if secs > MAX_SA_LIFETIME_SECS || (secs == MAX_SA_LIFETIME_SECS && nanos > 0) {
+        return Err(invalid_argument(LIFETIME_TOO_LONG));
+    }
+    Ok(if nanos > 0 { secs + 1 } else { secs })
+}
+
+/// Checks requested OAuth scopes. An empty string stands for cloud-platform
+/// (as IAM does); anything that is not an OAuth scope URL or one of the
+/// OpenID short names is refused.
+fn check_scopes(value: Option<&Value>) -> Result<Vec<String>, ApiError> {
+    let list = match value {
+        Some(Value::Array(list)) if !list.is_empty() => list,
+        Some(Value::Array(_)) | None => return Err(invalid_argument(INVALID_ARGUMENT)),
+        Some(other) => {
+            return Err(invalid_argument(format!(
+                "Invalid value at 'scope' (type.googleapis.com/google.iam.credentials.v1.GenerateAccessTokenRequest), {other}"
+            )))
+        }
+    };
+    let mut scopes = Vec::with_capacity(list.len());
+    for scope in list {
+        let Some(scope) = scope.as_str() else {
+            return Err(invalid_argument(INVALID_ARGUMENT));
+        };
+        let scope = scope.trim();
+        if scope.is_empty() {
+            scopes.push(CLOUD_PLATFORM_SCOPE.to_string());
+        } else if (scope.starts_with("https://") && !scope.contains(char::is_whitespace))
+            || matches!(scope, "openid" | "email" | "profile")
+        {
+            scopes.push(scope.to_string());
+        } else {
+            return Err(invalid_argument(INVALID_ARGUMENT));
+        }
+    }
+    Ok(scopes)
+}
+
+/// Parses the request body as a JSON object and refuses names the method
+/// does not define, as Google's JSON transcoding does.
+fn request_fields(body: &[u8], method: Method) -> Result<Map<String, Value>, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Map::new());
+    }
+    let map: Map<String, Value> = serde_json::from_slice(body)
+        .map_err(|_| invalid_argument("Invalid JSON payload received. Unexpected token."))?;
+    let known: &[&str] = match method {
+        Method::GenerateAccessToken => &["scope", "lifetime", "delegates"],
+        Method::GenerateIdToken => &["audience", "includeEmail", "include_email", "delegates"],
+    };
+    if let Some(unknown) = map.keys().find(|k| !known.contains(&k.as_str())) {
+        return Err(invalid_argument(format!(
+            "Invalid JSON payload received. Unknown name \"{unknown}\": Cannot find field."
+        )));
+    }
+    if map
+        .get("delegates")
+        .is_some_and(|d| d.as_array().is_none_or(|a| !a.is_empty()))
+    {
+        return Err(invalid_argument(
+            "Delegation chains are not supported by the emulator; impersonate the service account directly.",
+        ));
+    }
+    Ok(map)
+}
+
+fn rfc3339(unix: u64) -> String {
+    i64::try_from(unix)
+        .ok()
+        .and_then(|t| time::OffsetDateTime::from_unix_timestamp(t).ok())
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| unix.to_string())
+}
+
+#[derive(serde::Serialize)]
+struct IdTokenClaims<'a> {
+    iss: &'static str,
+    aud: &'a str,
+    azp: &'a str,
+    sub: &'a str,
+    iat: u64,
+    exp: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    email: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    email_verified: Option<bool>,
+}
+
+async fn iam_credentials(
+    State(gcp): State<Arc<Gcp>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    gcp.stats.iam_requests.fetch_add(1, Ordering::Relaxed);
+    match impersonate(&gcp, &name, &headers, &body) {
+        Ok(resp) => {
+            gcp.stats.iam_issued.fetch_add(1, Ordering::Relaxed);
+            resp
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+fn impersonate(
+    gcp: &Gcp,
+    name: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    let Some((account, method)) = split_resource(name) else {
+        return Err(api(StatusCode::NOT_FOUND, "NOT_FOUND", "Method not found."));
+    };
+    let now = jsonwebtoken::get_current_timestamp();
+
+    let Some(token) = bearer(headers) else {
+        return Err(api(
+            StatusCode::UNAUTHORIZED,
+            "UNAUTHENTICATED",
+            UNAUTHENTICATED_MISSING,
+        ));
+    };
+    let Some(principal) = gcp.federated_principal(token) else {
+        return Err(api(
+            StatusCode::UNAUTHORIZED,
+            "UNAUTHENTICATED",
+            UNAUTHENTICATED_INVALID,
+        ));
+    };
+
+    let fields = request_fields(body, method)?;
+
+    let Some(sa) = gcp
+        .service_accounts
+        .iter()
+        .find(|sa| sa.email.eq_ignore_ascii_case(account) || sa.unique_id == account)
+    else {
+        // Google's 404 for an account that does not exist (seen through the
+        // GKE metadata server: "IAM returned 404 Not Found: Not found; …").
+        return Err(api(
+            StatusCode::NOT_FOUND,
+            "NOT_FOUND",
+            format!("Not found; Gaia id not found for email {account}"),
+        ));
+    };
+
+    if !sa.members.iter().any(|m| member_covers(m, &principal)) {
+        return Err(ApiError {
+            code: StatusCode::FORBIDDEN,
+            status: "PERMISSION_DENIED",
+            message: format!(
+                "Permission '{}' denied on resource (or it may not exist).",
+                method.permission()
+            ),
+            permission: Some(method.permission()),
+        });
+    }
+
+    let cap = gcp.lifetime.as_secs();
+    match method {
+        Method::GenerateAccessToken => {
+            check_scopes(fields.get("scope"))?;
+            let lifetime = check_lifetime(fields.get("lifetime"))?.min(cap);
+            Ok((
+                StatusCode::OK,
+                Json(json!({
+                    "accessToken": format!("ya29.emulated-sa.{}", random_token(48)),
+                    "expireTime": rfc3339(now + lifetime),
+                })),
+            )
+                .into_response())
+        }
+        Method::GenerateIdToken => {
+            let audience = match fields.get("audience") {
+                Some(Value::String(a)) if !a.trim().is_empty() => a.as_str(),
+                _ => return Err(invalid_argument(INVALID_ARGUMENT)),
+            };
+            let include_email = match fields
+                .get("includeEmail")
+                .or_else(|| fields.get("include_email"))
+            {
+                None => false,
+                Some(Value::Bool(b)) => *b,
+                Some(other) => {
+                    return Err(invalid_argument(format!(
+                        "Invalid value at 'include_email' (TYPE_BOOL), {other}"
+                    )))
+                }
+            };
+            let claims = IdTokenClaims {
+                iss: ID_TOKEN_ISSUER,
+                aud: audience,
+                azp: &sa.unique_id,
+                sub: &sa.unique_id,
+                iat: now,
+                exp: now + MAX_SA_LIFETIME_SECS.min(cap),
+                email: include_email.then_some(sa.email.as_str()),
+                email_verified: include_email.then_some(true),
+            };
+            let token = gcp.signing_key.sign(&claims).map_err(|_| {
+                api(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "INTERNAL",
+                    "Internal error encountered.",
+                )
+            })?;
+            Ok((StatusCode::OK, Json(json!({ "token": token }))).into_response())
+        }
+    }
+}
+
+async fn certs(State(gcp): State<Arc<Gcp>>) -> Response {
+    (
+        [(header::CACHE_CONTROL, "public, max-age=3600")],
+        Json(gcp.jwks()),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PROVIDER: &str =
+        "//iam.googleapis.com/projects/123456789/locations/global/workloadIdentityPools/lanyard/providers/dev";
+
+    #[test]
+    fn provider_names_parse_strictly() {
+        let name = ProviderName::parse(PROVIDER).unwrap();
+        assert_eq!(name.project_number, "123456789");
+        assert_eq!(name.pool, "lanyard");
+        assert_eq!(name.provider, "dev");
+        assert_eq!(
+            name.default_audiences()[1],
+            "https://iam.googleapis.com/projects/123456789/locations/global/workloadIdentityPools/lanyard/providers/dev"
+        );
+        // Google wants the //-prefixed full name and a project number.
+        for bad in [
+            &PROVIDER[2..],
+            "https://iam.googleapis.com/projects/123456789/locations/global/workloadIdentityPools/lanyard/providers/dev",
+            "//iam.googleapis.com/projects/my-project/locations/global/workloadIdentityPools/lanyard/providers/dev",
+            "//iam.googleapis.com/projects/123456789/locations/global/workloadIdentityPools/lanyard",
+            "//iam.googleapis.com/projects/123456789/locations/global/workloadIdentityPools/lanyard/providers/dev/x",
+            "//iam.googleapis.com/projects/123456789/locations/global/workloadIdentityPools//providers/dev",
+        ] {
+            assert!(ProviderName::parse(bad).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn principal_names_the_pool_and_subject() {
+        assert_eq!(
+            principal_for(PROVIDER, "system:serviceaccount:ray:head"),
+            "principal://iam.googleapis.com/projects/123456789/locations/global/workloadIdentityPools/lanyard/subject/system:serviceaccount:ray:head"
+        );
+        assert_eq!(
+            Gcp::principal_for(PROVIDER, "s"),
+            principal_for(PROVIDER, "s")
+        );
+    }
+
+    #[test]
+    fn members_cover_their_principal_or_their_pool_only() {
+        let principal = principal_for(PROVIDER, "system:serviceaccount:ray:head");
+        assert!(member_covers(&principal, &principal));
+        let pool = "principalSet://iam.googleapis.com/projects/123456789/locations/global/workloadIdentityPools/lanyard/*";
+        assert!(member_covers(pool, &principal));
+        // A pool whose name extends ours is another pool.
+        let other_pool = "principalSet://iam.googleapis.com/projects/123456789/locations/global/workloadIdentityPools/lanyard2/*";
+        assert!(!member_covers(other_pool, &principal));
+        assert!(!member_covers(
+            &principal_for(PROVIDER, "system:serviceaccount:ray:worker"),
+            &principal
+        ));
+        // Without the trailing /* it is not a set.
+        assert!(!member_covers(pool.trim_end_matches("/*"), &principal));
+    }
+
+    #[test]
+    fn resource_names_split_on_the_last_colon() {
+        assert_eq!(
+            split_resource("sa@p.iam.gserviceaccount.com:generateAccessToken"),
+            Some(("sa@p.iam.gserviceaccount.com", Method::GenerateAccessToken))
+        );
+        assert_eq!(
+            split_resource("a:b@p.iam.gserviceaccount.com:generateIdToken"),
+            Some(("a:b@p.iam.gserviceaccount.com", Method::GenerateIdToken))
+        );
+        assert_eq!(split_resource("sa@p.iam.gserviceaccount.com"), None);
+        assert_eq!(split_resource("sa@p.iam.gserviceaccount.com:signJwt"), None);
+        assert_eq!(split_resource(":generateIdToken"), None);
+    }
+
+    #[test]
+    fn durations_parse_like_protobuf_json() {
+        assert_eq!(parse_duration("3600s"), Some((3600, 0)));
+        assert_eq!(parse_duration("1.5s"), Some((1, 500_000_000)));
+        assert_eq!(parse_duration("-2s"), Some((-2, 0)));
+        assert_eq!(parse_duration("3600"), None);
+        assert_eq!(parse_duration("s"), None);
+        assert_eq!(parse_duration("1.0000000001s"), None);
+        assert_eq!(parse_duration("1h"), None);
+    }
+
+    #[test]
+    fn lifetimes_are_bounded_like_iam() {
+        assert_eq!(check_lifetime(None).unwrap(), 3600);
+        assert_eq!(check_lifetime(Some(&json!("600s"))).unwrap(), 600);
+        assert_eq!(check_lifetime(Some(&json!("0.5s"))).unwrap(), 1);
+        assert_eq!(
+            check_lifetime(Some(&json!("0s"))).unwrap_err().message,
+            LIFETIME_ZERO
+        );
+        assert_eq!(
+            check_lifetime(Some(&json!("3601s"))).unwrap_err().message,
+            LIFETIME_TOO_LONG
+        );
+        assert_eq!(
+            check_lifetime(Some(&json!(3600))).unwrap_err().status,
+            "INVALID_ARGUMENT"
+        );
+    }
+
+    #[test]
+    fn scopes_default_and_reject_like_iam() {
+        assert_eq!(
+            check_scopes(Some(&json!([""]))).unwrap(),
+            vec![CLOUD_PLATFORM_SCOPE]
+        );
+        assert!(check_scopes(Some(&json!([
+            "https://www.googleapis.com/auth/devstorage.read_only"
+        ])))
+        .is_ok());
+        assert!(check_scopes(Some(&json!(["cloud-platform"]))).is_err());
+        assert!(check_scopes(Some(&json!([]))).is_err());
+        assert!(check_scopes(None).is_err());
+        assert!(check_scopes(Some(&json!(
+            "https://www.googleapis.com/auth/cloud-platform"
+        )))
+        .is_err());
+    }
+
+    #[test]
+    fn unknown_request_fields_are_refused() {
+        assert!(request_fields(
+            br#"{"scope":[],"lifetime":"1s"}"#,
+            Method::GenerateAccessToken
+        )
+        .is_ok());
+        let err = request_fields(br#"{"scopes":[]}"#, Method::GenerateAccessToken).unwrap_err();
+        assert!(err.message.contains("Unknown name \"scopes\""));
+        assert!(request_fields(
+            br#"{"audience":"x","includeEmail":true}"#,
+            Method::GenerateIdToken
+        )
+        .is_ok());
+        assert!(request_fields(
+            br#"{"delegates":["projects/-/serviceAccounts/x"]}"#,
+            Method::GenerateIdToken
+        )
+        .is_err());
+        assert!(request_fields(b"not json", Method::GenerateIdToken).is_err());
+        assert!(request_fields(b"", Method::GenerateIdToken)
+            .unwrap()
+            .is_empty());
+    }
+
+    #[test]
+    fn bearer_tokens_are_read_case_insensitively() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(bearer(&headers), None);
+        headers.insert(header::AUTHORIZATION, "bearer abc".parse().unwrap());
+        assert_eq!(bearer(&headers), Some("abc"));
+        headers.insert(header::AUTHORIZATION, "Basic abc".parse().unwrap());
+        assert_eq!(bearer(&headers), None);
+        headers.insert(header::AUTHORIZATION, "Bearer ".parse().unwrap());
+        assert_eq!(bearer(&headers), None);
+    }
+
+    #[test]
+    fn json_names_become_form_names() {
+        assert_eq!(snake_case("subjectTokenType"), "subject_token_type");
+        assert_eq!(snake_case("audience"), "audience");
+        assert_eq!(snake_case("grant_type"), "grant_type");
+    }
+
+    #[test]
+    fn unique_ids_are_stable_21_digit_numbers() {
+        let id = service_account_unique_id("a@p.iam.gserviceaccount.com");
+        assert_eq!(id.len(), 21);
+        assert!(id.bytes().all(|b| b.is_ascii_digit()));
+        assert_eq!(id, service_account_unique_id("A@p.iam.gserviceaccount.com"));
+        assert_ne!(id, service_account_unique_id("b@p.iam.gserviceaccount.com"));
+    }
+
+    #[test]
+    fn federated_store_expires_and_stays_bounded() {
+        let mut store = FederatedStore::new(2);
+        let fed = |p: &str, exp| Federated {
+            principal: p.into(),
+            expires_at: exp,
+        };
+        store.insert("t1", fed("p1", 100), 10);
+        store.insert("t2", fed("p2", 200), 10);
+        assert_eq!(store.get("t1", 50).unwrap().principal, "p1");
+        assert!(store.get("t1", 100).is_none(), "expired at its expiry");
+        // Full of live tokens: the one closest to expiry goes.
+        store.insert("t3", fed("p3", 300), 50);
+        assert_eq!(store.tokens.len(), 2);
+        assert!(store.get("t1", 50).is_none());
+        assert!(store.get("t2", 50).is_some());
+        assert!(store.get("t3", 50).is_some());
+        // Expired tokens are swept before any live one is evicted.
+        store.insert("t4", fed("p4", 400), 250);
+        assert!(store.get("t3", 250).is_some());
+        assert!(store.get("t4", 250).is_some());
+        assert!(store.get("nope", 0).is_none());
+    }
+
+    #[test]
+    fn timestamps_format_as_rfc3339_utc() {
+        assert_eq!(rfc3339(1_796_205_600), "2026-12-02T10:00:00Z");
+    }
+
+    #[test]
+    fn config_is_validated() {
+        let http = reqwest::Client::new();
+        let config = |name: &str, member: &str| GcpEmulatorConfig {
+            providers: vec![WorkloadIdentityProvider {
+                name: name.into(),
+                issuer: "http://127.0.0.1:1".into(),
+                allowed_audiences: vec![],
+            }],
+            service_accounts: vec![GcpServiceAccount {
+                email: "sa@p.iam.gserviceaccount.com".into(),
+                members: vec![member.into()],
+            }],
+            lifetime: Duration::from_secs(3600),
+        };
+        let ok_member = principal_for(PROVIDER, "s");
+        assert!(Gcp::new(config(PROVIDER, &ok_member), http.clone()).is_ok());
+        assert!(Gcp::new(config("projects/1/x", &ok_member), http.clone()).is_err());
+        assert!(Gcp::new(config(PROVIDER, "serviceAccount:x@y"), http.clone()).is_err());
+        let mut zero = config(PROVIDER, &ok_member);
+        zero.lifetime = Duration::ZERO;
+        assert!(Gcp::new(zero, http).is_err());
+    }
+}

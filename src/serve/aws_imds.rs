@@ -1,0 +1,224 @@
+//! EC2 instance metadata, IMDSv2 only, the part the AWS SDKs use for
+//! credentials: `PUT /latest/api/token` for a session token bound to its
+//! TTL, then `GET /latest/meta-data/iam/security-credentials/[ROLE]` with
+//! it. Requests without a session token get 401, as on instances that
+//! require IMDSv2.
+//!
+//! Session tokens are stateless: the expiry and an HMAC of it under a key
+//! that lives only in this process, so nothing is stored per token and a
+//! token cannot be stretched past its TTL.
+
+use std::sync::Arc;
+
+use aws_lc_rs::hmac;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use serde_json::json;
+
+use super::aws_container::rfc3339;
+use super::{is_forwarded, Surfaces};
+use crate::broker::{role_name, BrokerError};
+use crate::cloud::{now_unix, Cloud, CloudError};
+use crate::secret::ExposeSecret;
+
+const TTL_HEADER: &str = "x-aws-ec2-metadata-token-ttl-seconds";
+const TOKEN_HEADER: &str = "x-aws-ec2-metadata-token";
+const MAX_TTL: u64 = 21_600;
+
+/// Issues and checks IMDSv2 session tokens.
+pub struct SessionTokens {
+    key: hmac::Key,
+}
+
+impl Default for SessionTokens {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SessionTokens {
+    pub fn new() -> Self {
+        let secret = crate::secret::random_token(32);
+        SessionTokens {
+            key: hmac::Key::new(hmac::HMAC_SHA256, secret.as_bytes()),
+        }
+    }
+
+    pub fn issue(&self, ttl: u64) -> String {
+        let expires = (now_unix() + ttl).to_be_bytes();
+        let tag = hmac::sign(&self.key, &expires);
+        let mut raw = expires.to_vec();
+        raw.extend_from_slice(tag.as_ref());
+        URL_SAFE_NO_PAD.encode(raw)
+    }
+
+    pub fn is_valid(&self, token: &[u8]) -> bool {
+        let Ok(raw) = URL_SAFE_NO_PAD.decode(token) else {
+            return false;
+        };
+        if raw.len() != 8 + 32 {
+            return false;
+        }
+        let (expires, tag) = raw.split_at(8);
+        if hmac::verify(&self.key, expires, tag).is_err() {
+            return false;
+        }
+        let mut buf = [0u8; 8];
+        buf.copy_from_slice(expires);
+        u64::from_be_bytes(buf) > now_unix()
+    }
+}
+
+fn plain(status: StatusCode, body: impl Into<String>) -> Response {
+    (status, [("content-type", "text/plain")], body.into()).into_response()
+}
+
+fn unauthorized() -> Response {
+    plain(StatusCode::UNAUTHORIZED, "")
+}
+
+pub async fn put_token(State(surfaces): State<Arc<Surfaces>>, headers: HeaderMap) -> Response {
+    if is_forwarded(&headers) {
+        return plain(StatusCode::FORBIDDEN, "Forbidden");
+    }
+    let ttl = headers
+        .get(TTL_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let Some(ttl) = ttl.filter(|t| (1..=MAX_TTL).contains(t)) else {
+        return plain(StatusCode::BAD_REQUEST, "Bad Request");
+    };
+    let token = surfaces.imds_sessions.issue(ttl);
+    let mut resp = plain(StatusCode::OK, token);
+    if let Ok(v) = HeaderValue::from_str(&ttl.to_string()) {
+        resp.headers_mut().insert(TTL_HEADER, v);
+    }
+    resp
+}
+
+/// Common checks for metadata GETs: no forwarding, a valid session token.
+fn check(surfaces: &Surfaces, headers: &HeaderMap) -> Option<Response> {
+    if is_forwarded(headers) {
+        return Some(plain(StatusCode::FORBIDDEN, "Forbidden"));
+    }
+    match headers.get(TOKEN_HEADER) {
+        Some(t) if surfaces.imds_sessions.is_valid(t.as_bytes()) => None,
+        _ => Some(unauthorized()),
+    }
+}
+
+fn broker_error(err: &BrokerError) -> Response {
+    match err {
+        BrokerError::NotBound { .. }
+        | BrokerError::IdentityNotFound
+        | BrokerError::CloudDisabled(_) => plain(StatusCode::NOT_FOUND, "Not Found"),
+        BrokerError::Upstream(CloudError::Throttled { .. }) => {
+            plain(StatusCode::TOO_MANY_REQUESTS, "Too Many Requests")
+        }
+        BrokerError::Upstream(CloudError::Rejected { code, message, .. }) => {
+            // IMDS reports a failed role assumption in the credentials document.
+            (
+                StatusCode::OK,
+                Json(json!({
+                    "Code": code,
+                    "Message": message,
+                    "LastUpdated": rfc3339(now_unix()),
+                })),
+            )
+                .into_response()
+        }
+        BrokerError::Unauthenticated(e) if !e.is_transient() => plain(
+            StatusCode::FORBIDDEN,
+            format!("The pod's service account token was refused: {e}"),
+        ),
+        _ => plain(StatusCode::SERVICE_UNAVAILABLE, "Service Unavailable"),
+    }
+}
+
+pub async fn list_roles(State(surfaces): State<Arc<Surfaces>>, headers: HeaderMap) -> Response {
+    if let Some(refused) = check(&surfaces, &headers) {
+        return refused;
+    }
+    let subject = match surfaces.subjects.token(Cloud::Aws).await {
+        Ok(t) => t,
+        Err(e) => return broker_error(&BrokerError::Unavailable(e)),
+    };
+    match surfaces.broker.aws_role(&subject).await {
+        Ok(arn) => plain(StatusCode::OK, role_name(&arn).to_string()),
+        Err(e) => broker_error(&e),
+    }
+}
+
+pub async fn role_credentials(
+    State(surfaces): State<Arc<Surfaces>>,
+    Path(role): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if let Some(refused) = check(&surfaces, &headers) {
+        return refused;
+    }
+    let subject = match surfaces.subjects.token(Cloud::Aws).await {
+        Ok(t) => t,
+        Err(e) => return broker_error(&BrokerError::Unavailable(e)),
+    };
+    match surfaces.broker.aws_role(&subject).await {
+        Ok(arn) if role_name(&arn) == role => {}
+        Ok(_) => return plain(StatusCode::NOT_FOUND, "Not Found"),
+        Err(e) => return broker_error(&e),
+    }
+    match surfaces.broker.aws_credentials(&subject).await {
+        Ok(grant) => {
+            let c = &grant.credentials;
+            (
+                StatusCode::OK,
+                Json(json!({
+                    "Code": "Success",
+                    "LastUpdated": rfc3339(c.issued_at),
+                    "Type": "AWS-HMAC",
+                    "AccessKeyId": c.access_key_id,
+                    "SecretAccessKey": c.secret_access_key.expose_secret(),
+                    "Token": c.session_token.expose_secret(),
+                    "Expiration": rfc3339(c.expires_at),
+                })),
+            )
+                .into_response()
+        }
+        Err(e) => broker_error(&e),
+    }
+}
+
+/// `placement/region`, which the SDKs read for a default region.
+pub async fn region(State(surfaces): State<Arc<Surfaces>>, headers: HeaderMap) -> Response {
+    if let Some(refused) = check(&surfaces, &headers) {
+        return refused;
+    }
+    match &surfaces.aws_region {
+        Some(r) => plain(StatusCode::OK, r.clone()),
+        None => plain(StatusCode::NOT_FOUND, "Not Found"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_tokens_are_bound_to_key_and_ttl() {
+        let tokens = SessionTokens::new();
+        let t = tokens.issue(60);
+        assert!(tokens.is_valid(t.as_bytes()));
+        assert!(
+            !SessionTokens::new().is_valid(t.as_bytes()),
+            "another process's key"
+        );
+        let mut tampered = URL_SAFE_NO_PAD.decode(&t).unwrap();
+        tampered[7] ^= 0xff; // extend the expiry
+        assert!(!tokens.is_valid(URL_SAFE_NO_PAD.encode(tampered).as_bytes()));
+        assert!(!tokens.is_valid(b"garbage"));
+        assert!(!tokens.is_valid(b""));
+    }
+}

@@ -1,0 +1,111 @@
+"""boto3/botocore and the aws CLI, unmodified, against `lanyard dev`'s AWS surfaces."""
+
+import datetime
+import json
+import os
+import shutil
+import subprocess
+
+import boto3
+import botocore.session
+import pytest
+import requests
+
+MIN_REMAINING = datetime.timedelta(minutes=15)
+
+
+def resolved(session):
+    creds = session.get_credentials()
+    assert creds is not None
+    frozen = creds.get_frozen_credentials()
+    return creds, frozen
+
+
+def check_expiry(creds):
+    expiry = creds._expiry_time  # botocore's RefreshableCredentials
+    remaining = expiry - datetime.datetime.now(datetime.timezone.utc)
+    assert remaining > MIN_REMAINING, remaining
+
+
+def test_container_provider(dev, monkeypatch):
+    for name in ("AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", "AWS_REGION"):
+        monkeypatch.setenv(name, dev.exports[name])
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    session = boto3.Session()
+    creds, frozen = resolved(session)
+    assert creds.method == "container-role"
+    assert frozen.access_key.startswith("ASIA")
+    assert frozen.token
+    check_expiry(creds)
+    dev.issued += [frozen.secret_key, frozen.token]
+
+
+def test_imdsv2_provider(dev, monkeypatch):
+    monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", dev.exports["AWS_EC2_METADATA_SERVICE_ENDPOINT"])
+    session = botocore.session.get_session()
+    creds, frozen = resolved(session)
+    assert creds.method == "iam-role"
+    assert frozen.access_key.startswith("ASIA")
+    check_expiry(creds)
+    dev.issued += [frozen.secret_key, frozen.token]
+
+
+def test_aws_cli_resolves_credentials(dev, tmp_path):
+    aws = shutil.which("aws")
+    if aws is None:
+        pytest.skip("aws CLI not installed on this machine")
+    env = {k: v for k, v in os.environ.items()}
+    for name in ("AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", "AWS_REGION"):
+        env[name] = dev.exports[name]
+    env["AWS_EC2_METADATA_DISABLED"] = "true"
+    out = subprocess.run(
+        [aws, "configure", "export-credentials", "--format", "process"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
+    if out.returncode == 0:
+        creds = json.loads(out.stdout)
+        assert creds["AccessKeyId"].startswith("ASIA")
+        dev.issued += [creds["SecretAccessKey"], creds["SessionToken"]]
+        return
+    # aws CLI v1 has no export-credentials: `configure list` resolves the
+    # credential chain and names the provider that answered.
+    assert "Invalid choice" in out.stderr, out.stderr
+    for provider, extra in (
+        ("container-role", {}),
+        ("iam-role", {
+            "AWS_CONTAINER_CREDENTIALS_FULL_URI": "",
+            "AWS_EC2_METADATA_DISABLED": "false",
+            "AWS_EC2_METADATA_SERVICE_ENDPOINT": dev.exports["AWS_EC2_METADATA_SERVICE_ENDPOINT"],
+        }),
+    ):
+        run_env = dict(env, **extra)
+        if not run_env["AWS_CONTAINER_CREDENTIALS_FULL_URI"]:
+            del run_env["AWS_CONTAINER_CREDENTIALS_FULL_URI"]
+        out = subprocess.run([aws, "configure", "list"], env=run_env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        rows = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines() if line.split()}
+        assert rows["access_key"][1] == provider, out.stdout
+        assert rows["access_key"][0].startswith("****"), out.stdout
+
+
+def test_container_endpoint_refuses_wrong_authorization(dev):
+    url = dev.exports["AWS_CONTAINER_CREDENTIALS_FULL_URI"]
+    for headers in ({}, {"Authorization": "wrong"}):
+        resp = requests.get(url, headers=headers, timeout=5)
+        assert resp.status_code == 401
+        assert resp.json()["code"] == "AccessDenied"
+        assert "SecretAccessKey" not in resp.text
+
+
+def test_imdsv1_is_refused(dev):
+    base = dev.exports["AWS_EC2_METADATA_SERVICE_ENDPOINT"]
+    resp = requests.get(base + "latest/meta-data/iam/security-credentials/", timeout=5)
+    assert resp.status_code == 401
+    bad_ttl = requests.put(base + "latest/api/token", headers={"X-aws-ec2-metadata-token-ttl-seconds": "21601"}, timeout=5)
+    assert bad_ttl.status_code == 400
+    forwarded = requests.put(
+        base + "latest/api/token",
+        headers={"X-aws-ec2-metadata-token-ttl-seconds": "60", "X-Forwarded-For": "1.2.3.4"},
+        timeout=5,
+    )
+    assert forwarded.status_code == 403
