@@ -7,12 +7,16 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lanyard::broker::{AzureSettings, Broker};
+use lanyard::broker::{AwsSettings, AzureSettings, Broker, GcpSettings};
+use lanyard::cloud::aws::AwsExchanger;
 use lanyard::cloud::azure::AzureExchanger;
+use lanyard::cloud::gcp::GcpExchanger;
 use lanyard::cloud::Cloud;
 use lanyard::dev::MintedTokens;
 use lanyard::directory::file::{ServiceAccountEntry, StaticDirectory};
+use lanyard::emulator::aws::{AwsEmulatorConfig, AwsRole, AwsSts, OidcProvider};
 use lanyard::emulator::entra::{App, Entra, FederatedCredential, FEDERATION_AUDIENCE};
+use lanyard::emulator::gcp::{Gcp, GcpEmulatorConfig, GcpServiceAccount, WorkloadIdentityProvider};
 use lanyard::emulator::{Issuer, PodIdentity, SigningKey};
 use lanyard::http::{bind, spawn_server, Shutdown, ShutdownTrigger};
 use lanyard::secret::SecretString;
@@ -24,11 +28,19 @@ pub const CLIENT: &str = "5f2c9e1a-8d4b-4c7e-9a13-0d6e2b7f4c21";
 pub const OBJECT: &str = "0c1d2e3f-4a5b-4c6d-8e7f-a0b1c2d3e4f5";
 pub const IDENTITY_HEADER: &str = "test-identity-header-secret";
 
-/// Issuer + Entra emulator, running until dropped.
+pub const PROVIDER: &str = "//iam.googleapis.com/projects/123456789012/locations/global/workloadIdentityPools/test/providers/cluster";
+pub const GCP_SA: &str = "ray-worker@lanyard-test.iam.gserviceaccount.com";
+pub const ROLE: &str = "arn:aws:iam::111122223333:role/ray-worker";
+
+/// Issuer + Entra, Google and AWS emulators, running until dropped.
 pub struct Upstreams {
     pub issuer: Arc<Issuer>,
     pub entra: Arc<Entra>,
     pub entra_url: String,
+    pub gcp: Arc<Gcp>,
+    pub gcp_url: String,
+    pub aws: Arc<AwsSts>,
+    pub aws_url: String,
     pub trigger: ShutdownTrigger,
     pub shutdown: Shutdown,
 }
@@ -74,10 +86,48 @@ pub async fn upstreams(subject: &str, lifetime: Duration) -> Upstreams {
         lanyard::http::client(),
     ));
     let entra_url = format!("http://{}", serve(entra.router(), &shutdown).await);
+    let gcp = Arc::new(
+        Gcp::new(
+            GcpEmulatorConfig {
+                providers: vec![WorkloadIdentityProvider {
+                    name: PROVIDER.into(),
+                    issuer: issuer.url().into(),
+                    allowed_audiences: vec![],
+                }],
+                service_accounts: vec![GcpServiceAccount {
+                    email: GCP_SA.into(),
+                    members: vec![Gcp::principal_for(PROVIDER, subject)],
+                }],
+                lifetime,
+            },
+            lanyard::http::client(),
+        )
+        .unwrap(),
+    );
+    let gcp_url = format!("http://{}", serve(gcp.router(), &shutdown).await);
+    let aws = Arc::new(AwsSts::new(
+        AwsEmulatorConfig {
+            providers: vec![OidcProvider {
+                issuer: issuer.url().into(),
+                audiences: vec!["sts.amazonaws.com".into()],
+            }],
+            roles: vec![AwsRole {
+                arn: ROLE.into(),
+                trusted_subjects: vec![subject.into()],
+                max_session_duration: 43_200,
+            }],
+        },
+        lanyard::http::client(),
+    ));
+    let aws_url = format!("http://{}", serve(aws.router(), &shutdown).await);
     Upstreams {
         issuer,
         entra,
         entra_url,
+        gcp,
+        gcp_url,
+        aws,
+        aws_url,
         trigger,
         shutdown,
     }
@@ -137,23 +187,41 @@ pub async fn surfaces_with_issuer(
         ),
     );
     let broker = Arc::new(
-        Broker::new(verifier, Arc::new(StaticDirectory::new(accounts))).with_azure(AzureSettings {
-            exchanger: AzureExchanger::new(http, up.entra_url.clone()),
-            default_tenant: Some(TENANT.into()),
-            audience: FEDERATION_AUDIENCE.into(),
-        }),
+        Broker::new(verifier, Arc::new(StaticDirectory::new(accounts)))
+            .with_azure(AzureSettings {
+                exchanger: AzureExchanger::new(http.clone(), up.entra_url.clone()),
+                default_tenant: Some(TENANT.into()),
+                audience: FEDERATION_AUDIENCE.into(),
+            })
+            .with_gcp(GcpSettings {
+                exchanger: GcpExchanger::new(http.clone(), up.gcp_url.clone(), up.gcp_url.clone()),
+                provider: PROVIDER.into(),
+                audience: PROVIDER.into(),
+                project_id: "lanyard-test".into(),
+                project_number: "123456789012".into(),
+                token_lifetime: Duration::from_secs(3600),
+            })
+            .with_aws(AwsSettings {
+                exchanger: AwsExchanger::new(http, up.aws_url.clone()),
+                audience: "sts.amazonaws.com".into(),
+                session_duration: Duration::from_secs(3600),
+            }),
     );
     let subjects = Arc::new(MintedTokens::new(
         minting_issuer,
         pod,
         Duration::from_secs(3600),
-        vec![(Cloud::Azure, FEDERATION_AUDIENCE.into())],
+        vec![
+            (Cloud::Azure, FEDERATION_AUDIENCE.into()),
+            (Cloud::Gcp, PROVIDER.into()),
+            (Cloud::Aws, "sts.amazonaws.com".into()),
+        ],
     ));
     let surfaces = Arc::new(Surfaces {
         broker,
         subjects,
         identity_header: SecretString::from(IDENTITY_HEADER.to_string()),
-        aws_container_token_file: None,
+        aws_container_token_file: Some(container_token_file()),
         imds_sessions: serve::aws_imds::SessionTokens::new(),
         aws_region: None,
     });
@@ -162,3 +230,16 @@ pub async fn surfaces_with_issuer(
         serve(serve::router(surfaces), &up.shutdown).await
     )
 }
+
+/// A container authorization token file shared by the tests of one binary.
+pub fn container_token_file() -> std::path::PathBuf {
+    static FILE: std::sync::OnceLock<tempfile::TempPath> = std::sync::OnceLock::new();
+    FILE.get_or_init(|| {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        std::io::Write::write_all(&mut f, CONTAINER_TOKEN.as_bytes()).unwrap();
+        f.into_temp_path()
+    })
+    .to_path_buf()
+}
+
+pub const CONTAINER_TOKEN: &str = "test-container-authorization-token";
