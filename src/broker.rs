@@ -9,12 +9,14 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::cache::{Cache, CacheConfig, CacheKey, CacheScope, Credential, Fetcher};
 use crate::cloud::aws::{AwsCredentials, AwsExchanger};
 use crate::cloud::azure::{resource_to_scope, AzureExchanger, AzureRequest};
 use crate::cloud::gcp::{GcpExchanger, IdToken};
 use crate::cloud::{AccessToken, Cloud, CloudError};
 use crate::directory::{AzureBinding, Bindings, Directory};
 use crate::secret::SecretString;
+use crate::telemetry::metrics::Metrics;
 use crate::token::{Caller, Verifier, VerifyError};
 
 /// How a caller names the Azure identity it wants (IMDS and App Service
@@ -214,21 +216,72 @@ pub struct AwsSettings {
 pub struct Broker {
     verifier: Verifier,
     directory: Arc<dyn Directory>,
+    cache: Cache,
+    metrics: Arc<Metrics>,
     azure: Option<AzureSettings>,
     gcp: Option<GcpSettings>,
     aws: Option<AwsSettings>,
 }
 
 impl Broker {
-    /// A broker with no cloud enabled; add them with the `with_*` methods.
+    /// A broker with no cloud enabled and a default cache; add clouds with
+    /// the `with_*` methods.
     pub fn new(verifier: Verifier, directory: Arc<dyn Directory>) -> Self {
+        let metrics = Arc::new(Metrics::new());
         Broker {
             verifier,
             directory,
+            cache: Cache::new(CacheConfig::default(), metrics.clone()),
+            metrics,
             azure: None,
             gcp: None,
             aws: None,
         }
+    }
+
+    /// Uses `cache` (and the metrics it reports to).
+    pub fn with_cache(mut self, cache: Cache, metrics: Arc<Metrics>) -> Self {
+        self.cache = cache;
+        self.metrics = metrics;
+        self
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    pub fn cache(&self) -> &Cache {
+        &self.cache
+    }
+
+    /// The cache key for `caller` asking `identity` for `scope`.
+    fn cache_key(&self, cloud: Cloud, identity: &str, scope: &str, caller: &Caller) -> CacheKey {
+        CacheKey {
+            cloud,
+            identity: identity.to_string(),
+            scope: scope.to_string(),
+            namespace: caller.namespace.clone(),
+            service_account: caller.service_account.clone(),
+            pod_uid: match self.cache.scope() {
+                CacheScope::Pod => caller.pod.as_ref().map(|p| p.uid.clone()),
+                CacheScope::ServiceAccount => None,
+            },
+        }
+    }
+
+    /// Gets the credential for `key` from the cache, exchanging with
+    /// `fetcher` when needed.
+    async fn cached(
+        &self,
+        key: CacheKey,
+        subject: &SecretString,
+        caller: &Caller,
+        fetcher: impl FnOnce() -> Fetcher,
+    ) -> Result<Credential, BrokerError> {
+        Ok(self
+            .cache
+            .get(key, subject, caller.token_expires_at, fetcher)
+            .await?)
     }
 
     pub fn with_azure(mut self, azure: AzureSettings) -> Self {
@@ -332,27 +385,60 @@ impl Broker {
         let gcp = self.gcp_settings()?;
         let identity = self.gcp_identity_inner(subject, caller_out).await?;
         Self::check_account(&identity, &request.account)?;
-        let token = if identity.impersonated {
-            let federated = gcp
-                .exchanger
-                .exchange(
-                    subject,
-                    &gcp.provider,
-                    &[crate::cloud::gcp::CLOUD_PLATFORM_SCOPE.to_string()],
-                )
-                .await?;
-            gcp.exchanger
-                .generate_access_token(
-                    &federated.token,
-                    &identity.email,
-                    &request.scopes,
-                    gcp.token_lifetime,
-                )
-                .await?
-        } else {
-            gcp.exchanger
-                .exchange(subject, &gcp.provider, &request.scopes)
-                .await?
+        let caller = caller_out
+            .clone()
+            .ok_or_else(|| BrokerError::Unavailable("caller unknown".into()))?;
+        if request.scopes.len() > MAX_SCOPES {
+            return Err(BrokerError::BadRequest(format!(
+                "at most {MAX_SCOPES} scopes may be requested"
+            )));
+        }
+        for scope in &request.scopes {
+            check_len("scope", scope)?;
+        }
+        let mut scopes = request.scopes.clone();
+        scopes.sort();
+        scopes.dedup();
+        let key = self.cache_key(Cloud::Gcp, &identity.email, &scopes.join(" "), &caller);
+        let fetcher = || -> Fetcher {
+            let exchanger = gcp.exchanger.clone();
+            let provider = gcp.provider.clone();
+            let lifetime = gcp.token_lifetime;
+            let email = identity.impersonated.then(|| identity.email.clone());
+            Arc::new(move |subject: SecretString| {
+                let (exchanger, provider, email, scopes) = (
+                    exchanger.clone(),
+                    provider.clone(),
+                    email.clone(),
+                    scopes.clone(),
+                );
+                Box::pin(async move {
+                    let token = match email {
+                        Some(email) => {
+                            let federated = exchanger
+                                .exchange(
+                                    &subject,
+                                    &provider,
+                                    &[crate::cloud::gcp::CLOUD_PLATFORM_SCOPE.to_string()],
+                                )
+                                .await?;
+                            exchanger
+                                .generate_access_token(&federated.token, &email, &scopes, lifetime)
+                                .await?
+                        }
+                        None => exchanger.exchange(&subject, &provider, &scopes).await?,
+                    };
+                    Ok(Credential::Token(token))
+                })
+            })
+        };
+        let token = match self.cached(key, subject, &caller, fetcher).await? {
+            Credential::Token(t) => t,
+            _ => {
+                return Err(BrokerError::Unavailable(
+                    "cache returned another credential kind".into(),
+                ))
+            }
         };
         Ok(GcpGrant { token, identity })
     }
@@ -376,23 +462,55 @@ impl Broker {
         if request.audience.trim().is_empty() {
             return Err(BrokerError::BadRequest("audience is required".into()));
         }
-        let federated = gcp
-            .exchanger
-            .exchange(
-                subject,
-                &gcp.provider,
-                &[crate::cloud::gcp::CLOUD_PLATFORM_SCOPE.to_string()],
-            )
-            .await?;
-        Ok(gcp
-            .exchanger
-            .generate_id_token(
-                &federated.token,
-                &identity.email,
-                &request.audience,
-                request.include_email,
-            )
-            .await?)
+        let caller = caller_out
+            .clone()
+            .ok_or_else(|| BrokerError::Unavailable("caller unknown".into()))?;
+        check_len("audience", &request.audience)?;
+        let format = if request.include_email {
+            "full"
+        } else {
+            "standard"
+        };
+        let key = self.cache_key(
+            Cloud::Gcp,
+            &identity.email,
+            &format!("id_token {format} {}", request.audience),
+            &caller,
+        );
+        let fetcher = || -> Fetcher {
+            let exchanger = gcp.exchanger.clone();
+            let provider = gcp.provider.clone();
+            let email = identity.email.clone();
+            let audience = request.audience.clone();
+            let include_email = request.include_email;
+            Arc::new(move |subject: SecretString| {
+                let (exchanger, provider, email, audience) = (
+                    exchanger.clone(),
+                    provider.clone(),
+                    email.clone(),
+                    audience.clone(),
+                );
+                Box::pin(async move {
+                    let federated = exchanger
+                        .exchange(
+                            &subject,
+                            &provider,
+                            &[crate::cloud::gcp::CLOUD_PLATFORM_SCOPE.to_string()],
+                        )
+                        .await?;
+                    let id = exchanger
+                        .generate_id_token(&federated.token, &email, &audience, include_email)
+                        .await?;
+                    Ok(Credential::IdToken(id))
+                })
+            })
+        };
+        match self.cached(key, subject, &caller, fetcher).await? {
+            Credential::IdToken(t) => Ok(t),
+            _ => Err(BrokerError::Unavailable(
+                "cache returned another credential kind".into(),
+            )),
+        }
     }
 
     async fn aws_role_inner(
@@ -417,11 +535,39 @@ impl Broker {
     ) -> Result<AwsGrant, BrokerError> {
         let aws = self.aws_settings()?;
         let (caller, role_arn) = self.aws_role_inner(subject, caller_out).await?;
-        let session = AwsExchanger::session_name(&caller.namespace, &caller.service_account);
-        let credentials = aws
-            .exchanger
-            .assume_role_with_web_identity(&role_arn, &session, subject, aws.session_duration)
-            .await?;
+        let key = self.cache_key(
+            Cloud::Aws,
+            &role_arn,
+            &format!(
+                "sts:AssumeRoleWithWebIdentity {}",
+                aws.session_duration.as_secs()
+            ),
+            &caller,
+        );
+        let fetcher = || -> Fetcher {
+            let exchanger = aws.exchanger.clone();
+            let session = AwsExchanger::session_name(&caller.namespace, &caller.service_account);
+            let role_arn = role_arn.clone();
+            let duration = aws.session_duration;
+            Arc::new(move |subject: SecretString| {
+                let (exchanger, session, role_arn) =
+                    (exchanger.clone(), session.clone(), role_arn.clone());
+                Box::pin(async move {
+                    let credentials = exchanger
+                        .assume_role_with_web_identity(&role_arn, &session, &subject, duration)
+                        .await?;
+                    Ok(Credential::Aws(credentials))
+                })
+            })
+        };
+        let credentials = match self.cached(key, subject, &caller, fetcher).await? {
+            Credential::Aws(c) => c,
+            _ => {
+                return Err(BrokerError::Unavailable(
+                    "cache returned another credential kind".into(),
+                ))
+            }
+        };
         Ok(AwsGrant {
             credentials,
             role_arn,
@@ -461,22 +607,67 @@ impl Broker {
         if resource.is_empty() {
             return Err(BrokerError::BadRequest("resource is empty".into()));
         }
+        check_len("resource", resource)?;
         let scope = resource_to_scope(resource);
-        let token = azure
-            .exchanger
-            .exchange(&AzureRequest {
-                tenant_id: tenant,
-                client_id: &binding.client_id,
-                scope: &scope,
-                assertion: subject,
+        let key = self.cache_key(
+            Cloud::Azure,
+            &format!("{tenant}/{}", binding.client_id),
+            &scope,
+            &caller,
+        );
+        let fetcher = || -> Fetcher {
+            let exchanger = azure.exchanger.clone();
+            let tenant = tenant.to_string();
+            let client_id = binding.client_id.clone();
+            let scope = scope.clone();
+            Arc::new(move |subject: SecretString| {
+                let (exchanger, tenant, client_id, scope) = (
+                    exchanger.clone(),
+                    tenant.clone(),
+                    client_id.clone(),
+                    scope.clone(),
+                );
+                Box::pin(async move {
+                    let token = exchanger
+                        .exchange(&AzureRequest {
+                            tenant_id: &tenant,
+                            client_id: &client_id,
+                            scope: &scope,
+                            assertion: &subject,
+                        })
+                        .await?;
+                    Ok(Credential::Token(token))
+                })
             })
-            .await?;
+        };
+        let token = match self.cached(key, subject, &caller, fetcher).await? {
+            Credential::Token(t) => t,
+            _ => {
+                return Err(BrokerError::Unavailable(
+                    "cache returned another credential kind".into(),
+                ))
+            }
+        };
         Ok(AzureGrant {
             token,
             client_id: binding.client_id,
             resource: resource.to_string(),
         })
     }
+}
+
+/// Longest resource, scope or audience accepted: bounded keys keep the
+/// cache's memory bounded whatever callers send.
+const MAX_PARAM_LEN: usize = 1024;
+const MAX_SCOPES: usize = 32;
+
+fn check_len(what: &str, value: &str) -> Result<(), BrokerError> {
+    if value.len() > MAX_PARAM_LEN {
+        return Err(BrokerError::BadRequest(format!(
+            "{what} is longer than {MAX_PARAM_LEN} characters"
+        )));
+    }
+    Ok(())
 }
 
 /// A selector matches only the identity bound to the caller, never another.
@@ -584,6 +775,55 @@ impl TokenBroker for Broker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn broker(scope: CacheScope) -> Broker {
+        let verifier = Verifier::new(
+            "http://127.0.0.1:9",
+            crate::token::KeySet::new(
+                crate::token::KeySource::Jwks {
+                    url: "http://127.0.0.1:9/jwks".into(),
+                },
+                crate::http::client(),
+            ),
+        );
+        let directory = Arc::new(crate::directory::file::StaticDirectory::new(&[]));
+        let metrics = Arc::new(Metrics::new());
+        let cache = Cache::new(
+            CacheConfig {
+                scope,
+                ..Default::default()
+            },
+            metrics.clone(),
+        );
+        Broker::new(verifier, directory).with_cache(cache, metrics)
+    }
+
+    fn caller() -> Caller {
+        Caller {
+            namespace: "ml".into(),
+            service_account: "ray-worker".into(),
+            service_account_uid: "sa-uid".into(),
+            pod: Some(crate::token::ObjectRef {
+                name: "ray-worker-7".into(),
+                uid: "pod-uid-7".into(),
+            }),
+            node: None,
+            token_expires_at: 0,
+            token_fingerprint: "sha256:x".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn cache_keys_follow_the_configured_scope() {
+        let key = broker(CacheScope::ServiceAccount).cache_key(Cloud::Aws, "arn", "s", &caller());
+        assert_eq!(key.pod_uid, None);
+        assert_eq!(
+            (key.namespace.as_str(), key.service_account.as_str()),
+            ("ml", "ray-worker")
+        );
+        let key = broker(CacheScope::Pod).cache_key(Cloud::Aws, "arn", "s", &caller());
+        assert_eq!(key.pod_uid.as_deref(), Some("pod-uid-7"));
+    }
 
     fn binding() -> AzureBinding {
         AzureBinding {

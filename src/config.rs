@@ -105,6 +105,56 @@ impl Default for AwsConfig {
     }
 }
 
+/// Credential cache settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CacheSettings {
+    /// `serviceaccount` (pods of one service account share credentials) or
+    /// `pod` (per-pod credentials, for per-pod attribution upstream).
+    pub scope: crate::cache::CacheScope,
+    pub max_entries: usize,
+    /// Seconds after which an entry nobody asked for is dropped.
+    pub idle_ttl: u64,
+    /// Seconds a deterministic upstream refusal is remembered.
+    pub negative_ttl: u64,
+    /// Upstream exchanges in flight at once, all clouds together.
+    pub upstream_concurrency: usize,
+    /// Upstream exchanges per second, per cloud.
+    pub rate_azure: f64,
+    pub rate_gcp: f64,
+    pub rate_aws: f64,
+}
+
+impl Default for CacheSettings {
+    fn default() -> Self {
+        let d = crate::cache::CacheConfig::default();
+        CacheSettings {
+            scope: d.scope,
+            max_entries: d.max_entries,
+            idle_ttl: d.idle_ttl.as_secs(),
+            negative_ttl: d.negative_ttl.as_secs(),
+            upstream_concurrency: d.upstream_concurrency,
+            rate_azure: d.rates[0],
+            rate_gcp: d.rates[1],
+            rate_aws: d.rates[2],
+        }
+    }
+}
+
+impl CacheSettings {
+    pub fn to_cache_config(&self) -> crate::cache::CacheConfig {
+        crate::cache::CacheConfig {
+            scope: self.scope,
+            max_entries: self.max_entries,
+            idle_ttl: std::time::Duration::from_secs(self.idle_ttl),
+            negative_ttl: std::time::Duration::from_secs(self.negative_ttl),
+            upstream_concurrency: self.upstream_concurrency,
+            rates: [self.rate_azure, self.rate_gcp, self.rate_aws],
+            ..Default::default()
+        }
+    }
+}
+
 /// The development identity `lanyard dev` serves.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -163,6 +213,9 @@ pub struct Config {
     pub log_level: String,
     /// Address of the SDK-facing surfaces.
     pub listen: SocketAddr,
+    /// Address of `/metrics`, `/healthz` and `/readyz`.
+    pub admin_listen: SocketAddr,
+    pub cache: CacheSettings,
     pub azure: AzureConfig,
     pub gcp: GcpConfig,
     pub aws: AwsConfig,
@@ -175,6 +228,8 @@ impl Default for Config {
             log_format: LogFormat::Text,
             log_level: "info".into(),
             listen: SocketAddr::from(([127, 0, 0, 1], 8642)),
+            admin_listen: SocketAddr::from(([127, 0, 0, 1], 8643)),
+            cache: CacheSettings::default(),
             azure: AzureConfig::default(),
             gcp: GcpConfig::default(),
             aws: AwsConfig::default(),
@@ -212,9 +267,9 @@ impl figment::Provider for Flags {
 }
 
 /// Sections whose environment variables are `LANYARD_<SECTION>_<KEY>`.
-const SECTIONS: [&str; 4] = ["azure", "gcp", "aws", "dev"];
+const SECTIONS: [&str; 5] = ["azure", "gcp", "aws", "cache", "dev"];
 /// Top-level keys settable from the environment.
-const TOP_LEVEL: [&str; 3] = ["log_format", "log_level", "listen"];
+const TOP_LEVEL: [&str; 4] = ["log_format", "log_level", "listen", "admin_listen"];
 
 impl Config {
     /// Loads defaults < `file` < environment < `overrides` (flags, as a
@@ -331,6 +386,48 @@ impl Config {
                 "seconds between 900 and 43200",
                 &a.session_duration.to_string(),
             ));
+        }
+        let c = &self.cache;
+        if !(1..=1_000_000).contains(&c.max_entries) {
+            return Err(invalid(
+                "cache.max_entries",
+                "between 1 and 1000000",
+                &c.max_entries.to_string(),
+            ));
+        }
+        if !(60..=7 * 86_400).contains(&c.idle_ttl) {
+            return Err(invalid(
+                "cache.idle_ttl",
+                "seconds between 60 and 604800",
+                &c.idle_ttl.to_string(),
+            ));
+        }
+        if c.negative_ttl > 3600 {
+            return Err(invalid(
+                "cache.negative_ttl",
+                "seconds between 0 and 3600",
+                &c.negative_ttl.to_string(),
+            ));
+        }
+        if !(1..=10_000).contains(&c.upstream_concurrency) {
+            return Err(invalid(
+                "cache.upstream_concurrency",
+                "between 1 and 10000",
+                &c.upstream_concurrency.to_string(),
+            ));
+        }
+        for (key, rate) in [
+            ("cache.rate_azure", c.rate_azure),
+            ("cache.rate_gcp", c.rate_gcp),
+            ("cache.rate_aws", c.rate_aws),
+        ] {
+            if !(rate.is_finite() && (0.1..=100_000.0).contains(&rate)) {
+                return Err(invalid(
+                    key,
+                    "exchanges per second between 0.1 and 100000",
+                    &rate.to_string(),
+                ));
+            }
         }
         let d = &self.dev;
         if !is_dns_label(&d.namespace) {

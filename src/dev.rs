@@ -85,6 +85,7 @@ pub struct DevStack {
     /// `NAME=VALUE` pairs an SDK needs to find Lanyard.
     pub exports: Vec<(String, String)>,
     pub surfaces_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
     pub issuer: Arc<Issuer>,
     /// `None` when an external authority host is configured.
     pub entra: Option<Arc<Entra>>,
@@ -251,8 +252,11 @@ impl DevStack {
                 http.clone(),
             ),
         );
+        let metrics = Arc::new(crate::telemetry::metrics::Metrics::new());
+        let cache = crate::cache::Cache::new(config.cache.to_cache_config(), metrics.clone());
         let broker = Arc::new(
             Broker::new(verifier, directory)
+                .with_cache(cache, metrics.clone())
                 .with_azure(AzureSettings {
                     exchanger: AzureExchanger::new(http.clone(), authority_host),
                     default_tenant: config
@@ -320,6 +324,15 @@ impl DevStack {
             shutdown.clone(),
         ));
 
+        let ready = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let admin_listener = bind(config.admin_listen, "admin endpoints").await?;
+        let admin_addr = admin_listener.local_addr()?;
+        servers.push(spawn_server(
+            admin_listener,
+            crate::telemetry::admin_router(metrics.clone(), ready),
+            shutdown.clone(),
+        ));
+
         let base = format!("http://{surfaces_addr}");
         let exports = vec![
             (
@@ -353,6 +366,7 @@ impl DevStack {
         Ok(DevStack {
             exports,
             surfaces_addr,
+            admin_addr,
             issuer,
             entra,
             gcp,
@@ -389,12 +403,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         for (name, value) in &stack.exports {
             writeln!(out, "export {name}={}", shell_quote(value))?;
         }
-        // A shell comment, so `eval` ignores it; readers of stdout can stop here.
+        // Shell comments, so `eval` ignores them; readers of stdout can stop
+        // at the ready line.
+        writeln!(out, "# lanyard admin http://{}", stack.admin_addr)?;
         writeln!(out, "{READY_LINE}")?;
         out.flush()?;
     }
     tracing::info!(
         surfaces = %stack.surfaces_addr,
+        admin = %stack.admin_addr,
         issuer = stack.issuer.url(),
         namespace = %config.dev.namespace,
         service_account = %config.dev.service_account,

@@ -5,6 +5,7 @@
 //! SDKs already speak. See `docs/architecture.md` for the module map.
 
 pub mod broker;
+pub mod cache;
 pub mod cloud;
 pub mod config;
 pub mod dev;

@@ -41,6 +41,9 @@ struct DevArgs {
     /// Address of the SDK-facing endpoints.
     #[arg(long, value_name = "ADDR")]
     listen: Option<String>,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, value_name = "ADDR")]
+    admin_listen: Option<String>,
     /// Lifetime in seconds of the credentials the emulators issue.
     #[arg(long, value_name = "SECONDS")]
     token_lifetime: Option<u64>,
@@ -59,6 +62,9 @@ impl DevArgs {
         let mut dev = Map::new();
         if let Some(v) = &self.listen {
             top.insert("listen".into(), json!(v));
+        }
+        if let Some(v) = &self.admin_listen {
+            top.insert("admin_listen".into(), json!(v));
         }
         if let Some(v) = cli.log_format {
             top.insert("log_format".into(), json!(v));

@@ -5,6 +5,8 @@
 //! record on the `lanyard::audit` target carrying a token fingerprint,
 //! never a token.
 
+pub mod metrics;
+
 use std::time::Duration;
 
 use tracing_subscriber::{fmt, EnvFilter};
@@ -70,4 +72,44 @@ pub fn audit_decision(
             "credential refused"
         ),
     }
+}
+
+/// The admin endpoints: `/metrics` (Prometheus text), `/healthz` (the
+/// process serves) and `/readyz` (it is ready to serve credentials).
+pub fn admin_router(
+    metrics: std::sync::Arc<metrics::Metrics>,
+    ready: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> axum::Router {
+    use axum::http::StatusCode;
+    use axum::routing::get;
+    axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let metrics = metrics.clone();
+                async move {
+                    (
+                        [(
+                            "content-type",
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        metrics.render(),
+                    )
+                }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let ready = ready.load(std::sync::atomic::Ordering::Acquire);
+                async move {
+                    if ready {
+                        (StatusCode::OK, "ready")
+                    } else {
+                        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+                    }
+                }
+            }),
+        )
 }

@@ -10,6 +10,7 @@ use serde_json::Value;
 async fn stack() -> (DevStack, String) {
     let config = Config {
         listen: "127.0.0.1:0".parse().unwrap(),
+        admin_listen: "127.0.0.1:0".parse().unwrap(),
         ..Default::default()
     };
     let stack = DevStack::start(&config).await.unwrap();
@@ -267,15 +268,30 @@ async fn throttled_sts_is_a_retryable_429_then_recovers() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 429);
-    let resp = http
-        .get(format!(
+    let creds = || {
+        http.get(format!(
             "{base}/latest/meta-data/iam/security-credentials/ray-worker"
         ))
         .header("X-aws-ec2-metadata-token", &session)
         .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
+    };
+    // Within the backoff the cache answers the throttle itself.
+    assert_eq!(creds().await.unwrap().status(), 429);
+    let sts = stack.aws.as_ref().unwrap();
+    assert_eq!(
+        sts.stats.requests.load(Ordering::Relaxed),
+        1,
+        "no upstream call during backoff"
+    );
+    // After the backoff (1 s at most for a first failure) it recovers.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    assert_eq!(creds().await.unwrap().status(), 200);
+    assert_eq!(creds().await.unwrap().status(), 200);
+    assert_eq!(
+        sts.stats.issued.load(Ordering::Relaxed),
+        1,
+        "the second is a cache hit"
+    );
     stack.stop().await;
 }
 
@@ -290,6 +306,7 @@ async fn external_sts_endpoint_is_used_and_untrusted_subject_is_access_denied() 
     let sts_url = format!("http://{}", listener.local_addr().unwrap());
     let config = Config {
         listen: "127.0.0.1:0".parse().unwrap(),
+        admin_listen: "127.0.0.1:0".parse().unwrap(),
         aws: lanyard::config::AwsConfig {
             sts_endpoint: Some(sts_url),
             ..Default::default()

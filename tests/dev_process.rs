@@ -15,7 +15,13 @@ struct Dev {
 
 fn start(extra: &[&str]) -> Dev {
     let mut child = Command::new(env!("CARGO_BIN_EXE_lanyard"))
-        .args(["dev", "--listen", "127.0.0.1:0"])
+        .args([
+            "dev",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
         .args(extra)
         .env("RUST_LOG", "trace")
         .env_remove("LANYARD_CONFIG")
@@ -29,6 +35,10 @@ fn start(extra: &[&str]) -> Dev {
         let line = line.unwrap();
         if line == lanyard::dev::READY_LINE {
             break;
+        }
+        if let Some(admin) = line.strip_prefix("# lanyard admin ") {
+            exports.insert("#admin".to_string(), admin.to_string());
+            continue;
         }
         let (name, value) = line
             .strip_prefix("export ")

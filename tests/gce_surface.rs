@@ -11,6 +11,7 @@ use serde_json::Value;
 async fn stack() -> (DevStack, String) {
     let config = Config {
         listen: "127.0.0.1:0".parse().unwrap(),
+        admin_listen: "127.0.0.1:0".parse().unwrap(),
         ..Default::default()
     };
     let stack = DevStack::start(&config).await.unwrap();

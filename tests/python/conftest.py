@@ -55,22 +55,40 @@ class Dev:
         self.log_path = log_path
         self.log = open(log_path, "wb")
         self.proc = subprocess.Popen(
-            [lanyard_binary(), "dev", "--listen", "127.0.0.1:0", *args],
+            [lanyard_binary(), "dev", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", *args],
             stdout=subprocess.PIPE, stderr=self.log, env=env,
         )
         self.exports = {}
+        self.admin = None
         self.issued = []  # every token the tests saw, checked against the log
         deadline = time.time() + 30
         while time.time() < deadline:
             line = self.proc.stdout.readline().decode()
             if not line or line.strip() == "# lanyard dev ready":
                 break
+            admin = re.match(r"^# lanyard admin (\S+)$", line.strip())
+            if admin:
+                self.admin = admin.group(1)
             m = re.match(r"^export ([A-Z0-9_]+)=(.*)$", line.strip())
             if m:
                 self.exports[m.group(1)] = m.group(2).strip("'")
         if "IDENTITY_ENDPOINT" not in self.exports:
             self.stop()
             raise RuntimeError("lanyard dev did not print its exports:\n" + self.read_log())
+
+    def metric(self, name: str, **labels) -> float:
+        """Sum of a Prometheus metric's samples whose labels include `labels`."""
+        import urllib.request
+        text = urllib.request.urlopen(self.admin + "/metrics", timeout=5).read().decode()
+        total = 0.0
+        for line in text.splitlines():
+            m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^}]*)\})? (\S+)$", line)
+            if not m or m.group(1) != name:
+                continue
+            got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(3) or ""))
+            if all(got.get(k) == v for k, v in labels.items()):
+                total += float(m.group(4))
+        return total
 
     def read_log(self) -> str:
         self.log.flush()

@@ -72,3 +72,12 @@ def test_wrong_identity_header_is_refused(dev, monkeypatch):
     with pytest.raises(ClientAuthenticationError) as err:
         cred.get_token(SCOPE)
     assert "X-IDENTITY-HEADER" in str(err.value)
+
+
+def test_many_clients_cost_one_exchange(dev, monkeypatch):
+    use(monkeypatch, dev, "AZURE_POD_IDENTITY_AUTHORITY_HOST")
+    tokens = {ManagedIdentityCredential().get_token(SCOPE).token for _ in range(20)}
+    assert len(tokens) == 1, "every client got the cached credential"
+    dev.issued += list(tokens)
+    assert dev.metric("lanyard_upstream_requests_total", cloud="azure", outcome="ok") == 1
+    assert dev.metric("lanyard_cache_hits_total", cloud="azure") == 19

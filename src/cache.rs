@@ -1,0 +1,590 @@
+//! The credential cache: the one place that decides when Lanyard talks to a
+//! cloud.
+//!
+//! - **Singleflight.** Concurrent misses for one key make one upstream call;
+//!   every waiter gets its result. The call runs in its own task, so a
+//!   client that disconnects cannot strand the others.
+//! - **Refresh ahead.** A stored credential is refreshed in the background
+//!   at about half its lifetime and never later than the SDKs' refresh
+//!   window before expiry (20 min for AWS, 10 min for Entra and Google),
+//!   with jitter, using the newest projected token seen for the key.
+//! - **Serving rule.** A cached credential is handed out only while more
+//!   than the surface's minimum remains (15 min for AWS so botocore does not
+//!   refresh on every call, 5 min for Entra and Google). A fresh exchange is
+//!   returned to its waiters even when shorter, but never served from the
+//!   cache past that minimum.
+//! - **Failures.** While refreshes fail, the cached credential keeps being
+//!   served under the serving rule; retries back off exponentially with
+//!   jitter and honour `Retry-After`. Deterministic refusals are remembered
+//!   for a few seconds so a misconfigured pod cannot hammer the upstream.
+//! - **Bounds.** At most `max_entries` (least recently used evicted first),
+//!   idle entries dropped, upstream calls limited in concurrency and rate.
+//!
+//! Time is `tokio::time::Instant`, so tests drive all of this with paused
+//! time; a credential's wall-clock expiry is converted once, when stored.
+
+pub mod limits;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::cloud::aws::AwsCredentials;
+use crate::cloud::gcp::IdToken;
+use crate::cloud::{now_unix, AccessToken, Cloud, CloudError};
+use crate::secret::SecretString;
+use crate::telemetry::metrics::{cloud_label, Metrics, ReasonLabel, UpstreamLabel};
+use limits::UpstreamLimits;
+
+/// What a cache entry is for. Two requests share an entry only when every
+/// field is equal, so different identities, scopes or service accounts can
+/// never receive each other's credentials.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CacheKey {
+    pub cloud: Cloud,
+    /// Client id, service account email / principal, or role ARN.
+    pub identity: String,
+    /// Resource, sorted scope set, or ID-token audience.
+    pub scope: String,
+    pub namespace: String,
+    pub service_account: String,
+    /// Set when the cache is scoped per pod.
+    pub pod_uid: Option<String>,
+}
+
+/// A cached credential of any cloud.
+#[derive(Clone, Debug)]
+pub enum Credential {
+    Token(AccessToken),
+    IdToken(IdToken),
+    Aws(AwsCredentials),
+}
+
+impl Credential {
+    /// Wall-clock expiry, Unix seconds.
+    pub fn expires_at(&self) -> u64 {
+        match self {
+            Credential::Token(t) => t.expires_at,
+            Credential::IdToken(t) => t.expires_at,
+            Credential::Aws(c) => c.expires_at,
+        }
+    }
+}
+
+/// The upstream call for a key, given the newest subject token.
+pub type FetchFuture = Pin<Box<dyn Future<Output = Result<Credential, CloudError>> + Send>>;
+pub type Fetcher = Arc<dyn Fn(SecretString) -> FetchFuture + Send + Sync>;
+
+/// Whether entries are shared by all pods of a service account or kept per pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheScope {
+    #[serde(rename = "serviceaccount")]
+    ServiceAccount,
+    Pod,
+}
+
+/// Cache settings.
+#[derive(Debug, Clone)]
+pub struct CacheConfig {
+    pub scope: CacheScope,
+    pub max_entries: usize,
+    /// Entries nobody asked for in this long are dropped (and not refreshed).
+    pub idle_ttl: Duration,
+    /// How long a deterministic refusal is remembered.
+    pub negative_ttl: Duration,
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+    pub upstream_concurrency: usize,
+    /// Upstream exchanges per second: azure, gcp, aws.
+    pub rates: [f64; 3],
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            scope: CacheScope::ServiceAccount,
+            max_entries: 10_000,
+            // Longer than a credential's life: SDKs come back only near
+            // expiry, and their entry must still be warm then.
+            idle_ttl: Duration::from_secs(2 * 3600),
+            negative_ttl: Duration::from_secs(10),
+            backoff_base: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(300),
+            upstream_concurrency: 64,
+            // Google STS: 6,000 a minute per project.
+            rates: [50.0, 100.0, 50.0],
+        }
+    }
+}
+
+/// Least remaining lifetime with which a credential is served from cache.
+pub fn min_remaining(cloud: Cloud) -> Duration {
+    match cloud {
+        Cloud::Aws => Duration::from_secs(15 * 60),
+        Cloud::Azure | Cloud::Gcp => Duration::from_secs(5 * 60),
+    }
+}
+
+/// Refresh no later than this before expiry.
+pub fn refresh_window(cloud: Cloud) -> Duration {
+    match cloud {
+        Cloud::Aws => Duration::from_secs(20 * 60),
+        Cloud::Azure | Cloud::Gcp => Duration::from_secs(10 * 60),
+    }
+}
+
+type Outcome = Option<Result<Credential, CloudError>>;
+
+struct Stored {
+    credential: Credential,
+    expires: Instant,
+}
+
+struct Failure {
+    error: CloudError,
+    retry_at: Instant,
+    attempts: u32,
+}
+
+struct Entry {
+    value: Option<Stored>,
+    inflight: Option<watch::Receiver<Outcome>>,
+    failure: Option<Failure>,
+    subject: SecretString,
+    subject_until: Instant,
+    fetcher: Fetcher,
+    last_access: Instant,
+    /// Bumped on every stored value; a scheduled refresh for an older
+    /// generation does nothing.
+    generation: u64,
+}
+
+struct Inner {
+    entries: Mutex<HashMap<CacheKey, Entry>>,
+    config: CacheConfig,
+    limits: UpstreamLimits,
+    metrics: Arc<Metrics>,
+}
+
+/// The credential cache. Cheap to clone.
+#[derive(Clone)]
+pub struct Cache {
+    inner: Arc<Inner>,
+}
+
+impl Cache {
+    /// Creates the cache and, when inside a Tokio runtime, its idle sweeper.
+    pub fn new(config: CacheConfig, metrics: Arc<Metrics>) -> Self {
+        let inner = Arc::new(Inner {
+            entries: Mutex::new(HashMap::new()),
+            limits: UpstreamLimits::new(config.upstream_concurrency, config.rates),
+            config,
+            metrics,
+        });
+        if tokio::runtime::Handle::try_current().is_ok() {
+            tokio::spawn(sweep(Arc::downgrade(&inner)));
+        }
+        Cache { inner }
+    }
+
+    pub fn scope(&self) -> CacheScope {
+        self.inner.config.scope
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.inner.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Returns a servable credential for `key`, exchanging upstream (once,
+    /// however many ask at the same time) when there is none. `subject` is
+    /// the caller's verified projected token, valid until `subject_exp`
+    /// (Unix seconds); `fetcher` is only called when the entry needs one.
+    pub async fn get(
+        &self,
+        key: CacheKey,
+        subject: &SecretString,
+        subject_exp: u64,
+        fetcher: impl FnOnce() -> Fetcher,
+    ) -> Result<Credential, CloudError> {
+        let inner = &self.inner;
+        let cloud = key.cloud;
+        let label = cloud_label(cloud);
+        let now = Instant::now();
+        let subject_until = now + Duration::from_secs(subject_exp.saturating_sub(now_unix()));
+        let receiver = {
+            let mut entries = inner.lock();
+            if !entries.contains_key(&key) {
+                inner.make_room(&mut entries);
+                entries.insert(
+                    key.clone(),
+                    Entry {
+                        value: None,
+                        inflight: None,
+                        failure: None,
+                        subject: subject.clone(),
+                        subject_until,
+                        fetcher: fetcher(),
+                        last_access: now,
+                        generation: 0,
+                    },
+                );
+                inner.metrics.cache_entries.set(entries.len() as i64);
+            } else if let Some(entry) = entries.get_mut(&key) {
+                entry.last_access = now;
+                if subject_until > entry.subject_until {
+                    // Newer projected token: refreshes use it from now on.
+                    entry.subject = subject.clone();
+                    entry.subject_until = subject_until;
+                }
+                if let Some(stored) = &entry.value {
+                    if stored.expires > now + min_remaining(cloud) {
+                        inner.metrics.cache_hits.get_or_create(&label).inc();
+                        return Ok(stored.credential.clone());
+                    }
+                }
+                if entry.inflight.is_none() {
+                    if let Some(failure) = &entry.failure {
+                        if failure.retry_at > now {
+                            inner
+                                .metrics
+                                .cache_negative_hits
+                                .get_or_create(&label)
+                                .inc();
+                            return Err(failure.error.clone());
+                        }
+                    }
+                }
+            }
+            let Some(entry) = entries.get_mut(&key) else {
+                return Err(CloudError::Unavailable {
+                    cloud,
+                    reason: "cache entry vanished".into(),
+                });
+            };
+            match &entry.inflight {
+                Some(rx) => {
+                    inner.metrics.cache_coalesced.get_or_create(&label).inc();
+                    rx.clone()
+                }
+                None => {
+                    inner.metrics.cache_misses.get_or_create(&label).inc();
+                    start_fetch(inner, &key, entry, false)
+                }
+            }
+        };
+        wait(receiver, cloud).await
+    }
+
+    /// Drops every entry of a service account (deleted, or bindings changed).
+    pub fn invalidate_service_account(&self, namespace: &str, name: &str) {
+        self.inner.remove_where("invalidated", |k| {
+            k.namespace == namespace && k.service_account == name
+        });
+    }
+
+    /// Drops the entries scoped to one pod (the pod is gone).
+    pub fn invalidate_pod(&self, pod_uid: &str) {
+        self.inner
+            .remove_where("invalidated", |k| k.pod_uid.as_deref() == Some(pod_uid));
+    }
+}
+
+async fn wait(mut rx: watch::Receiver<Outcome>, cloud: Cloud) -> Result<Credential, CloudError> {
+    match rx.wait_for(|v| v.is_some()).await {
+        Ok(outcome) => outcome.clone().unwrap_or_else(|| {
+            Err(CloudError::Unavailable {
+                cloud,
+                reason: "exchange produced no result".into(),
+            })
+        }),
+        Err(_) => Err(CloudError::Unavailable {
+            cloud,
+            reason: "exchange was abandoned".into(),
+        }),
+    }
+}
+
+/// Starts the upstream call for `entry` in its own task.
+fn start_fetch(
+    inner: &Arc<Inner>,
+    key: &CacheKey,
+    entry: &mut Entry,
+    is_refresh: bool,
+) -> watch::Receiver<Outcome> {
+    let (tx, rx) = watch::channel(None);
+    entry.inflight = Some(rx.clone());
+    let subject = entry.subject.clone();
+    let subject_until = entry.subject_until;
+    let fetcher = entry.fetcher.clone();
+    let inner = inner.clone();
+    let key = key.clone();
+    tokio::spawn(async move {
+        let result = if subject_until <= Instant::now() {
+            // Never send an expired subject token upstream.
+            Err(CloudError::Rejected {
+                cloud: key.cloud,
+                code: "ExpiredSubjectToken".into(),
+                message: "the pod's projected service account token has expired".into(),
+            })
+        } else {
+            inner.exchange(key.cloud, fetcher, subject).await
+        };
+        inner.complete(&key, &result, is_refresh);
+        let _ = tx.send(Some(result));
+    });
+    rx
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, HashMap<CacheKey, Entry>> {
+        // A panic while holding the lock leaves plain data behind; keep going.
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// One upstream call, within the limits, with metrics.
+    async fn exchange(
+        &self,
+        cloud: Cloud,
+        fetcher: Fetcher,
+        subject: SecretString,
+    ) -> Result<Credential, CloudError> {
+        let _permit = self.limits.admit(cloud).await;
+        let started = Instant::now();
+        let result = fetcher(subject).await;
+        let label = cloud_label(cloud);
+        self.metrics
+            .upstream_latency
+            .get_or_create(&label)
+            .observe(started.elapsed().as_secs_f64());
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(CloudError::Rejected { .. }) => "rejected",
+            Err(CloudError::Throttled { .. }) => "throttled",
+            Err(CloudError::Unavailable { .. }) => "unavailable",
+            Err(CloudError::Protocol { .. }) => "protocol",
+        };
+        self.metrics
+            .upstream_requests
+            .get_or_create(&UpstreamLabel {
+                cloud: label.cloud,
+                outcome,
+            })
+            .inc();
+        result
+    }
+
+    /// Records an exchange's result in its entry and schedules what follows.
+    fn complete(
+        self: &Arc<Self>,
+        key: &CacheKey,
+        result: &Result<Credential, CloudError>,
+        is_refresh: bool,
+    ) {
+        let now = Instant::now();
+        let mut entries = self.lock();
+        let Some(entry) = entries.get_mut(key) else {
+            return; // evicted meanwhile; the waiters still get the result
+        };
+        entry.inflight = None;
+        match result {
+            Ok(credential) => {
+                let remaining =
+                    Duration::from_secs(credential.expires_at().saturating_sub(now_unix()));
+                let expires = now + remaining;
+                entry.value = Some(Stored {
+                    credential: credential.clone(),
+                    expires,
+                });
+                entry.failure = None;
+                entry.generation += 1;
+                let at = refresh_at(key.cloud, now, expires);
+                schedule_refresh(self, key.clone(), entry.generation, at);
+            }
+            Err(error) => {
+                if is_refresh {
+                    self.metrics
+                        .cache_refresh_failures
+                        .get_or_create(&cloud_label(key.cloud))
+                        .inc();
+                }
+                let attempts = entry.failure.as_ref().map_or(1, |f| f.attempts + 1);
+                let backoff = self.backoff(attempts);
+                let delay = match error {
+                    CloudError::Rejected { .. } => self.config.negative_ttl,
+                    CloudError::Throttled {
+                        retry_after: Some(after),
+                        ..
+                    } => (*after).max(backoff),
+                    _ => backoff,
+                };
+                let retry_at = now + delay;
+                entry.failure = Some(Failure {
+                    error: error.clone(),
+                    retry_at,
+                    attempts,
+                });
+                // Keep a credential that is still worth serving fresh.
+                if entry.value.as_ref().is_some_and(|v| v.expires > retry_at) {
+                    schedule_refresh(self, key.clone(), entry.generation, retry_at);
+                }
+            }
+        }
+        tracing::debug!(cloud = %key.cloud, namespace = %key.namespace, service_account = %key.service_account, ok = result.is_ok(), is_refresh, "exchange completed");
+    }
+
+    /// Exponential backoff with full jitter in [50%, 100%].
+    fn backoff(&self, attempts: u32) -> Duration {
+        let exp = self
+            .config
+            .backoff_base
+            .saturating_mul(1u32 << attempts.saturating_sub(1).min(16));
+        let capped = exp.min(self.config.backoff_max);
+        capped.mul_f64(0.5 + 0.5 * random_unit())
+    }
+
+    /// Background refresh of `key` if it is still wanted.
+    fn refresh(self: &Arc<Self>, key: &CacheKey, generation: u64) {
+        let now = Instant::now();
+        let mut entries = self.lock();
+        let Some(entry) = entries.get_mut(key) else {
+            return;
+        };
+        if entry.generation != generation || entry.inflight.is_some() {
+            return;
+        }
+        if now.duration_since(entry.last_access) >= self.config.idle_ttl {
+            entries.remove(key);
+            self.metrics
+                .cache_evictions
+                .get_or_create(&ReasonLabel { reason: "idle" })
+                .inc();
+            self.metrics.cache_entries.set(entries.len() as i64);
+            return;
+        }
+        if entry.subject_until <= now + Duration::from_secs(5) {
+            // The newest projected token is (nearly) expired; the next
+            // request brings a fresh one and fetches then.
+            return;
+        }
+        self.metrics
+            .cache_refreshes
+            .get_or_create(&cloud_label(key.cloud))
+            .inc();
+        drop(start_fetch(self, key, entry, true));
+    }
+
+    /// Evicts the least recently used idle entry when the cache is full.
+    fn make_room(&self, entries: &mut HashMap<CacheKey, Entry>) {
+        while entries.len() >= self.config.max_entries.max(1) {
+            let victim = entries
+                .iter()
+                .filter(|(_, e)| e.inflight.is_none())
+                .min_by_key(|(_, e)| e.last_access)
+                .map(|(k, _)| k.clone());
+            let Some(victim) = victim else {
+                return; // everything is in flight; allow a temporary overshoot
+            };
+            entries.remove(&victim);
+            self.metrics
+                .cache_evictions
+                .get_or_create(&ReasonLabel { reason: "lru" })
+                .inc();
+        }
+    }
+
+    fn remove_where(&self, reason: &'static str, pred: impl Fn(&CacheKey) -> bool) {
+        let mut entries = self.lock();
+        let before = entries.len();
+        entries.retain(|k, _| !pred(k));
+        let removed = before - entries.len();
+        if removed > 0 {
+            self.metrics
+                .cache_evictions
+                .get_or_create(&ReasonLabel { reason })
+                .inc_by(removed as u64);
+            self.metrics.cache_entries.set(entries.len() as i64);
+        }
+    }
+}
+
+fn schedule_refresh(inner: &Arc<Inner>, key: CacheKey, generation: u64, at: Instant) {
+    let weak = Arc::downgrade(inner);
+    tokio::spawn(async move {
+        tokio::time::sleep_until(at).await;
+        if let Some(inner) = weak.upgrade() {
+            inner.refresh(&key, generation);
+        }
+    });
+}
+
+/// When to refresh a credential fetched at `fetched` that expires at
+/// `expires`: at half its lifetime, no later than the cloud's refresh
+/// window before expiry, never sooner than a quarter of its lifetime (so
+/// short-lived credentials do not spin), minus up to 5% jitter.
+pub fn refresh_at(cloud: Cloud, fetched: Instant, expires: Instant) -> Instant {
+    let lifetime = expires.saturating_duration_since(fetched);
+    let half = fetched + lifetime / 2;
+    let latest = expires
+        .checked_sub(refresh_window(cloud))
+        .unwrap_or(fetched);
+    let floor = fetched + (lifetime / 4).max(Duration::from_secs(1));
+    let at = half.min(latest).max(floor);
+    let jitter = (lifetime / 20)
+        .min(Duration::from_secs(30))
+        .mul_f64(random_unit());
+    at.checked_sub(jitter).unwrap_or(at).max(floor)
+}
+
+/// Drops entries nobody asked for within the idle TTL.
+async fn sweep(inner: Weak<Inner>) {
+    loop {
+        let period = match inner.upgrade() {
+            Some(i) => {
+                (i.config.idle_ttl / 4).clamp(Duration::from_secs(1), Duration::from_secs(60))
+            }
+            None => return,
+        };
+        tokio::time::sleep(period).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let now = Instant::now();
+        let idle = inner.config.idle_ttl;
+        let mut entries = inner.lock();
+        let before = entries.len();
+        entries.retain(|_, e| e.inflight.is_some() || now.duration_since(e.last_access) < idle);
+        let removed = before - entries.len();
+        if removed > 0 {
+            inner
+                .metrics
+                .cache_evictions
+                .get_or_create(&ReasonLabel { reason: "idle" })
+                .inc_by(removed as u64);
+            inner.metrics.cache_entries.set(entries.len() as i64);
+        }
+    }
+}
+
+/// A uniform random number in [0, 1).
+fn random_unit() -> f64 {
+    use aws_lc_rs::rand::SecureRandom;
+    let mut buf = [0u8; 8];
+    if aws_lc_rs::rand::SystemRandom::new().fill(&mut buf).is_err() {
+        return 0.5;
+    }
+    (u64::from_le_bytes(buf) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,90 @@
+//! Upstream protection: a concurrency limit across all clouds and a token
+//! bucket per cloud, so that a herd of pods cannot exceed a cloud's quota
+//! (Google STS allows 6,000 exchanges a minute per project).
+
+use std::time::Duration;
+
+use tokio::sync::{Mutex, Semaphore, SemaphorePermit};
+use tokio::time::Instant;
+
+/// A token bucket: `rate` tokens a second, at most `burst` saved up.
+pub struct TokenBucket {
+    rate: f64,
+    burst: f64,
+    state: Mutex<(f64, Instant)>,
+}
+
+impl TokenBucket {
+    pub fn new(rate_per_second: f64, burst: f64) -> Self {
+        let burst = burst.max(1.0);
+        TokenBucket {
+            rate: rate_per_second.max(0.001),
+            burst,
+            state: Mutex::new((burst, Instant::now())),
+        }
+    }
+
+    /// Waits until a token is available and takes it.
+    pub async fn acquire(&self) {
+        loop {
+            let wait = {
+                let mut state = self.state.lock().await;
+                let now = Instant::now();
+                let elapsed = now.duration_since(state.1).as_secs_f64();
+                state.0 = (state.0 + elapsed * self.rate).min(self.burst);
+                state.1 = now;
+                if state.0 >= 1.0 {
+                    state.0 -= 1.0;
+                    return;
+                }
+                Duration::from_secs_f64((1.0 - state.0) / self.rate)
+            };
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// The limits every upstream call passes.
+pub struct UpstreamLimits {
+    concurrency: Semaphore,
+    buckets: [TokenBucket; 3],
+}
+
+impl UpstreamLimits {
+    /// `rates` per second, in the order azure, gcp, aws.
+    pub fn new(concurrency: usize, rates: [f64; 3]) -> Self {
+        UpstreamLimits {
+            concurrency: Semaphore::new(concurrency.max(1)),
+            buckets: rates.map(|r| TokenBucket::new(r, r)),
+        }
+    }
+
+    /// Waits for this cloud's rate limit and a concurrency slot.
+    pub async fn admit(&self, cloud: crate::cloud::Cloud) -> Option<SemaphorePermit<'_>> {
+        let index = match cloud {
+            crate::cloud::Cloud::Azure => 0,
+            crate::cloud::Cloud::Gcp => 1,
+            crate::cloud::Cloud::Aws => 2,
+        };
+        self.buckets[index].acquire().await;
+        self.concurrency.acquire().await.ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn bucket_spaces_requests_at_its_rate() {
+        let bucket = TokenBucket::new(10.0, 2.0);
+        let start = Instant::now();
+        for _ in 0..12 {
+            bucket.acquire().await;
+        }
+        // Two from the burst, ten more at 10/s.
+        let elapsed = start.elapsed();
+        assert!(elapsed >= Duration::from_millis(990), "{elapsed:?}");
+        assert!(elapsed <= Duration::from_millis(1100), "{elapsed:?}");
+    }
+}

@@ -1,0 +1,452 @@
+//! Cache behaviour with paused Tokio time: every timing is exact.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex as StdMutex;
+
+use super::*;
+use crate::secret::ExposeSecret;
+
+/// A scripted upstream: counts calls, records subjects, answers with the
+/// next scripted outcome (or a fresh token when the script is empty).
+#[derive(Clone, Default)]
+struct Upstream {
+    calls: Arc<AtomicU32>,
+    subjects: Arc<StdMutex<Vec<String>>>,
+    script: Arc<StdMutex<std::collections::VecDeque<Result<u64, CloudError>>>>,
+    lifetime: Arc<StdMutex<u64>>,
+}
+
+impl Upstream {
+    fn new(lifetime: u64) -> Self {
+        let u = Upstream::default();
+        *u.lifetime.lock().unwrap() = lifetime;
+        u
+    }
+
+    fn then(&self, outcome: Result<u64, CloudError>) -> &Self {
+        self.script.lock().unwrap().push_back(outcome);
+        self
+    }
+
+    fn calls(&self) -> u32 {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    fn fetcher(&self) -> Fetcher {
+        let me = self.clone();
+        Arc::new(move |subject: SecretString| {
+            let me = me.clone();
+            Box::pin(async move {
+                let n = me.calls.fetch_add(1, Ordering::SeqCst) + 1;
+                me.subjects
+                    .lock()
+                    .unwrap()
+                    .push(subject.expose_secret().to_string());
+                // Upstream latency, so that concurrent callers overlap.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let scripted = me.script.lock().unwrap().pop_front();
+                let lifetime = match scripted {
+                    Some(Ok(l)) => l,
+                    Some(Err(e)) => return Err(e),
+                    None => *me.lifetime.lock().unwrap(),
+                };
+                let now = now_unix();
+                Ok(Credential::Token(AccessToken {
+                    token: SecretString::from(format!("token-{n}")),
+                    issued_at: now,
+                    expires_at: now + lifetime,
+                }))
+            }) as FetchFuture
+        })
+    }
+}
+
+fn key(cloud: Cloud, sa: &str, scope: &str) -> CacheKey {
+    CacheKey {
+        cloud,
+        identity: "client-1".into(),
+        scope: scope.into(),
+        namespace: "default".into(),
+        service_account: sa.into(),
+        pod_uid: None,
+    }
+}
+
+fn cache(config: CacheConfig) -> Cache {
+    Cache::new(config, Arc::new(Metrics::new()))
+}
+
+fn subject(name: &str) -> SecretString {
+    SecretString::from(name.to_string())
+}
+
+fn far() -> u64 {
+    now_unix() + 24 * 3600
+}
+
+fn token_of(c: &Credential) -> String {
+    match c {
+        Credential::Token(t) => t.token.expose_secret().to_string(),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+async fn get(cache: &Cache, k: &CacheKey, up: &Upstream) -> Result<String, CloudError> {
+    cache
+        .get(k.clone(), &subject("subject-a"), far(), || up.fetcher())
+        .await
+        .map(|c| token_of(&c))
+}
+
+fn unavailable() -> CloudError {
+    CloudError::Unavailable {
+        cloud: Cloud::Azure,
+        reason: "down".into(),
+    }
+}
+
+fn rejected() -> CloudError {
+    CloudError::Rejected {
+        cloud: Cloud::Azure,
+        code: "AADSTS70021".into(),
+        message: "no match".into(),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn thousand_cold_requests_make_one_upstream_call() {
+    let cache = cache(CacheConfig::default());
+    let up = Upstream::new(3600);
+    let k = key(
+        Cloud::Azure,
+        "ray-worker",
+        "https://storage.azure.com/.default",
+    );
+    let mut tasks = Vec::new();
+    for _ in 0..1000 {
+        let (cache, up, k) = (cache.clone(), up.clone(), k.clone());
+        tasks.push(tokio::spawn(async move { get(&cache, &k, &up).await }));
+    }
+    let mut tokens = std::collections::HashSet::new();
+    for t in tasks {
+        tokens.insert(t.await.unwrap().unwrap());
+    }
+    assert_eq!(up.calls(), 1);
+    assert_eq!(tokens.len(), 1, "all 1000 got the same credential");
+    let metrics = cache.inner.metrics.render();
+    assert!(
+        metrics.contains("lanyard_cache_misses_total{cloud=\"azure\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("lanyard_cache_coalesced_total{cloud=\"azure\"} 999"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn refreshes_ahead_of_expiry_without_a_client_waiting() {
+    let cache = cache(CacheConfig::default());
+    let up = Upstream::new(3600);
+    let k = key(Cloud::Azure, "ray-worker", "s");
+    assert_eq!(get(&cache, &k, &up).await.unwrap(), "token-1");
+    // Nobody asks; at about half the lifetime (minus jitter) it refreshes.
+    tokio::time::sleep(Duration::from_secs(1700)).await;
+    assert_eq!(
+        up.calls(),
+        1,
+        "not before ~half the lifetime minus 5% jitter"
+    );
+    tokio::time::sleep(Duration::from_secs(101)).await;
+    assert_eq!(up.calls(), 2, "refreshed in the background by 1801 s");
+    // The client now gets the refreshed credential from cache.
+    assert_eq!(get(&cache, &k, &up).await.unwrap(), "token-2");
+    assert_eq!(up.calls(), 2);
+}
+
+#[test]
+fn refresh_time_respects_the_sdk_windows() {
+    let t0 = Instant::now();
+    for _ in 0..50 {
+        // One hour: half the lifetime, well before the windows.
+        let at = refresh_at(Cloud::Aws, t0, t0 + Duration::from_secs(3600));
+        let d = at - t0;
+        assert!(
+            d <= Duration::from_secs(1800) && d >= Duration::from_secs(1770),
+            "{d:?}"
+        );
+        // Two hours of AWS: half is 60 min, 20 min before expiry is 100 min.
+        let at = refresh_at(Cloud::Aws, t0, t0 + Duration::from_secs(7200));
+        assert!(at - t0 <= Duration::from_secs(3600));
+        // 24 h: half (12 h) is earlier than 10 min before expiry.
+        let at = refresh_at(Cloud::Azure, t0, t0 + Duration::from_secs(86_400));
+        assert!(at - t0 <= Duration::from_secs(43_200));
+        // 30 min Entra: 10 min before expiry = 20 min; half = 15 min.
+        let at = refresh_at(Cloud::Azure, t0, t0 + Duration::from_secs(1800));
+        assert!(at - t0 <= Duration::from_secs(900));
+        // Very short: never sooner than a quarter of the lifetime.
+        let at = refresh_at(Cloud::Aws, t0, t0 + Duration::from_secs(120));
+        assert!(at - t0 >= Duration::from_secs(30));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn serves_cached_credential_through_an_outage_until_the_serving_rule_stops_it() {
+    let cache = cache(CacheConfig::default());
+    let up = Upstream::new(3600);
+    let k = key(Cloud::Azure, "ray-worker", "s");
+    assert_eq!(get(&cache, &k, &up).await.unwrap(), "token-1");
+    // From now on the upstream is down.
+    for _ in 0..200 {
+        up.then(Err(unavailable()));
+    }
+    // 50 minutes later: refreshes have been failing, the token (10 min
+    // left) is still served, without a client-triggered upstream call.
+    tokio::time::sleep(Duration::from_secs(50 * 60)).await;
+    let failed_refreshes = up.calls() - 1;
+    assert!(
+        failed_refreshes >= 3,
+        "background retries happened: {failed_refreshes}"
+    );
+    let calls_before = up.calls();
+    assert_eq!(get(&cache, &k, &up).await.unwrap(), "token-1");
+    assert_eq!(up.calls(), calls_before, "a hit does no upstream I/O");
+    // Retries back off: far fewer than one a second.
+    assert!(
+        failed_refreshes < 60,
+        "{failed_refreshes} retries in 20 minutes"
+    );
+    // 56 minutes: under 5 minutes remain, so it is no longer served; the
+    // client gets a clear retryable error instead.
+    tokio::time::sleep(Duration::from_secs(6 * 60)).await;
+    let err = get(&cache, &k, &up).await.unwrap_err();
+    assert!(err.is_retryable(), "{err:?}");
+    let metrics = cache.inner.metrics.render();
+    assert!(metrics.contains("lanyard_cache_refresh_failures_total{cloud=\"azure\"}"));
+    assert!(metrics
+        .contains("lanyard_upstream_requests_total{cloud=\"azure\",outcome=\"unavailable\"}"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_is_honoured() {
+    let cache = cache(CacheConfig::default());
+    let up = Upstream::new(3600);
+    up.then(Err(CloudError::Throttled {
+        cloud: Cloud::Azure,
+        code: "HTTP429".into(),
+        retry_after: Some(Duration::from_secs(60)),
+    }));
+    let k = key(Cloud::Azure, "ray-worker", "s");
+    let err = get(&cache, &k, &up).await.unwrap_err();
+    assert!(matches!(err, CloudError::Throttled { .. }));
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(get(&cache, &k, &up).await.is_err());
+    }
+    assert_eq!(up.calls(), 1, "no upstream call within Retry-After");
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    assert_eq!(get(&cache, &k, &up).await.unwrap(), "token-2");
+    assert_eq!(up.calls(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn deterministic_errors_are_cached_briefly_then_retried() {
+    let config = CacheConfig {
+        negative_ttl: Duration::from_secs(10),
+        ..Default::default()
+    };
+    let cache = cache(config);
+    let up = Upstream::new(3600);
+    up.then(Err(rejected()));
+    let k = key(Cloud::Azure, "ray-worker", "s");
+    for _ in 0..50 {
+        let err = get(&cache, &k, &up).await.unwrap_err();
+        assert_eq!(err.code(), Some("AADSTS70021"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(up.calls(), 1, "refusal remembered for the negative TTL");
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(
+        get(&cache, &k, &up).await.unwrap(),
+        "token-2",
+        "retried after the TTL"
+    );
+    assert_eq!(up.calls(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn lru_and_idle_eviction() {
+    let config = CacheConfig {
+        max_entries: 2,
+        idle_ttl: Duration::from_secs(600),
+        ..Default::default()
+    };
+    let cache = cache(config);
+    let up = Upstream::new(3600);
+    let (a, b, c) = (
+        key(Cloud::Azure, "a", "s"),
+        key(Cloud::Azure, "b", "s"),
+        key(Cloud::Azure, "c", "s"),
+    );
+    get(&cache, &a, &up).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    get(&cache, &b, &up).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    get(&cache, &a, &up).await.unwrap(); // a is now the most recent
+    get(&cache, &c, &up).await.unwrap(); // evicts b
+    assert_eq!(cache.len(), 2);
+    let calls = up.calls();
+    get(&cache, &a, &up).await.unwrap();
+    assert_eq!(up.calls(), calls, "a stayed");
+    get(&cache, &b, &up).await.unwrap();
+    assert_eq!(up.calls(), calls + 1, "b was evicted");
+    assert!(cache.inner.metrics.render().contains("reason=\"lru\""));
+
+    // Nobody asks for 11 minutes: everything is swept.
+    tokio::time::sleep(Duration::from_secs(660)).await;
+    assert_eq!(cache.len(), 0);
+    assert!(cache.inner.metrics.render().contains("reason=\"idle\""));
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_entries_are_not_refreshed() {
+    let config = CacheConfig {
+        idle_ttl: Duration::from_secs(20 * 60),
+        ..Default::default()
+    };
+    let cache = cache(config);
+    let up = Upstream::new(3 * 3600);
+    let k = key(Cloud::Azure, "ray-worker", "s");
+    get(&cache, &k, &up).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(4 * 3600)).await;
+    assert_eq!(
+        up.calls(),
+        1,
+        "an entry nobody used is dropped, not refreshed"
+    );
+    assert_eq!(cache.len(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn different_scopes_and_accounts_never_share_an_entry() {
+    let cache = cache(CacheConfig::default());
+    let up = Upstream::new(3600);
+    let keys = [
+        key(Cloud::Azure, "a", "storage"),
+        key(Cloud::Azure, "a", "vault"),
+        key(Cloud::Azure, "b", "storage"),
+        key(Cloud::Gcp, "a", "storage"),
+        CacheKey {
+            namespace: "other".into(),
+            ..key(Cloud::Azure, "a", "storage")
+        },
+        CacheKey {
+            identity: "client-2".into(),
+            ..key(Cloud::Azure, "a", "storage")
+        },
+        CacheKey {
+            pod_uid: Some("pod-1".into()),
+            ..key(Cloud::Azure, "a", "storage")
+        },
+    ];
+    let mut tokens = std::collections::HashSet::new();
+    for k in &keys {
+        tokens.insert(get(&cache, k, &up).await.unwrap());
+    }
+    assert_eq!(tokens.len(), keys.len());
+    assert_eq!(up.calls() as usize, keys.len());
+    // And each key keeps getting its own token back.
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(
+            get(&cache, k, &up).await.unwrap(),
+            format!("token-{}", i + 1)
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn short_lived_credential_is_served_once_but_not_cached_past_the_minimum() {
+    let cache = cache(CacheConfig::default());
+    let up = Upstream::new(3600);
+    up.then(Ok(10 * 60)); // AWS credential with 10 minutes: under the 15-minute minimum
+    let k = key(Cloud::Aws, "ray-worker", "sts");
+    assert_eq!(
+        get(&cache, &k, &up).await.unwrap(),
+        "token-1",
+        "its waiters get it"
+    );
+    assert_eq!(
+        get(&cache, &k, &up).await.unwrap(),
+        "token-2",
+        "not served from cache"
+    );
+    assert_eq!(up.calls(), 2);
+    assert_eq!(get(&cache, &k, &up).await.unwrap(), "token-2");
+    assert_eq!(up.calls(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn refresh_uses_the_newest_subject_and_never_an_expired_one() {
+    let cache = cache(CacheConfig::default());
+    let up = Upstream::new(3600);
+    let k = key(Cloud::Azure, "ray-worker", "s");
+    let soon = now_unix() + 1200;
+    cache
+        .get(k.clone(), &subject("old"), soon, || up.fetcher())
+        .await
+        .unwrap();
+    cache
+        .get(k.clone(), &subject("new"), soon + 3600, || up.fetcher())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1801)).await;
+    assert_eq!(up.calls(), 2);
+    assert_eq!(up.subjects.lock().unwrap().as_slice(), ["old", "new"]);
+
+    // A key whose only subject expires before its refresh is due.
+    let k2 = key(Cloud::Azure, "short-subject", "s");
+    cache
+        .get(k2.clone(), &subject("brief"), now_unix() + 600, || {
+            up.fetcher()
+        })
+        .await
+        .unwrap();
+    let calls = up.calls();
+    tokio::time::sleep(Duration::from_secs(1900)).await;
+    let sent: Vec<String> = up.subjects.lock().unwrap().clone();
+    assert_eq!(
+        sent.iter().filter(|s| *s == "brief").count(),
+        1,
+        "expired subject never sent: {sent:?}"
+    );
+    assert!(up.calls() >= calls);
+}
+
+#[tokio::test(start_paused = true)]
+async fn invalidation_drops_a_service_accounts_entries() {
+    let cache = cache(CacheConfig::default());
+    let up = Upstream::new(3600);
+    let a = key(Cloud::Azure, "a", "s");
+    let b = key(Cloud::Azure, "b", "s");
+    get(&cache, &a, &up).await.unwrap();
+    get(&cache, &b, &up).await.unwrap();
+    cache.invalidate_service_account("default", "a");
+    assert_eq!(cache.len(), 1);
+    get(&cache, &a, &up).await.unwrap();
+    assert_eq!(up.calls(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_caller_does_not_strand_the_others() {
+    let cache = cache(CacheConfig::default());
+    let up = Upstream::new(3600);
+    let k = key(Cloud::Azure, "ray-worker", "s");
+    let first = {
+        let (cache, up, k) = (cache.clone(), up.clone(), k.clone());
+        tokio::spawn(async move { get(&cache, &k, &up).await })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    first.abort();
+    assert_eq!(get(&cache, &k, &up).await.unwrap(), "token-1");
+    assert_eq!(up.calls(), 1);
+}
