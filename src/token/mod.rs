@@ -9,7 +9,7 @@
 mod claims;
 mod jwks;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 pub use claims::{
     parse_subject, Audience, Caller, KubernetesClaim, ObjectRef, ServiceAccountClaims,
@@ -80,10 +80,22 @@ impl VerifyError {
     }
 }
 
+/// How long a successful verification is remembered. Short, so that a key
+/// the issuer stops publishing stops being honoured soon after.
+const VERIFIED_TTL: std::time::Duration = std::time::Duration::from_secs(300);
+/// Most remembered verifications; the memo is cleared when full.
+const VERIFIED_MAX: usize = 16_384;
+
 /// Verifies tokens of one issuer.
+///
+/// Successful verifications are remembered (keyed by a SHA-256 of token
+/// and audience, for at most five minutes and never past the token's
+/// expiry), so a pod asking again with the same projected token costs a
+/// hash instead of a signature check.
 pub struct Verifier {
     issuer: String,
     keys: KeySet,
+    verified: std::sync::Mutex<HashMap<[u8; 32], (Caller, std::time::Instant)>>,
 }
 
 impl Verifier {
@@ -91,6 +103,7 @@ impl Verifier {
         Verifier {
             issuer: issuer.into(),
             keys,
+            verified: std::sync::Mutex::new(HashMap::new()),
         }
     }
 
@@ -146,6 +159,32 @@ impl Verifier {
 
     /// Verifies `token` for `audience` and returns who is calling.
     pub async fn verify(&self, token: &str, audience: &str) -> Result<Caller, VerifyError> {
+        use sha2::{Digest, Sha256};
+        let memo_key: [u8; 32] = Sha256::new()
+            .chain_update(token.as_bytes())
+            .chain_update([0u8])
+            .chain_update(audience.as_bytes())
+            .finalize()
+            .into();
+        let now = jsonwebtoken::get_current_timestamp();
+        {
+            let memo = self.verified.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((caller, at)) = memo.get(&memo_key) {
+                if at.elapsed() < VERIFIED_TTL && caller.token_expires_at + LEEWAY_SECS > now {
+                    return Ok(caller.clone());
+                }
+            }
+        }
+        let caller = self.verify_uncached(token, audience).await?;
+        let mut memo = self.verified.lock().unwrap_or_else(|p| p.into_inner());
+        if memo.len() >= VERIFIED_MAX {
+            memo.clear();
+        }
+        memo.insert(memo_key, (caller.clone(), std::time::Instant::now()));
+        Ok(caller)
+    }
+
+    async fn verify_uncached(&self, token: &str, audience: &str) -> Result<Caller, VerifyError> {
         let claims = self.verify_claims(token, audience).await?;
         Ok(Caller {
             namespace: claims.kubernetes.namespace,

@@ -223,3 +223,29 @@ async fn unreachable_issuer_is_a_transient_key_error() {
     assert!(matches!(err, VerifyError::Keys(_)), "{err:?}");
     assert!(err.is_transient());
 }
+
+#[tokio::test]
+async fn remembered_verification_still_honours_audience_and_expiry() {
+    let f = fixture(SigningKey::generate_rs256().unwrap()).await;
+    let token = f.issuer.mint(&f.pod, &[AUD], hour()).unwrap();
+    assert!(f.verifier.verify(&token, AUD).await.is_ok());
+    assert!(
+        f.verifier.verify(&token, AUD).await.is_ok(),
+        "from the memo"
+    );
+    // The memo is per audience: the same token for another audience fails.
+    let err = f
+        .verifier
+        .verify(&token, "sts.amazonaws.com")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, VerifyError::Audience { .. }), "{err:?}");
+    // A token that expires is not honoured from the memo past its expiry.
+    let mut claims = f.issuer.claims_for(&f.pod, &[AUD], hour());
+    claims.exp = jsonwebtoken::get_current_timestamp() - LEEWAY_SECS + 1;
+    let brief = f.issuer.sign(&claims).unwrap();
+    assert!(f.verifier.verify(&brief, AUD).await.is_ok());
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let err = f.verifier.verify(&brief, AUD).await.unwrap_err();
+    assert!(matches!(err, VerifyError::Expired), "{err:?}");
+}
