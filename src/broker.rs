@@ -19,9 +19,13 @@ use crate::secret::SecretString;
 use crate::telemetry::metrics::Metrics;
 use crate::token::{Caller, Verifier, VerifyError};
 
+pub mod remote;
+pub mod wire;
+
 /// How a caller names the Azure identity it wants (IMDS and App Service
 /// query parameters).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum AzureSelector {
     ClientId(String),
     ObjectId(String),
@@ -45,7 +49,7 @@ pub struct AzureGrant {
 }
 
 /// The Google identity a caller acts as on the metadata server.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct GcpIdentity {
     /// The impersonated service account, or `PROJECT.svc.id.goog` when the
     /// caller uses its federated principal directly (as GKE reports it).
@@ -218,6 +222,8 @@ pub struct Broker {
     directory: Arc<dyn Directory>,
     cache: Cache,
     metrics: Arc<Metrics>,
+    /// When set, tokens that name another node are refused.
+    node_name: Option<String>,
     azure: Option<AzureSettings>,
     gcp: Option<GcpSettings>,
     aws: Option<AwsSettings>,
@@ -233,6 +239,7 @@ impl Broker {
             directory,
             cache: Cache::new(CacheConfig::default(), metrics.clone()),
             metrics,
+            node_name: None,
             azure: None,
             gcp: None,
             aws: None,
@@ -243,6 +250,12 @@ impl Broker {
     pub fn with_cache(mut self, cache: Cache, metrics: Arc<Metrics>) -> Self {
         self.cache = cache;
         self.metrics = metrics;
+        self
+    }
+
+    /// Refuses tokens whose node claim names another node.
+    pub fn with_node_name(mut self, node: impl Into<String>) -> Self {
+        self.node_name = Some(node.into());
         self
     }
 
@@ -312,6 +325,20 @@ impl Broker {
             .verify(subject.expose_secret(), audience)
             .await?;
         *caller_out = Some(caller.clone());
+        // Only projected, pod-bound tokens: a legacy secret token outlives
+        // its pod forever and proves nothing about where it is used.
+        if caller.pod.is_none() {
+            return Err(VerifyError::NotPodBound.into());
+        }
+        if let (Some(this), Some(node)) = (&self.node_name, &caller.node) {
+            if &node.name != this {
+                return Err(VerifyError::OtherNode {
+                    token_node: node.name.clone(),
+                    this_node: this.clone(),
+                }
+                .into());
+            }
+        }
         let bindings = self
             .directory
             .lookup(&caller.namespace, &caller.service_account)

@@ -155,6 +155,34 @@ impl CacheSettings {
     }
 }
 
+/// Settings of the node agent role: whose tokens it trusts and where
+/// bindings come from.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// The cluster's service-account issuer (`iss`); its keys are found by
+    /// OIDC discovery unless `jwks_url` is set.
+    pub issuer: Option<String>,
+    /// A fixed JWKS URL for the issuer's keys.
+    pub jwks_url: Option<String>,
+    /// This node's name (`NODE_NAME`); tokens naming another node are refused.
+    pub node_name: Option<String>,
+    /// Static ServiceAccount bindings (namespace, name, annotations).
+    pub service_accounts: Vec<ServiceAccountEntry>,
+}
+
+/// Settings of the sidecar role.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SidecarConfig {
+    /// Base URL of the node agent (`LANYARD_AGENT_URL`).
+    pub agent_url: Option<String>,
+    /// Directory of projected tokens: `azure`, `gcp`, `aws`, `app` (`LANYARD_TOKEN_DIR`).
+    pub token_dir: Option<std::path::PathBuf>,
+    /// The App Service `IDENTITY_HEADER` secret shared with the app containers.
+    pub identity_header: Option<String>,
+}
+
 /// The development identity `lanyard dev` serves.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -216,6 +244,8 @@ pub struct Config {
     /// Address of `/metrics`, `/healthz` and `/readyz`.
     pub admin_listen: SocketAddr,
     pub cache: CacheSettings,
+    pub cluster: ClusterConfig,
+    pub sidecar: SidecarConfig,
     pub azure: AzureConfig,
     pub gcp: GcpConfig,
     pub aws: AwsConfig,
@@ -230,6 +260,8 @@ impl Default for Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 8642)),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 8643)),
             cache: CacheSettings::default(),
+            cluster: ClusterConfig::default(),
+            sidecar: SidecarConfig::default(),
             azure: AzureConfig::default(),
             gcp: GcpConfig::default(),
             aws: AwsConfig::default(),
@@ -267,7 +299,12 @@ impl figment::Provider for Flags {
 }
 
 /// Sections whose environment variables are `LANYARD_<SECTION>_<KEY>`.
-const SECTIONS: [&str; 5] = ["azure", "gcp", "aws", "cache", "dev"];
+const SECTIONS: [&str; 7] = ["azure", "gcp", "aws", "cache", "cluster", "sidecar", "dev"];
+/// Environment names kept short for the sidecar, as the webhook sets them.
+const ALIASES: [(&str, &str); 2] = [
+    ("agent_url", "sidecar.agent_url"),
+    ("token_dir", "sidecar.token_dir"),
+];
 /// Top-level keys settable from the environment.
 const TOP_LEVEL: [&str; 4] = ["log_format", "log_level", "listen", "admin_listen"];
 
@@ -429,6 +466,34 @@ impl Config {
                 ));
             }
         }
+        if let Some(issuer) = &self.cluster.issuer {
+            check_endpoint(issuer)
+                .map_err(|expected| invalid("cluster.issuer", expected, issuer))?;
+        }
+        if let Some(url) = &self.cluster.jwks_url {
+            check_endpoint(url).map_err(|expected| invalid("cluster.jwks_url", expected, url))?;
+        }
+        if let Some(node) = &self.cluster.node_name {
+            if !is_dns_subdomain(node) {
+                return Err(invalid(
+                    "cluster.node_name",
+                    "a node name (DNS-1123 subdomain)",
+                    node,
+                ));
+            }
+        }
+        if let Some(url) = &self.sidecar.agent_url {
+            if url::Url::parse(url)
+                .map(|u| u.scheme() != "http" && u.scheme() != "https")
+                .unwrap_or(true)
+            {
+                return Err(invalid(
+                    "sidecar.agent_url",
+                    "an http:// or https:// URL of the node agent",
+                    url,
+                ));
+            }
+        }
         let d = &self.dev;
         if !is_dns_label(&d.namespace) {
             return Err(invalid(
@@ -547,6 +612,9 @@ fn env_provider() -> Env {
         let key = key.to_ascii_lowercase();
         if TOP_LEVEL.contains(&key.as_str()) {
             return Some(key);
+        }
+        if let Some((_, target)) = ALIASES.iter().find(|(alias, _)| *alias == key) {
+            return Some(target.to_string());
         }
         SECTIONS.iter().find_map(|section| {
             key.strip_prefix(section)

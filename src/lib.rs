@@ -4,6 +4,7 @@
 //! cloud credentials come out on the metadata-style endpoints each cloud's
 //! SDKs already speak. See `docs/architecture.md` for the module map.
 
+pub mod agent;
 pub mod broker;
 pub mod cache;
 pub mod cloud;
@@ -14,5 +15,6 @@ pub mod emulator;
 pub mod http;
 pub mod secret;
 pub mod serve;
+pub mod sidecar;
 pub mod telemetry;
 pub mod token;

@@ -13,7 +13,7 @@ use lanyard::telemetry::{self, LogFormat};
 #[command(
     name = "lanyard",
     version,
-    about = "Node-local credential broker for Kubernetes: projected service-account tokens in, short-lived Entra ID credentials out, on the endpoints the cloud SDKs already speak."
+    about = "Node-local credential broker for Kubernetes: projected service-account tokens in, short-lived Entra ID, Google and AWS credentials out, on the endpoints the cloud SDKs already speak."
 )]
 struct Cli {
     /// YAML configuration file.
@@ -34,6 +34,146 @@ enum Command {
     /// Run issuer, cloud emulators, broker and SDK endpoints on loopback, and
     /// print the environment an SDK needs to use them.
     Dev(DevArgs),
+    /// Run the node agent (one per node): verify pods' projected tokens,
+    /// decide, exchange through the cache, and answer sidecars.
+    Agent(AgentArgs),
+    /// Run the pod sidecar: every SDK endpoint on loopback, backed by the
+    /// node agent.
+    Sidecar(SidecarArgs),
+}
+
+#[derive(Args)]
+struct AgentArgs {
+    /// Address of the agent API (`POST /v1/token`).
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<String>,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, value_name = "ADDR")]
+    admin_listen: Option<String>,
+    /// This node's name; tokens bound to another node are refused.
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    node_name: Option<String>,
+    /// The cluster's service-account issuer URL (OIDC discovery).
+    #[arg(long, value_name = "URL")]
+    issuer: Option<String>,
+}
+
+#[derive(Args)]
+struct SidecarArgs {
+    /// Address of the SDK endpoints inside the pod.
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<String>,
+    /// Base URL of the node agent.
+    #[arg(long = "agent", env = "LANYARD_AGENT_URL", value_name = "URL")]
+    agent_url: Option<String>,
+    /// Directory of the pod's projected tokens (`azure`, `gcp`, `aws`, `app`).
+    #[arg(long, env = "LANYARD_TOKEN_DIR", value_name = "DIR")]
+    token_dir: Option<PathBuf>,
+    /// The App Service identity header secret shared with the app containers.
+    #[arg(
+        long,
+        env = "IDENTITY_HEADER",
+        hide_env_values = true,
+        value_name = "SECRET"
+    )]
+    identity_header: Option<String>,
+}
+
+/// Inserts `value` at `section.key` (or top-level `key`) when given.
+fn put(map: &mut Map<String, Value>, section: Option<&str>, key: &str, value: Option<Value>) {
+    let Some(value) = value else { return };
+    match section {
+        None => {
+            map.insert(key.into(), value);
+        }
+        Some(section) => {
+            let entry = map
+                .entry(section.to_string())
+                .or_insert_with(|| Value::Object(Map::new()));
+            if let Value::Object(inner) = entry {
+                inner.insert(key.into(), value);
+            }
+        }
+    }
+}
+
+fn global_overrides(cli: &Cli) -> Map<String, Value> {
+    let mut top = Map::new();
+    put(
+        &mut top,
+        None,
+        "log_format",
+        cli.log_format.map(|v| json!(v)),
+    );
+    put(
+        &mut top,
+        None,
+        "log_level",
+        cli.log_level.as_ref().map(|v| json!(v)),
+    );
+    top
+}
+
+impl AgentArgs {
+    fn overrides(&self, cli: &Cli) -> Value {
+        let mut top = global_overrides(cli);
+        put(
+            &mut top,
+            None,
+            "listen",
+            self.listen.as_ref().map(|v| json!(v)),
+        );
+        put(
+            &mut top,
+            None,
+            "admin_listen",
+            self.admin_listen.as_ref().map(|v| json!(v)),
+        );
+        put(
+            &mut top,
+            Some("cluster"),
+            "node_name",
+            self.node_name.as_ref().map(|v| json!(v)),
+        );
+        put(
+            &mut top,
+            Some("cluster"),
+            "issuer",
+            self.issuer.as_ref().map(|v| json!(v)),
+        );
+        Value::Object(top)
+    }
+}
+
+impl SidecarArgs {
+    fn overrides(&self, cli: &Cli) -> Value {
+        let mut top = global_overrides(cli);
+        put(
+            &mut top,
+            None,
+            "listen",
+            self.listen.as_ref().map(|v| json!(v)),
+        );
+        put(
+            &mut top,
+            Some("sidecar"),
+            "agent_url",
+            self.agent_url.as_ref().map(|v| json!(v)),
+        );
+        put(
+            &mut top,
+            Some("sidecar"),
+            "token_dir",
+            self.token_dir.as_ref().map(|v| json!(v)),
+        );
+        put(
+            &mut top,
+            Some("sidecar"),
+            "identity_header",
+            self.identity_header.as_ref().map(|v| json!(v)),
+        );
+        Value::Object(top)
+    }
 }
 
 #[derive(Args)]
@@ -92,6 +232,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let overrides = match &cli.command {
         Command::Dev(args) => args.overrides(&cli),
+        Command::Agent(args) => args.overrides(&cli),
+        Command::Sidecar(args) => args.overrides(&cli),
     };
     let config = match Config::load(cli.config.as_deref(), overrides) {
         Ok(c) => c,
@@ -114,6 +256,8 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Dev(_) => lanyard::dev::run(config).await,
+            Command::Agent(_) => lanyard::agent::run(config).await,
+            Command::Sidecar(_) => lanyard::sidecar::run(config).await,
         }
     });
     match result {

@@ -2,6 +2,7 @@
 //! its cloud's request into a broker request and rendering the answer (or
 //! the error) in that cloud's exact wire format.
 
+pub mod agent_api;
 pub mod app_service;
 pub mod aws_container;
 pub mod aws_imds;

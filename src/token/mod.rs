@@ -53,6 +53,16 @@ pub enum VerifyError {
     Subject,
     #[error("issuer keys unavailable: {0}")]
     Keys(#[from] KeysError),
+    #[error("token is not bound to a pod (legacy or non-projected token)")]
+    NotPodBound,
+    #[error("token was issued for node {token_node}, not this node ({this_node})")]
+    OtherNode {
+        token_node: String,
+        this_node: String,
+    },
+    /// Refused by the node agent (as seen from a sidecar).
+    #[error("{message}")]
+    Refused { reason: String, message: String },
 }
 
 impl VerifyError {
@@ -70,6 +80,9 @@ impl VerifyError {
             VerifyError::Claims(_) => "claims",
             VerifyError::Subject => "subject",
             VerifyError::Keys(_) => "keys_unavailable",
+            VerifyError::NotPodBound => "not_pod_bound",
+            VerifyError::OtherNode { .. } => "other_node",
+            VerifyError::Refused { .. } => "refused",
         }
     }
 

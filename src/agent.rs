@@ -1,0 +1,140 @@
+//! `lanyard agent`: the node agent. Verifies callers' projected tokens
+//! against the cluster issuer, resolves their bindings, decides, exchanges
+//! through the cache, and answers sidecars on `POST /v1/token`; admin
+//! endpoints on a separate port.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::broker::{AwsSettings, AzureSettings, Broker, GcpSettings};
+use crate::cache::Cache;
+use crate::cloud::aws::AwsExchanger;
+use crate::cloud::azure::{authority_for_cloud, AzureExchanger};
+use crate::cloud::gcp::{GcpExchanger, IAMCREDENTIALS_ENDPOINT, STS_ENDPOINT};
+use crate::config::Config;
+use crate::directory::file::StaticDirectory;
+use crate::http::{bind, spawn_server, Shutdown};
+use crate::telemetry::metrics::Metrics;
+use crate::token::{KeySet, KeySource, Lookup, Verifier};
+
+/// Builds the agent's broker from configuration.
+pub async fn broker(config: &Config, metrics: Arc<Metrics>) -> anyhow::Result<Broker> {
+    let http = crate::http::client();
+    let issuer = config.cluster.issuer.clone().ok_or_else(|| {
+        anyhow::anyhow!("no cluster issuer: set cluster.issuer (LANYARD_CLUSTER_ISSUER) to the service-account issuer URL")
+    })?;
+    let source = match &config.cluster.jwks_url {
+        Some(url) => KeySource::Jwks { url: url.clone() },
+        None => KeySource::Discovery {
+            issuer: issuer.clone(),
+        },
+    };
+    // Fail at start, with a message, when the issuer's keys are unreachable.
+    let probe = KeySet::new(source.clone(), http.clone());
+    match probe.lookup(Some("lanyard-startup-probe")).await {
+        Ok(Lookup::Unknown) | Ok(Lookup::Found(..)) => {}
+        Err(e) => anyhow::bail!("cannot load the cluster issuer's keys: {e}"),
+    }
+    let verifier = Verifier::new(issuer, KeySet::new(source, http.clone()));
+    let directory = Arc::new(StaticDirectory::new(&config.cluster.service_accounts));
+    let cache = Cache::new(config.cache.to_cache_config(), metrics.clone());
+    let mut broker = Broker::new(verifier, directory).with_cache(cache, metrics);
+    if let Some(node) = &config.cluster.node_name {
+        broker = broker.with_node_name(node.clone());
+    }
+
+    let authority = match &config.azure.authority_host {
+        Some(host) => host.clone(),
+        None => authority_for_cloud(&config.azure.cloud)
+            .unwrap_or(crate::cloud::azure::PUBLIC_CLOUD)
+            .to_string(),
+    };
+    broker = broker.with_azure(AzureSettings {
+        exchanger: AzureExchanger::new(http.clone(), authority),
+        default_tenant: config.azure.tenant_id.clone(),
+        audience: config.azure.audience.clone(),
+    });
+
+    if let Some(provider) = &config.gcp.workload_identity_provider {
+        let project_id = config.gcp.project_id.clone().ok_or_else(|| {
+            anyhow::anyhow!("gcp.project_id (LANYARD_GCP_PROJECT_ID) is required with a workload identity provider")
+        })?;
+        let project_number = match &config.gcp.project_number {
+            Some(n) => n.clone(),
+            None => provider
+                .strip_prefix("//iam.googleapis.com/projects/")
+                .and_then(|r| r.split('/').next())
+                .unwrap_or_default()
+                .to_string(),
+        };
+        broker = broker.with_gcp(GcpSettings {
+            exchanger: GcpExchanger::new(
+                http.clone(),
+                config
+                    .gcp
+                    .sts_endpoint
+                    .clone()
+                    .unwrap_or_else(|| STS_ENDPOINT.into()),
+                config
+                    .gcp
+                    .iamcredentials_endpoint
+                    .clone()
+                    .unwrap_or_else(|| IAMCREDENTIALS_ENDPOINT.into()),
+            ),
+            provider: provider.clone(),
+            audience: config
+                .gcp
+                .audience
+                .clone()
+                .unwrap_or_else(|| provider.clone()),
+            project_id,
+            project_number,
+            token_lifetime: Duration::from_secs(config.gcp.token_lifetime),
+        });
+    }
+
+    let endpoint = config
+        .aws
+        .sts_endpoint
+        .clone()
+        .unwrap_or_else(|| AwsExchanger::regional_endpoint(&config.aws.region));
+    broker = broker.with_aws(AwsSettings {
+        exchanger: AwsExchanger::new(http, endpoint),
+        audience: config.aws.audience.clone(),
+        session_duration: Duration::from_secs(config.aws.session_duration),
+    });
+    Ok(broker)
+}
+
+/// Runs the agent until SIGINT/SIGTERM.
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    let metrics = Arc::new(Metrics::new());
+    let broker = Arc::new(broker(&config, metrics.clone()).await?);
+    let (trigger, shutdown) = Shutdown::new();
+    let api = bind(config.listen, "agent API").await?;
+    let admin = bind(config.admin_listen, "admin endpoints").await?;
+    let api_addr = api.local_addr()?;
+    let admin_addr = admin.local_addr()?;
+    let ready = Arc::new(AtomicBool::new(true));
+    let servers = [
+        spawn_server(
+            api,
+            crate::serve::agent_api::router(broker),
+            shutdown.clone(),
+        ),
+        spawn_server(
+            admin,
+            crate::telemetry::admin_router(metrics, ready),
+            shutdown,
+        ),
+    ];
+    tracing::info!(api = %api_addr, admin = %admin_addr, node = ?config.cluster.node_name, "lanyard agent serving");
+    crate::dev::wait_for_signal().await;
+    tracing::info!("shutting down");
+    trigger.trigger();
+    for server in servers {
+        let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
+    }
+    Ok(())
+}

@@ -1,0 +1,176 @@
+//! `lanyard sidecar`: every SDK surface on loopback inside the pod, backed
+//! by the node agent. Reads the pod's projected tokens from a directory the
+//! kubelet keeps fresh (one file per cloud audience: `azure`, `gcp`, `aws`,
+//! plus `app`, the app-facing token that authorizes the AWS container
+//! endpoint).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use axum::routing::get;
+use tokio::sync::Mutex;
+
+use crate::broker::remote::RemoteBroker;
+use crate::cloud::Cloud;
+use crate::config::Config;
+use crate::http::{bind, spawn_server, Shutdown};
+use crate::secret::{random_token, SecretString};
+use crate::serve::{self, SubjectTokens, Surfaces};
+
+/// How long a read token file is trusted before it is read again. The
+/// kubelet rotates at 80% of a token's life (minutes at the least), so a
+/// few seconds of staleness never serves an expired token.
+const REREAD_AFTER: Duration = Duration::from_secs(5);
+
+/// The file that holds the projected token for `cloud`.
+pub fn token_file(dir: &Path, cloud: Cloud) -> PathBuf {
+    dir.join(cloud.to_string())
+}
+
+/// Projected tokens from files, re-read as the kubelet rotates them.
+pub struct FileTokens {
+    dir: PathBuf,
+    cached: Mutex<Vec<(Cloud, SecretString, Instant)>>,
+}
+
+impl FileTokens {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        FileTokens {
+            dir: dir.into(),
+            cached: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Whether at least one cloud's token file is readable.
+    pub async fn any_readable(&self) -> bool {
+        for cloud in [Cloud::Azure, Cloud::Gcp, Cloud::Aws] {
+            if tokio::fs::metadata(token_file(&self.dir, cloud))
+                .await
+                .is_ok()
+            {
+                return true;
+            }
+        }
+        false
+    }
+}
+
+#[async_trait::async_trait]
+impl SubjectTokens for FileTokens {
+    async fn token(&self, cloud: Cloud) -> Result<SecretString, String> {
+        let mut cached = self.cached.lock().await;
+        if let Some((_, token, read)) = cached.iter().find(|(c, _, _)| *c == cloud) {
+            if read.elapsed() < REREAD_AFTER {
+                return Ok(token.clone());
+            }
+        }
+        let path = token_file(&self.dir, cloud);
+        let contents = tokio::fs::read_to_string(&path).await.map_err(|e| {
+            format!(
+                "cannot read the {cloud} projected token {}: {e}",
+                path.display()
+            )
+        })?;
+        let token = contents.trim();
+        if token.is_empty() {
+            return Err(format!(
+                "the {cloud} projected token {} is empty",
+                path.display()
+            ));
+        }
+        let token = SecretString::from(token.to_string());
+        cached.retain(|(c, _, _)| *c != cloud);
+        cached.push((cloud, token.clone(), Instant::now()));
+        Ok(token)
+    }
+}
+
+/// A running sidecar.
+pub struct Sidecar {
+    pub addr: std::net::SocketAddr,
+    trigger: crate::http::ShutdownTrigger,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Sidecar {
+    /// Checks the configuration, binds and serves.
+    pub async fn start(config: &Config) -> anyhow::Result<Sidecar> {
+        let agent_url = config.sidecar.agent_url.clone().ok_or_else(|| {
+            anyhow::anyhow!("no node agent: set --agent URL or LANYARD_AGENT_URL")
+        })?;
+        let dir = config.sidecar.token_dir.clone().ok_or_else(|| {
+            anyhow::anyhow!("no token directory: set --token-dir DIR or LANYARD_TOKEN_DIR")
+        })?;
+        let entries = std::fs::read_dir(&dir).map_err(|e| {
+            anyhow::anyhow!(
+                "token directory {} is not readable: {e} (mount the projected token volume there)",
+                dir.display()
+            )
+        })?;
+        drop(entries);
+        let tokens = Arc::new(FileTokens::new(&dir));
+        let broker = Arc::new(RemoteBroker::new(&agent_url));
+        let app_token = dir.join("app");
+        let identity_header = config
+            .sidecar
+            .identity_header
+            .clone()
+            .unwrap_or_else(|| random_token(32));
+        let surfaces = Arc::new(Surfaces {
+            broker: broker.clone(),
+            subjects: tokens.clone(),
+            identity_header: SecretString::from(identity_header),
+            aws_container_token_file: Some(app_token),
+            imds_sessions: serve::aws_imds::SessionTokens::new(),
+            aws_region: Some(config.aws.region.clone()),
+        });
+        let ready_tokens = tokens.clone();
+        let ready_broker = broker.clone();
+        let router = serve::router(surfaces)
+            .route("/healthz", get(|| async { "ok" }))
+            .route(
+                "/readyz",
+                get(move || {
+                    let (tokens, broker) = (ready_tokens.clone(), ready_broker.clone());
+                    async move {
+                        if !tokens.any_readable().await {
+                            return (
+                                StatusCode::SERVICE_UNAVAILABLE,
+                                "projected tokens not readable",
+                            );
+                        }
+                        if !broker.agent_healthy().await {
+                            return (StatusCode::SERVICE_UNAVAILABLE, "node agent unreachable");
+                        }
+                        (StatusCode::OK, "ready")
+                    }
+                }),
+            );
+        let (trigger, shutdown) = Shutdown::new();
+        let listener = bind(config.listen, "sidecar SDK endpoints").await?;
+        let addr = listener.local_addr()?;
+        let server = spawn_server(listener, router, shutdown);
+        tracing::info!(%addr, agent = %agent_url, token_dir = %dir.display(), "lanyard sidecar serving");
+        Ok(Sidecar {
+            addr,
+            trigger,
+            server,
+        })
+    }
+
+    pub async fn stop(self) {
+        self.trigger.trigger();
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.server).await;
+    }
+}
+
+/// Runs the sidecar until SIGINT/SIGTERM.
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    let sidecar = Sidecar::start(&config).await?;
+    crate::dev::wait_for_signal().await;
+    tracing::info!("shutting down");
+    sidecar.stop().await;
+    Ok(())
+}

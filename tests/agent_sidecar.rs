@@ -1,0 +1,391 @@
+//! Node agent and pod sidecar as separate processes: the sidecar serves
+//! the SDK surfaces from the pod's token files, the agent verifies each
+//! token (issuer, expiry, pod binding, node) and exchanges against the
+//! emulators; the sidecar survives the agent going away and coming back.
+
+mod support;
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use lanyard::emulator::{Issuer, PodIdentity, SigningKey};
+use serde_json::Value;
+use support::*;
+
+const NODE: &str = "node-a";
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Proc(Child);
+
+impl Proc {
+    fn stop(mut self) -> String {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let _ = self.0.wait();
+        let mut log = String::new();
+        if let Some(mut e) = self.0.stderr.take() {
+            let _ = e.read_to_string(&mut log);
+        }
+        log
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn agent_config(up: &Upstreams, dir: &Path) -> std::path::PathBuf {
+    let yaml = format!(
+        r#"
+azure:
+  authority_host: {entra}
+  tenant_id: {TENANT}
+gcp:
+  workload_identity_provider: "{PROVIDER}"
+  project_id: lanyard-test
+  sts_endpoint: {gcp}
+  iamcredentials_endpoint: {gcp}
+aws:
+  sts_endpoint: {aws}
+cluster:
+  issuer: {issuer}
+  service_accounts:
+    - namespace: default
+      name: ray-worker
+      annotations:
+        azure.workload.identity/client-id: {CLIENT}
+        iam.gke.io/gcp-service-account: {GCP_SA}
+        eks.amazonaws.com/role-arn: {ROLE}
+"#,
+        entra = up.entra_url,
+        gcp = up.gcp_url,
+        aws = up.aws_url,
+        issuer = up.issuer.url(),
+    );
+    let path = dir.join("agent.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    path
+}
+
+fn start_agent(config: &Path, port: u16) -> Proc {
+    let child = Command::new(env!("CARGO_BIN_EXE_lanyard"))
+        .args(["--config", config.to_str().unwrap(), "agent"])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--admin-listen", "127.0.0.1:0", "--node-name", NODE])
+        .env("RUST_LOG", "debug")
+        .env_remove("LANYARD_CONFIG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    Proc(child)
+}
+
+fn start_sidecar(agent_port: u16, token_dir: &Path, port: u16) -> Proc {
+    let child = Command::new(env!("CARGO_BIN_EXE_lanyard"))
+        .args(["sidecar", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["--agent", &format!("http://127.0.0.1:{agent_port}")])
+        .args(["--token-dir", token_dir.to_str().unwrap()])
+        .env("IDENTITY_HEADER", IDENTITY_HEADER)
+        .env("RUST_LOG", "debug")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    Proc(child)
+}
+
+/// Writes the pod's projected tokens as the kubelet would.
+fn write_tokens(issuer: &Issuer, pod: &PodIdentity, dir: &Path) {
+    let hour = Duration::from_secs(3600);
+    for (file, aud) in [
+        ("azure", "api://AzureADTokenExchange"),
+        ("gcp", PROVIDER),
+        ("aws", "sts.amazonaws.com"),
+        ("app", "lanyard"),
+    ] {
+        std::fs::write(dir.join(file), issuer.mint(pod, &[aud], hour).unwrap()).unwrap();
+    }
+}
+
+async fn wait_ready(url: &str) {
+    for _ in 0..100 {
+        if let Ok(r) = reqwest::get(url).await {
+            if r.status() == 200 {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{url} never became ready");
+}
+
+async fn imds(port: u16) -> (u16, Value) {
+    let resp = reqwest::Client::new()
+        .get(format!("http://127.0.0.1:{port}/metadata/identity/oauth2/token?api-version=2018-02-01&resource=https://storage.azure.com/"))
+        .header("Metadata", "true")
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+struct Setup {
+    up: Upstreams,
+    dir: tempfile::TempDir,
+    agent_port: u16,
+    sidecar_port: u16,
+    config: std::path::PathBuf,
+}
+
+async fn setup(pod: &PodIdentity) -> Setup {
+    let up = upstreams(&pod.subject(), Duration::from_secs(3600)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::create_dir(&tokens).unwrap();
+    write_tokens(&up.issuer, pod, &tokens);
+    let config = agent_config(&up, dir.path());
+    Setup {
+        up,
+        dir,
+        agent_port: free_port(),
+        sidecar_port: free_port(),
+        config,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_clouds_through_sidecar_and_agent_and_recovery_after_agent_restart() {
+    let pod = PodIdentity::new("default", "ray-worker", "ray-worker-0", NODE);
+    let s = setup(&pod).await;
+    let tokens = s.dir.path().join("tokens");
+    let agent = start_agent(&s.config, s.agent_port);
+    let sidecar = start_sidecar(s.agent_port, &tokens, s.sidecar_port);
+    let base = format!("http://127.0.0.1:{}", s.sidecar_port);
+    wait_ready(&format!("{base}/readyz")).await;
+
+    let (status, body) = imds(s.sidecar_port).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["client_id"], CLIENT);
+    let first_token = body["access_token"].as_str().unwrap().to_string();
+
+    let gce: Value = reqwest::Client::new()
+        .get(format!(
+            "{base}/computeMetadata/v1/instance/service-accounts/default/token"
+        ))
+        .header("Metadata-Flavor", "Google")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(gce["access_token"].as_str().unwrap().starts_with("ya29."));
+    let email = reqwest::Client::new()
+        .get(format!(
+            "{base}/computeMetadata/v1/instance/service-accounts/default/email"
+        ))
+        .header("Metadata-Flavor", "Google")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(email, GCP_SA);
+
+    let app = std::fs::read_to_string(tokens.join("app")).unwrap();
+    let aws = reqwest::Client::new()
+        .get(format!("{base}/v1/credentials"))
+        .header("Authorization", app.trim())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(aws.status(), 200);
+    let aws: Value = aws.json().await.unwrap();
+    assert_eq!(aws["AccountId"], "111122223333");
+
+    let msi = reqwest::Client::new()
+        .get(format!(
+            "{base}/msi/token?api-version=2019-08-01&resource=https://storage.azure.com/"
+        ))
+        .header("X-IDENTITY-HEADER", IDENTITY_HEADER)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(msi.status(), 200);
+
+    // The agent goes away: retryable 503s and not ready, never a credential.
+    let agent_log = agent.stop();
+    assert!(!agent_log.contains(&first_token), "agent logged a token");
+    assert!(!agent_log.contains("eyJ"), "agent logged a JWT");
+    let (status, body) = imds(s.sidecar_port).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.get("access_token").is_none());
+    let ready = reqwest::get(format!("{base}/readyz")).await.unwrap();
+    assert_eq!(ready.status(), 503);
+
+    // It comes back on the same address: the sidecar recovers by itself.
+    let agent = start_agent(&s.config, s.agent_port);
+    wait_ready(&format!("{base}/readyz")).await;
+    let (status, body) = imds(s.sidecar_port).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        s.up.entra.stats.issued.load(Ordering::Relaxed),
+        2,
+        "new agent, new cache"
+    );
+
+    let sidecar_log = sidecar.stop();
+    assert!(!sidecar_log.contains("eyJ"), "sidecar logged a JWT");
+    assert!(!sidecar_log.contains(&first_token));
+    drop(agent);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_refuses_other_node_other_issuer_expired_and_unbound_tokens() {
+    let pod = PodIdentity::new("default", "ray-worker", "ray-worker-0", NODE);
+    let s = setup(&pod).await;
+    let agent = start_agent(&s.config, s.agent_port);
+    let url = format!("http://127.0.0.1:{}/v1/token", s.agent_port);
+    wait_ready(&format!("http://127.0.0.1:{}/healthz", s.agent_port)).await;
+    let http = reqwest::Client::new();
+    let ask = |token: String| {
+        let http = http.clone();
+        let url = url.clone();
+        async move {
+            let resp = http
+                .post(url)
+                .bearer_auth(token)
+                .json(&serde_json::json!({"request": "azure_token", "resource": "https://storage.azure.com/"}))
+                .send()
+                .await
+                .unwrap();
+            let status = resp.status().as_u16();
+            (status, resp.json::<Value>().await.unwrap())
+        }
+    };
+    let aud = ["api://AzureADTokenExchange"];
+    let hour = Duration::from_secs(3600);
+
+    let (status, body) = ask(s.up.issuer.mint(&pod, &aud, hour).unwrap()).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["grant"], "azure_token");
+
+    let elsewhere = PodIdentity::new("default", "ray-worker", "ray-worker-9", "node-b");
+    let (status, body) = ask(s.up.issuer.mint(&elsewhere, &aud, hour).unwrap()).await;
+    assert_eq!(status, 401);
+    assert_eq!(body["error"]["code"], "other_node");
+
+    let rogue = Issuer::new(s.up.issuer.url(), SigningKey::generate_rs256().unwrap());
+    let (status, body) = ask(rogue.mint(&pod, &aud, hour).unwrap()).await;
+    assert_eq!(status, 401);
+    assert!(
+        body["error"]["code"] == "signature" || body["error"]["code"] == "unknown_key",
+        "{body}"
+    );
+
+    let mut claims = s.up.issuer.claims_for(&pod, &aud, Duration::from_secs(600));
+    claims.iat -= 7200;
+    claims.nbf = Some(claims.iat);
+    claims.exp = claims.iat + 600;
+    let (status, body) = ask(s.up.issuer.sign(&claims).unwrap()).await;
+    assert_eq!(status, 401);
+    assert_eq!(body["error"]["code"], "expired");
+
+    let mut claims = s.up.issuer.claims_for(&pod, &aud, hour);
+    claims.kubernetes.pod = None;
+    let (status, body) = ask(s.up.issuer.sign(&claims).unwrap()).await;
+    assert_eq!(status, 401);
+    assert_eq!(body["error"]["code"], "not_pod_bound");
+
+    let unbound = PodIdentity::new("default", "someone", "someone-0", NODE);
+    let (status, body) = ask(s.up.issuer.mint(&unbound, &aud, hour).unwrap()).await;
+    assert_eq!(status, 404);
+    assert_eq!(body["error"]["kind"], "not_bound");
+
+    // Malformed calls.
+    let resp = http
+        .post(&url)
+        .json(&serde_json::json!({"request": "azure_token"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401, "no Authorization");
+    let good = s.up.issuer.mint(&pod, &aud, hour).unwrap();
+    let resp = http
+        .post(&url)
+        .bearer_auth(&good)
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let resp = http
+        .post(&url)
+        .bearer_auth(&good)
+        .body(vec![b' '; 64 * 1024])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 413);
+
+    assert_eq!(
+        s.up.entra.stats.issued.load(Ordering::Relaxed),
+        1,
+        "only the good token was exchanged"
+    );
+    let log = agent.stop();
+    assert!(
+        log.contains("other_node") && log.contains("credential refused"),
+        "refusals audited"
+    );
+    assert!(!log.contains("eyJ"), "no JWT in the agent's log");
+}
+
+#[test]
+fn start_errors_say_what_to_fix() {
+    let out = Command::new(env!("CARGO_BIN_EXE_lanyard"))
+        .args([
+            "sidecar",
+            "--agent",
+            "http://127.0.0.1:1",
+            "--token-dir",
+            "/nonexistent/lanyard",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("token directory /nonexistent/lanyard"));
+
+    let out = Command::new(env!("CARGO_BIN_EXE_lanyard"))
+        .args([
+            "agent",
+            "--issuer",
+            "http://127.0.0.1:1",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot load the cluster issuer's keys"));
+}
