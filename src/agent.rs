@@ -14,19 +14,44 @@ use crate::cloud::azure::{authority_for_cloud, AzureExchanger};
 use crate::cloud::gcp::{GcpExchanger, IAMCREDENTIALS_ENDPOINT, STS_ENDPOINT};
 use crate::config::Config;
 use crate::directory::file::StaticDirectory;
+use crate::directory::kube::{Invalidate, KubeDirectory};
+use crate::directory::Directory;
 use crate::http::{bind, spawn_server, Shutdown};
 use crate::telemetry::metrics::Metrics;
-use crate::token::{KeySet, KeySource, Lookup, Verifier};
+use crate::token::{kube_get, Discovery, KeySet, KeySource, Lookup, Verifier};
 
 /// Builds the agent's broker from configuration.
 pub async fn broker(config: &Config, metrics: Arc<Metrics>) -> anyhow::Result<Broker> {
     let http = crate::http::client();
-    let issuer = config.cluster.issuer.clone().ok_or_else(|| {
-        anyhow::anyhow!("no cluster issuer: set cluster.issuer (LANYARD_CLUSTER_ISSUER) to the service-account issuer URL")
-    })?;
-    let source = match &config.cluster.jwks_url {
-        Some(url) => KeySource::Jwks { url: url.clone() },
-        None => KeySource::Discovery {
+    let cache = Cache::new(config.cache.to_cache_config(), metrics.clone());
+    // Static bindings when configured; otherwise the Kubernetes API.
+    let kube = if config.cluster.service_accounts.is_empty() {
+        Some(kube::Client::try_default().await.map_err(|e| {
+            anyhow::anyhow!(
+                "no Kubernetes API: {e} (run in a cluster, set KUBECONFIG, or configure cluster.service_accounts)"
+            )
+        })?)
+    } else {
+        None
+    };
+    let issuer = match (&config.cluster.issuer, &kube) {
+        (Some(issuer), _) => issuer.clone(),
+        (None, Some(client)) => {
+            let doc: Discovery = kube_get(client, "/.well-known/openid-configuration", "OIDC discovery")
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot read the cluster's service-account issuer: {e}"))?;
+            doc.issuer
+        }
+        (None, None) => anyhow::bail!(
+            "no cluster issuer: set cluster.issuer (LANYARD_CLUSTER_ISSUER) to the service-account issuer URL"
+        ),
+    };
+    let source = match (&config.cluster.jwks_url, &kube) {
+        (Some(url), _) => KeySource::Jwks { url: url.clone() },
+        (None, Some(client)) => KeySource::KubeApi {
+            client: client.clone(),
+        },
+        (None, None) => KeySource::Discovery {
             issuer: issuer.clone(),
         },
     };
@@ -37,8 +62,21 @@ pub async fn broker(config: &Config, metrics: Arc<Metrics>) -> anyhow::Result<Br
         Err(e) => anyhow::bail!("cannot load the cluster issuer's keys: {e}"),
     }
     let verifier = Verifier::new(issuer, KeySet::new(source, http.clone()));
-    let directory = Arc::new(StaticDirectory::new(&config.cluster.service_accounts));
-    let cache = Cache::new(config.cache.to_cache_config(), metrics.clone());
+    let directory: Arc<dyn Directory> = match kube {
+        Some(client) => {
+            let (sa_cache, pod_cache) = (cache.clone(), cache.clone());
+            let invalidate = Arc::new(Invalidate {
+                service_account: Box::new(move |ns, name| {
+                    sa_cache.invalidate_service_account(ns, name)
+                }),
+                pod: Box::new(move |uid| pod_cache.invalidate_pod(uid)),
+            });
+            Arc::new(
+                KubeDirectory::start(client, config.cluster.node_name.clone(), invalidate).await?,
+            )
+        }
+        None => Arc::new(StaticDirectory::new(&config.cluster.service_accounts)),
+    };
     let mut broker = Broker::new(verifier, directory).with_cache(cache, metrics);
     if let Some(node) = &config.cluster.node_name {
         broker = broker.with_node_name(node.clone());

@@ -339,6 +339,16 @@ impl Broker {
                 .into());
             }
         }
+        if let Some(pod) = &caller.pod {
+            let exists = self
+                .directory
+                .pod_exists(&caller.namespace, &pod.name, &pod.uid)
+                .await
+                .map_err(|e| BrokerError::Unavailable(e.to_string()))?;
+            if exists == Some(false) {
+                return Err(VerifyError::PodGone.into());
+            }
+        }
         let bindings = self
             .directory
             .lookup(&caller.namespace, &caller.service_account)

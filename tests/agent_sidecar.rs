@@ -374,18 +374,35 @@ fn start_errors_say_what_to_fix() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("token directory /nonexistent/lanyard"));
 
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("agent.yaml");
+    std::fs::write(
+        &config,
+        "cluster:\n  service_accounts:\n    - {namespace: default, name: sa}\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_lanyard"))
+        .args(["--config", config.to_str().unwrap(), "agent"])
+        .args(["--issuer", "http://127.0.0.1:1"])
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot load the cluster issuer's keys"));
+
     let out = Command::new(env!("CARGO_BIN_EXE_lanyard"))
         .args([
             "agent",
-            "--issuer",
-            "http://127.0.0.1:1",
             "--listen",
             "127.0.0.1:0",
             "--admin-listen",
             "127.0.0.1:0",
         ])
+        .env("KUBECONFIG", dir.path().join("missing-kubeconfig"))
+        .env_remove("KUBERNETES_SERVICE_HOST")
         .output()
         .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot load the cluster issuer's keys"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no Kubernetes API"), "{err}");
 }

@@ -3,6 +3,7 @@
 //! non-Kubernetes hosts); a Kubernetes reflector arrives with the agent.
 
 pub mod file;
+pub mod kube;
 
 use std::collections::BTreeMap;
 
@@ -80,6 +81,18 @@ pub trait Directory: Send + Sync {
     /// `Ok(None)` when the ServiceAccount is unknown.
     async fn lookup(&self, namespace: &str, name: &str)
         -> Result<Option<Bindings>, DirectoryError>;
+
+    /// Whether the pod `namespace/name` with `uid` still exists; `Ok(None)`
+    /// when this directory does not track pods. Bound tokens outlive their
+    /// pod until they expire; this is how they stop working sooner.
+    async fn pod_exists(
+        &self,
+        _namespace: &str,
+        _name: &str,
+        _uid: &str,
+    ) -> Result<Option<bool>, DirectoryError> {
+        Ok(None)
+    }
 }
 
 #[cfg(test)]

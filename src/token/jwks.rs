@@ -12,12 +12,15 @@ use serde::Deserialize;
 use tokio::sync::Mutex;
 
 /// Where to find an issuer's keys.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub enum KeySource {
     /// `{issuer}/.well-known/openid-configuration` names the `jwks_uri`.
     Discovery { issuer: String },
     /// A JWKS document at a fixed URL.
     Jwks { url: String },
+    /// `/openid/v1/jwks` through the Kubernetes API, with the client's own
+    /// credentials (works where the issuer is not publicly reachable).
+    KubeApi { client: kube::Client },
 }
 
 /// Why keys could not be obtained.
@@ -35,10 +38,11 @@ pub enum KeysError {
     IssuerMismatch { issuer: String, found: String },
 }
 
+/// The parts of an OIDC discovery document Lanyard reads.
 #[derive(Deserialize)]
-struct Discovery {
-    issuer: String,
-    jwks_uri: String,
+pub struct Discovery {
+    pub issuer: String,
+    pub jwks_uri: String,
 }
 
 struct Cached {
@@ -110,8 +114,9 @@ impl KeySet {
     }
 
     async fn fetch(&self) -> Result<Cached, KeysError> {
-        let url = match &self.source {
-            KeySource::Jwks { url } => url.clone(),
+        let keys: JwkSet = match &self.source {
+            KeySource::KubeApi { client } => kube_get(client, "/openid/v1/jwks", "JWKS").await?,
+            KeySource::Jwks { url } => self.get_json(url, "JWKS").await?,
             KeySource::Discovery { issuer } => {
                 let url = format!(
                     "{}/.well-known/openid-configuration",
@@ -124,11 +129,10 @@ impl KeySet {
                         found: doc.issuer,
                     });
                 }
-                doc.jwks_uri
+                self.get_json(&doc.jwks_uri, "JWKS").await?
             }
         };
-        let keys: JwkSet = self.get_json(&url, "JWKS").await?;
-        tracing::debug!(%url, keys = keys.keys.len(), "fetched issuer keys");
+        tracing::debug!(keys = keys.keys.len(), "fetched issuer keys");
         Ok(Cached {
             keys: Arc::new(keys),
             fetched_at: Instant::now(),
@@ -164,6 +168,32 @@ impl KeySet {
             reason: e.to_string(),
         })
     }
+}
+
+/// GETs a JSON document from the Kubernetes API server.
+pub async fn kube_get<T: serde::de::DeserializeOwned>(
+    client: &kube::Client,
+    path: &str,
+    what: &'static str,
+) -> Result<T, KeysError> {
+    let request = axum::http::Request::get(path)
+        .body(Vec::new())
+        .map_err(|e| KeysError::Fetch {
+            url: path.to_string(),
+            reason: e.to_string(),
+        })?;
+    let text = client
+        .request_text(request)
+        .await
+        .map_err(|e| KeysError::Fetch {
+            url: format!("kubernetes API {path}"),
+            reason: e.to_string(),
+        })?;
+    serde_json::from_str(&text).map_err(|e| KeysError::Parse {
+        url: format!("kubernetes API {path}"),
+        what,
+        reason: e.to_string(),
+    })
 }
 
 fn find(keys: &JwkSet, kid: Option<&str>) -> Option<Lookup> {

@@ -14,7 +14,7 @@ use std::collections::{HashMap, HashSet};
 pub use claims::{
     parse_subject, Audience, Caller, KubernetesClaim, ObjectRef, ServiceAccountClaims,
 };
-pub use jwks::{KeySet, KeySource, KeysError, Lookup};
+pub use jwks::{kube_get, Discovery, KeySet, KeySource, KeysError, Lookup};
 
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, Validation};
@@ -55,6 +55,8 @@ pub enum VerifyError {
     Keys(#[from] KeysError),
     #[error("token is not bound to a pod (legacy or non-projected token)")]
     NotPodBound,
+    #[error("token belongs to a pod that no longer exists")]
+    PodGone,
     #[error("token was issued for node {token_node}, not this node ({this_node})")]
     OtherNode {
         token_node: String,
@@ -81,6 +83,7 @@ impl VerifyError {
             VerifyError::Subject => "subject",
             VerifyError::Keys(_) => "keys_unavailable",
             VerifyError::NotPodBound => "not_pod_bound",
+            VerifyError::PodGone => "pod_gone",
             VerifyError::OtherNode { .. } => "other_node",
             VerifyError::Refused { .. } => "refused",
         }
