@@ -82,6 +82,15 @@ pub async fn broker(config: &Config, metrics: Arc<Metrics>) -> anyhow::Result<Br
         broker = broker.with_node_name(node.clone());
     }
 
+    with_clouds(broker, config, http)
+}
+
+/// Adds every cloud the configuration enables to `broker`.
+pub fn with_clouds(
+    mut broker: Broker,
+    config: &Config,
+    http: reqwest::Client,
+) -> anyhow::Result<Broker> {
     let authority = match &config.azure.authority_host {
         Some(host) => host.clone(),
         None => authority_for_cloud(&config.azure.cloud)

@@ -181,6 +181,10 @@ pub struct SidecarConfig {
     pub token_dir: Option<std::path::PathBuf>,
     /// The App Service `IDENTITY_HEADER` secret shared with the app containers.
     pub identity_header: Option<String>,
+    /// Exchange directly with the clouds instead of through a node agent.
+    pub standalone: bool,
+    /// Standalone bindings: the annotations of this pod's ServiceAccount.
+    pub annotations: std::collections::BTreeMap<String, String>,
 }
 
 /// The development identity `lanyard dev` serves.

@@ -77,6 +77,17 @@ struct SidecarArgs {
         value_name = "SECRET"
     )]
     identity_header: Option<String>,
+    /// Exchange directly with the clouds (no node agent on this node).
+    #[arg(long)]
+    standalone: bool,
+    /// Standalone bindings, as the ServiceAccount's annotations (repeatable).
+    #[arg(
+        long = "annotation",
+        env = "LANYARD_SIDECAR_ANNOTATIONS",
+        value_delimiter = ',',
+        value_name = "KEY=VALUE"
+    )]
+    annotations: Vec<String>,
 }
 
 /// Inserts `value` at `section.key` (or top-level `key`) when given.
@@ -171,6 +182,24 @@ impl SidecarArgs {
             Some("sidecar"),
             "identity_header",
             self.identity_header.as_ref().map(|v| json!(v)),
+        );
+        put(
+            &mut top,
+            Some("sidecar"),
+            "standalone",
+            self.standalone.then(|| json!(true)),
+        );
+        let annotations: Map<String, Value> = self
+            .annotations
+            .iter()
+            .filter_map(|a| a.split_once('='))
+            .map(|(k, v)| (k.trim().to_string(), json!(v.trim())))
+            .collect();
+        put(
+            &mut top,
+            Some("sidecar"),
+            "annotations",
+            (!annotations.is_empty()).then(|| Value::Object(annotations)),
         );
         Value::Object(top)
     }

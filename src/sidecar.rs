@@ -97,9 +97,13 @@ pub struct Sidecar {
 impl Sidecar {
     /// Checks the configuration, binds and serves.
     pub async fn start(config: &Config) -> anyhow::Result<Sidecar> {
-        let agent_url = config.sidecar.agent_url.clone().ok_or_else(|| {
-            anyhow::anyhow!("no node agent: set --agent URL or LANYARD_AGENT_URL")
-        })?;
+        let remote = match (&config.sidecar.agent_url, config.sidecar.standalone) {
+            (Some(url), false) => Some(Arc::new(RemoteBroker::new(url))),
+            (None, false) => anyhow::bail!(
+                "no node agent: set --agent URL or LANYARD_AGENT_URL (or --standalone to exchange directly)"
+            ),
+            (_, true) => None,
+        };
         let dir = config.sidecar.token_dir.clone().ok_or_else(|| {
             anyhow::anyhow!("no token directory: set --token-dir DIR or LANYARD_TOKEN_DIR")
         })?;
@@ -111,7 +115,10 @@ impl Sidecar {
         })?;
         drop(entries);
         let tokens = Arc::new(FileTokens::new(&dir));
-        let broker = Arc::new(RemoteBroker::new(&agent_url));
+        let broker: Arc<dyn crate::broker::TokenBroker> = match &remote {
+            Some(remote) => remote.clone(),
+            None => Arc::new(standalone_broker(config)?),
+        };
         let app_token = dir.join("app");
         let identity_header = config
             .sidecar
@@ -127,13 +134,13 @@ impl Sidecar {
             aws_region: Some(config.aws.region.clone()),
         });
         let ready_tokens = tokens.clone();
-        let ready_broker = broker.clone();
+        let ready_remote = remote.clone();
         let router = serve::router(surfaces)
             .route("/healthz", get(|| async { "ok" }))
             .route(
                 "/readyz",
                 get(move || {
-                    let (tokens, broker) = (ready_tokens.clone(), ready_broker.clone());
+                    let (tokens, remote) = (ready_tokens.clone(), ready_remote.clone());
                     async move {
                         if !tokens.any_readable().await {
                             return (
@@ -141,8 +148,10 @@ impl Sidecar {
                                 "projected tokens not readable",
                             );
                         }
-                        if !broker.agent_healthy().await {
-                            return (StatusCode::SERVICE_UNAVAILABLE, "node agent unreachable");
+                        if let Some(remote) = remote {
+                            if !remote.agent_healthy().await {
+                                return (StatusCode::SERVICE_UNAVAILABLE, "node agent unreachable");
+                            }
                         }
                         (StatusCode::OK, "ready")
                     }
@@ -152,7 +161,7 @@ impl Sidecar {
         let listener = bind(config.listen, "sidecar SDK endpoints").await?;
         let addr = listener.local_addr()?;
         let server = spawn_server(listener, router, shutdown);
-        tracing::info!(%addr, agent = %agent_url, token_dir = %dir.display(), "lanyard sidecar serving");
+        tracing::info!(%addr, agent = ?config.sidecar.agent_url, standalone = config.sidecar.standalone, token_dir = %dir.display(), "lanyard sidecar serving");
         Ok(Sidecar {
             addr,
             trigger,
@@ -164,6 +173,25 @@ impl Sidecar {
         self.trigger.trigger();
         let _ = tokio::time::timeout(Duration::from_secs(10), self.server).await;
     }
+}
+
+/// The standalone sidecar's broker: the pod's own bindings, its own token
+/// files, direct exchanges with the clouds.
+fn standalone_broker(config: &Config) -> anyhow::Result<crate::broker::Broker> {
+    let bindings = crate::directory::Bindings::from_annotations(&config.sidecar.annotations);
+    if bindings.is_empty() && config.gcp.workload_identity_provider.is_none() {
+        anyhow::bail!(
+            "standalone sidecar without bindings: pass --annotation azure.workload.identity/client-id=..., iam.gke.io/gcp-service-account=... or eks.amazonaws.com/role-arn=..."
+        );
+    }
+    let metrics = Arc::new(crate::telemetry::metrics::Metrics::new());
+    let cache = crate::cache::Cache::new(config.cache.to_cache_config(), metrics.clone());
+    let broker = crate::broker::Broker::new(
+        crate::token::Verifier::local_files(),
+        Arc::new(crate::directory::file::FixedDirectory(bindings)),
+    )
+    .with_cache(cache, metrics);
+    crate::agent::with_clouds(broker, config, crate::http::client())
 }
 
 /// Runs the sidecar until SIGINT/SIGTERM.

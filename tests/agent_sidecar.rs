@@ -406,3 +406,86 @@ fn start_errors_say_what_to_fix() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no Kubernetes API"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_sidecar_serves_all_three_clouds() {
+    let pod = PodIdentity::new("default", "ray-worker", "ray-worker-0", NODE);
+    let s = setup(&pod).await;
+    let tokens = s.dir.path().join("tokens");
+    let child = Command::new(env!("CARGO_BIN_EXE_lanyard"))
+        .args([
+            "--config",
+            s.config.to_str().unwrap(),
+            "sidecar",
+            "--standalone",
+        ])
+        .args(["--listen", &format!("127.0.0.1:{}", s.sidecar_port)])
+        .args(["--token-dir", tokens.to_str().unwrap()])
+        .args([
+            "--annotation",
+            &format!("azure.workload.identity/client-id={CLIENT}"),
+        ])
+        .args([
+            "--annotation",
+            &format!("iam.gke.io/gcp-service-account={GCP_SA}"),
+        ])
+        .args([
+            "--annotation",
+            &format!("eks.amazonaws.com/role-arn={ROLE}"),
+        ])
+        .env("RUST_LOG", "debug")
+        .env_remove("LANYARD_AGENT_URL")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sidecar = Proc(child);
+    let base = format!("http://127.0.0.1:{}", s.sidecar_port);
+    wait_ready(&format!("{base}/readyz")).await;
+
+    let (status, body) = imds(s.sidecar_port).await;
+    assert_eq!(status, 200, "{body}");
+    let gce = reqwest::Client::new()
+        .get(format!(
+            "{base}/computeMetadata/v1/instance/service-accounts/default/token"
+        ))
+        .header("Metadata-Flavor", "Google")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(gce.status(), 200);
+    let app = std::fs::read_to_string(tokens.join("app")).unwrap();
+    let aws = reqwest::Client::new()
+        .get(format!("{base}/v1/credentials"))
+        .header("Authorization", app.trim())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(aws.status(), 200);
+    assert_eq!(s.up.entra.stats.issued.load(Ordering::Relaxed), 1);
+    assert_eq!(s.up.gcp.stats.iam_issued.load(Ordering::Relaxed), 1);
+    assert_eq!(s.up.aws.stats.issued.load(Ordering::Relaxed), 1);
+
+    // The kubelet writes an expired token (say, the node clock jumped):
+    // refused locally, never sent upstream.
+    let mut claims = s.up.issuer.claims_for(
+        &pod,
+        &["api://AzureADTokenExchange"],
+        Duration::from_secs(600),
+    );
+    claims.iat -= 7200;
+    claims.nbf = Some(claims.iat);
+    claims.exp = claims.iat + 600;
+    std::fs::write(tokens.join("azure"), s.up.issuer.sign(&claims).unwrap()).unwrap();
+    tokio::time::sleep(Duration::from_millis(5200)).await; // past the re-read interval
+    let resp = reqwest::Client::new()
+        .get(format!("{base}/metadata/identity/oauth2/token?api-version=2018-02-01&resource=https://vault.azure.net"))
+        .header("Metadata", "true")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 403);
+    assert_eq!(s.up.entra.stats.requests.load(Ordering::Relaxed), 1);
+    let log = sidecar.stop();
+    assert!(!log.contains("eyJ"));
+}

@@ -51,3 +51,18 @@ impl Directory for StaticDirectory {
             .cloned())
     }
 }
+
+/// The same bindings for every caller: a standalone sidecar serves only its
+/// own pod, whose bindings it is given.
+pub struct FixedDirectory(pub Bindings);
+
+#[async_trait::async_trait]
+impl Directory for FixedDirectory {
+    async fn lookup(
+        &self,
+        _namespace: &str,
+        _name: &str,
+    ) -> Result<Option<Bindings>, DirectoryError> {
+        Ok(Some(self.0.clone()))
+    }
+}
