@@ -22,9 +22,12 @@ use super::{Bindings, Directory, DirectoryError};
 /// Called with (namespace, name) when a ServiceAccount's bindings change
 /// or it is deleted, and with a pod uid when a pod of this node is gone.
 pub struct Invalidate {
-    pub service_account: Box<dyn Fn(&str, &str) + Send + Sync>,
-    pub pod: Box<dyn Fn(&str) + Send + Sync>,
+    pub service_account: ServiceAccountHook,
+    pub pod: PodHook,
 }
+
+pub type ServiceAccountHook = Box<dyn Fn(&str, &str) + Send + Sync>;
+pub type PodHook = Box<dyn Fn(&str) + Send + Sync>;
 
 /// Bindings and pod liveness from the Kubernetes API.
 pub struct KubeDirectory {
