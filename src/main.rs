@@ -187,7 +187,7 @@ impl SidecarArgs {
             &mut top,
             Some("sidecar"),
             "standalone",
-            self.standalone.then(|| json!(true)),
+            self.standalone.then_some(json!(true)),
         );
         let annotations: Map<String, Value> = self
             .annotations
@@ -199,7 +199,7 @@ impl SidecarArgs {
             &mut top,
             Some("sidecar"),
             "annotations",
-            (!annotations.is_empty()).then(|| Value::Object(annotations)),
+            (!annotations.is_empty()).then_some(Value::Object(annotations)),
         );
         Value::Object(top)
     }
