@@ -87,6 +87,10 @@ pub struct DevStack {
     pub surfaces_addr: SocketAddr,
     pub admin_addr: SocketAddr,
     pub issuer: Arc<Issuer>,
+    /// The dev pod's projected tokens (`azure`, `gcp`, `aws`, `app`), kept fresh.
+    pub token_dir: std::path::PathBuf,
+    /// Where each upstream is: the built-in issuer and the clouds' endpoints.
+    pub upstreams: Vec<(String, String)>,
     /// `None` when an external authority host is configured.
     pub entra: Option<Arc<Entra>>,
     /// `None` when external Google endpoints are configured.
@@ -254,11 +258,17 @@ impl DevStack {
         );
         let metrics = Arc::new(crate::telemetry::metrics::Metrics::new());
         let cache = crate::cache::Cache::new(config.cache.to_cache_config(), metrics.clone());
+        let authority_host_for_print = authority_host.clone();
+        let (sts_for_print, iam_for_print, aws_for_print) = (
+            sts_endpoint.clone(),
+            iam_endpoint.clone(),
+            aws_endpoint.clone(),
+        );
         let broker = Arc::new(
             Broker::new(verifier, directory)
                 .with_cache(cache, metrics.clone())
                 .with_azure(AzureSettings {
-                    exchanger: AzureExchanger::new(http.clone(), authority_host),
+                    exchanger: AzureExchanger::new(http.clone(), authority_host.clone()),
                     default_tenant: config
                         .azure
                         .tenant_id
@@ -306,7 +316,26 @@ impl DevStack {
         // this user can read, as the kubelet would project it.
         let scratch = tempfile::Builder::new().prefix("lanyard-dev-").tempdir()?;
         let aws_token_file = scratch.path().join("aws-container-authorization-token");
-        write_private(&aws_token_file, &random_token(32))?;
+        let app_token = random_token(32);
+        write_private(&aws_token_file, &app_token)?;
+        // The pod's projected token volume, as the kubelet keeps it, for
+        // running a `lanyard sidecar` (or agent) against this dev stack.
+        let token_dir = scratch.path().join("tokens");
+        std::fs::create_dir(&token_dir)?;
+        write_private(&token_dir.join("app"), &app_token)?;
+        servers.push(spawn_token_writer(
+            subjects.clone(),
+            token_dir.clone(),
+            Duration::from_secs(dev.projected_token_lifetime),
+            shutdown.clone(),
+        ));
+        let upstreams = vec![
+            ("issuer".to_string(), issuer.url().to_string()),
+            ("azure".to_string(), authority_host_for_print.clone()),
+            ("gcp-sts".to_string(), sts_for_print.clone()),
+            ("gcp-iamcredentials".to_string(), iam_for_print.clone()),
+            ("aws-sts".to_string(), aws_for_print.clone()),
+        ];
         let identity_header = random_token(32);
         let surfaces = Arc::new(Surfaces {
             broker,
@@ -368,6 +397,8 @@ impl DevStack {
             surfaces_addr,
             admin_addr,
             issuer,
+            token_dir,
+            upstreams,
             entra,
             gcp,
             aws,
@@ -406,6 +437,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         // Shell comments, so `eval` ignores them; readers of stdout can stop
         // at the ready line.
         writeln!(out, "# lanyard admin http://{}", stack.admin_addr)?;
+        writeln!(out, "# lanyard token-dir {}", stack.token_dir.display())?;
+        for (name, url) in &stack.upstreams {
+            writeln!(out, "# lanyard upstream {name} {url}")?;
+        }
         writeln!(out, "{READY_LINE}")?;
         out.flush()?;
     }
@@ -421,6 +456,42 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     tracing::info!("shutting down");
     stack.stop().await;
     Ok(())
+}
+
+/// Keeps `dir/{azure,gcp,aws}` holding the dev pod's current projected
+/// tokens, replacing each file atomically as the kubelet does.
+fn spawn_token_writer(
+    subjects: Arc<MintedTokens>,
+    dir: std::path::PathBuf,
+    lifetime: Duration,
+    shutdown: Shutdown,
+) -> tokio::task::JoinHandle<std::io::Result<()>> {
+    tokio::spawn(async move {
+        let period = (lifetime / 10).clamp(Duration::from_secs(1), Duration::from_secs(60));
+        let stop = shutdown.wait();
+        tokio::pin!(stop);
+        loop {
+            for cloud in [Cloud::Azure, Cloud::Gcp, Cloud::Aws] {
+                match subjects.token(cloud).await {
+                    Ok(token) => {
+                        use secrecy::ExposeSecret;
+                        let tmp = dir.join(format!(".{cloud}.tmp"));
+                        let _ = std::fs::remove_file(&tmp);
+                        if let Err(e) = write_private(&tmp, token.expose_secret())
+                            .and_then(|()| Ok(std::fs::rename(&tmp, dir.join(cloud.to_string()))?))
+                        {
+                            tracing::warn!(error = %e, "cannot write the dev projected token");
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "cannot mint the dev projected token"),
+                }
+            }
+            tokio::select! {
+                _ = &mut stop => return Ok(()),
+                _ = tokio::time::sleep(period) => {}
+            }
+        }
+    })
 }
 
 /// Writes `contents` to a new file readable only by this user.

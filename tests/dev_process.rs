@@ -36,8 +36,10 @@ fn start(extra: &[&str]) -> Dev {
         if line == lanyard::dev::READY_LINE {
             break;
         }
-        if let Some(admin) = line.strip_prefix("# lanyard admin ") {
-            exports.insert("#admin".to_string(), admin.to_string());
+        if let Some(comment) = line.strip_prefix("# lanyard ") {
+            // `# lanyard admin URL`, `# lanyard token-dir DIR`, `# lanyard upstream NAME URL`
+            let (key, value) = comment.rsplit_once(' ').unwrap_or((comment, ""));
+            exports.insert(format!("#{key}"), value.to_string());
             continue;
         }
         let (name, value) = line

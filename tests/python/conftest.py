@@ -60,6 +60,8 @@ class Dev:
         )
         self.exports = {}
         self.admin = None
+        self.token_dir = None
+        self.upstreams = {}
         self.issued = []  # every token the tests saw, checked against the log
         deadline = time.time() + 30
         while time.time() < deadline:
@@ -69,6 +71,12 @@ class Dev:
             admin = re.match(r"^# lanyard admin (\S+)$", line.strip())
             if admin:
                 self.admin = admin.group(1)
+            token_dir = re.match(r"^# lanyard token-dir (.+)$", line.strip())
+            if token_dir:
+                self.token_dir = token_dir.group(1)
+            upstream = re.match(r"^# lanyard upstream (\S+) (\S+)$", line.strip())
+            if upstream:
+                self.upstreams[upstream.group(1)] = upstream.group(2)
             m = re.match(r"^export ([A-Z0-9_]+)=(.*)$", line.strip())
             if m:
                 self.exports[m.group(1)] = m.group(2).strip("'")
