@@ -10,6 +10,7 @@ pub mod entra;
 pub mod gcp;
 pub mod issuer;
 pub mod keys;
+pub mod kube_api;
 
 pub use issuer::{Issuer, PodIdentity};
 pub use keys::SigningKey;

@@ -1,0 +1,227 @@
+//! The agent against a (fake) Kubernetes API server, as a separate process
+//! with only a kubeconfig: issuer discovery and keys through the API,
+//! bindings from the ServiceAccount watch (changes take effect without a
+//! restart), a ServiceAccount created a moment ago, tokens of deleted pods
+//! refused, and nothing asked of the API beyond get/list/watch.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Pod, PodSpec, ServiceAccount};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use lanyard::emulator::kube_api::FakeKube;
+use lanyard::emulator::PodIdentity;
+use serde_json::{json, Value};
+use support::*;
+
+const NODE: &str = "node-a";
+const KUBE_TOKEN: &str = "agent-kube-token";
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn service_account(pod: &PodIdentity, annotations: &[(&str, &str)]) -> ServiceAccount {
+    ServiceAccount {
+        metadata: ObjectMeta {
+            namespace: Some(pod.namespace.clone()),
+            name: Some(pod.service_account.clone()),
+            uid: Some(pod.service_account_uid.clone()),
+            annotations: Some(
+                annotations
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect::<BTreeMap<_, _>>(),
+            ),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+fn pod_object(pod: &PodIdentity) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            namespace: Some(pod.namespace.clone()),
+            name: Some(pod.pod_name.clone()),
+            uid: Some(pod.pod_uid.clone()),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            node_name: Some(pod.node_name.clone()),
+            service_account_name: Some(pod.service_account.clone()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+struct Agent(Child);
+
+impl Agent {
+    fn stop(mut self) -> String {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let _ = self.0.wait();
+        let mut log = String::new();
+        if let Some(mut e) = self.0.stderr.take() {
+            let _ = e.read_to_string(&mut log);
+        }
+        log
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn ask(port: u16, token: &str) -> (u16, Value) {
+    let resp = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{port}/v1/token"))
+        .bearer_auth(token)
+        .json(&json!({"request": "azure_token", "resource": "https://storage.azure.com/"}))
+        .send()
+        .await;
+    match resp {
+        Ok(resp) => {
+            let status = resp.status().as_u16();
+            (status, resp.json().await.unwrap_or(Value::Null))
+        }
+        // Not listening yet (still starting).
+        Err(_) => (0, Value::Null),
+    }
+}
+
+/// Polls until `ask` answers `want`, for changes carried by the watch.
+async fn eventually_status(port: u16, token: &str, want: u16) -> Value {
+    for _ in 0..200 {
+        let (status, body) = ask(port, token).await;
+        if status == want {
+            return body;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("never answered {want}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_follows_the_cluster() {
+    let pod = PodIdentity::new("default", "ray-worker", "ray-worker-0", NODE);
+    let up = upstreams(&pod.subject(), Duration::from_secs(3600)).await;
+    let kube = FakeKube::new(up.issuer.clone(), KUBE_TOKEN);
+    let listener = lanyard::http::bind("127.0.0.1:0".parse().unwrap(), "fake kube")
+        .await
+        .unwrap();
+    let kube_url = format!("http://{}", listener.local_addr().unwrap());
+    let (_trigger, shutdown) = lanyard::http::Shutdown::new();
+    lanyard::http::spawn_server(listener, kube.router(), shutdown);
+    let bound = [("azure.workload.identity/client-id", CLIENT)];
+    kube.apply_service_account(service_account(&pod, &bound));
+    kube.apply_pod(pod_object(&pod));
+
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, kube.kubeconfig(&kube_url)).unwrap();
+    let config = dir.path().join("agent.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "azure:\n  authority_host: {}\n  tenant_id: {TENANT}\n",
+            up.entra_url
+        ),
+    )
+    .unwrap();
+    let port = free_port();
+    let agent = Agent(
+        Command::new(env!("CARGO_BIN_EXE_lanyard"))
+            .args(["--config", config.to_str().unwrap(), "agent"])
+            .args([
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--admin-listen",
+                "127.0.0.1:0",
+            ])
+            .args(["--node-name", NODE])
+            .env("KUBECONFIG", &kubeconfig)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let aud = ["api://AzureADTokenExchange"];
+    let hour = Duration::from_secs(3600);
+    let token = up.issuer.mint(&pod, &aud, hour).unwrap();
+    // Issuer discovered and keys fetched through the API server.
+    let body = eventually_status(port, &token, 200).await;
+    assert_eq!(body["client_id"], CLIENT);
+    assert!(
+        kube.requests("/openid/v1/jwks") >= 1,
+        "keys came through the API"
+    );
+
+    // Annotation removed: refused without a restart, and the cached
+    // credential is not served any more.
+    kube.apply_service_account(service_account(&pod, &[]));
+    let body = eventually_status(port, &token, 404).await;
+    assert_eq!(body["error"]["kind"], "not_bound");
+
+    // Annotation back: served again (a fresh exchange: the entry was dropped).
+    kube.apply_service_account(service_account(&pod, &bound));
+    eventually_status(port, &token, 200).await;
+    assert_eq!(up.entra.stats.issued.load(Ordering::Relaxed), 2);
+
+    // A ServiceAccount and pod created a moment ago work at once.
+    let fresh = PodIdentity::new("default", "ray-worker-2", "ray-worker-2-0", NODE);
+    kube.apply_service_account(service_account(&fresh, &bound));
+    kube.apply_pod(pod_object(&fresh));
+    let (status, _) = ask(port, &up.issuer.mint(&fresh, &aud, hour).unwrap()).await;
+    // The emulator federates only the first pod's subject, so the exchange
+    // itself is refused upstream; what matters is that the binding was found.
+    assert_eq!(
+        status, 403,
+        "binding of a brand-new ServiceAccount resolved"
+    );
+
+    // The pod is deleted: its still-valid token stops working.
+    kube.delete_pod("default", "ray-worker-0");
+    let body = eventually_status(port, &token, 401).await;
+    assert_eq!(body["error"]["code"], "pod_gone");
+
+    // The ServiceAccount is deleted: no binding.
+    let other = PodIdentity::new("default", "ray-worker-2", "ray-worker-2-1", NODE);
+    kube.apply_pod(pod_object(&other));
+    kube.delete_service_account("default", "ray-worker-2");
+    let body = eventually_status(port, &up.issuer.mint(&other, &aud, hour).unwrap(), 404).await;
+    assert_eq!(body["error"]["kind"], "not_bound");
+
+    assert_eq!(
+        kube.stats.forbidden.load(Ordering::Relaxed),
+        0,
+        "least privilege suffices"
+    );
+    assert!(
+        kube.requests("/api/v1/serviceaccounts") >= 2,
+        "list and watch"
+    );
+    let log = agent.stop();
+    assert!(log.contains("bindings changed"), "{log}");
+    assert!(!log.contains("eyJ"), "no JWT in the log");
+    let _ = Arc::clone(&kube);
+}
