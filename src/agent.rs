@@ -61,7 +61,15 @@ pub async fn broker(config: &Config, metrics: Arc<Metrics>) -> anyhow::Result<Br
         Ok(Lookup::Unknown) | Ok(Lookup::Found(..)) => {}
         Err(e) => anyhow::bail!("cannot load the cluster issuer's keys: {e}"),
     }
-    let verifier = Verifier::new(issuer, KeySet::new(source, http.clone()));
+    let mut verifier = Verifier::new(issuer, KeySet::new(source, http.clone()));
+    if config.cluster.token_review {
+        let client = kube.clone().ok_or_else(|| {
+            anyhow::anyhow!(
+                "cluster.token_review needs the Kubernetes API (no static service_accounts)"
+            )
+        })?;
+        verifier = verifier.with_token_review(crate::token::TokenReviewer::new(client));
+    }
     let directory: Arc<dyn Directory> = match kube {
         Some(client) => {
             let (sa_cache, pod_cache) = (cache.clone(), cache.clone());

@@ -169,6 +169,8 @@ pub struct ClusterConfig {
     pub node_name: Option<String>,
     /// Static ServiceAccount bindings (namespace, name, annotations).
     pub service_accounts: Vec<ServiceAccountEntry>,
+    /// TokenReview each new token with the API server (needs `create tokenreviews`).
+    pub token_review: bool,
 }
 
 /// Settings of the sidecar role.

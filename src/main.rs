@@ -56,6 +56,9 @@ struct AgentArgs {
     /// The cluster's service-account issuer URL (OIDC discovery).
     #[arg(long, value_name = "URL")]
     issuer: Option<String>,
+    /// Also TokenReview each new token with the API server.
+    #[arg(long)]
+    token_review: bool,
 }
 
 #[derive(Args)]
@@ -151,6 +154,12 @@ impl AgentArgs {
             Some("cluster"),
             "issuer",
             self.issuer.as_ref().map(|v| json!(v)),
+        );
+        put(
+            &mut top,
+            Some("cluster"),
+            "token_review",
+            self.token_review.then_some(json!(true)),
         );
         Value::Object(top)
     }

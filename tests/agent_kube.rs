@@ -225,3 +225,81 @@ async fn agent_follows_the_cluster() {
     assert!(!log.contains("eyJ"), "no JWT in the log");
     let _ = Arc::clone(&kube);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_review_on_first_sight() {
+    let pod = PodIdentity::new("default", "ray-worker", "ray-worker-0", NODE);
+    let up = upstreams(&pod.subject(), Duration::from_secs(3600)).await;
+    let kube = FakeKube::new(up.issuer.clone(), KUBE_TOKEN);
+    let listener = lanyard::http::bind("127.0.0.1:0".parse().unwrap(), "fake kube")
+        .await
+        .unwrap();
+    let kube_url = format!("http://{}", listener.local_addr().unwrap());
+    let (_trigger, shutdown) = lanyard::http::Shutdown::new();
+    lanyard::http::spawn_server(listener, kube.router(), shutdown);
+    let bound = [("azure.workload.identity/client-id", CLIENT)];
+    kube.apply_service_account(service_account(&pod, &bound));
+    kube.apply_pod(pod_object(&pod));
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, kube.kubeconfig(&kube_url)).unwrap();
+    let config = dir.path().join("agent.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "azure:\n  authority_host: {}\n  tenant_id: {TENANT}\n",
+            up.entra_url
+        ),
+    )
+    .unwrap();
+    let port = free_port();
+    let _agent = Agent(
+        Command::new(env!("CARGO_BIN_EXE_lanyard"))
+            .args([
+                "--config",
+                config.to_str().unwrap(),
+                "agent",
+                "--token-review",
+            ])
+            .args([
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--admin-listen",
+                "127.0.0.1:0",
+            ])
+            .env("KUBECONFIG", &kubeconfig)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let aud = ["api://AzureADTokenExchange"];
+    let token = up
+        .issuer
+        .mint(&pod, &aud, Duration::from_secs(3600))
+        .unwrap();
+    eventually_status(port, &token, 200).await;
+    let reviews = kube.stats.token_reviews.load(Ordering::Relaxed);
+    assert_eq!(reviews, 1);
+    let (status, _) = ask(port, &token).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        kube.stats.token_reviews.load(Ordering::Relaxed),
+        reviews,
+        "reviewed once"
+    );
+
+    // A signed token for a pod the API server does not know: TokenReview
+    // says no before anything else is looked at.
+    let ghost = PodIdentity::new("default", "ray-worker", "ghost-0", NODE);
+    let (status, body) = ask(
+        port,
+        &up.issuer
+            .mint(&ghost, &aud, Duration::from_secs(3600))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 401);
+    assert_eq!(body["error"]["code"], "token_review");
+}

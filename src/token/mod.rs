@@ -8,6 +8,9 @@
 
 mod claims;
 mod jwks;
+mod review;
+
+pub use review::TokenReviewer;
 
 use std::collections::{HashMap, HashSet};
 
@@ -85,6 +88,7 @@ impl VerifyError {
             VerifyError::NotPodBound => "not_pod_bound",
             VerifyError::PodGone => "pod_gone",
             VerifyError::OtherNode { .. } => "other_node",
+            VerifyError::Refused { reason, .. } if reason == "token_review" => "token_review",
             VerifyError::Refused { .. } => "refused",
         }
     }
@@ -114,6 +118,7 @@ pub struct Verifier {
     /// there is no trust boundary to defend there (the cloud verifies the
     /// signature), and no issuer keys to reach.
     keys: Option<KeySet>,
+    review: Option<TokenReviewer>,
     verified: std::sync::Mutex<HashMap<[u8; 32], (Caller, std::time::Instant)>>,
 }
 
@@ -123,6 +128,7 @@ impl Verifier {
             issuer: issuer.into(),
             keys: Some(keys),
             verified: std::sync::Mutex::new(HashMap::new()),
+            review: None,
         }
     }
 
@@ -134,7 +140,14 @@ impl Verifier {
             issuer: String::new(),
             keys: None,
             verified: std::sync::Mutex::new(HashMap::new()),
+            review: None,
         }
+    }
+
+    /// Also asks the API server (TokenReview) on first sight of a token.
+    pub fn with_token_review(mut self, reviewer: TokenReviewer) -> Self {
+        self.review = Some(reviewer);
+        self
     }
 
     pub fn issuer(&self) -> &str {
@@ -209,6 +222,9 @@ impl Verifier {
             }
         }
         let caller = self.verify_uncached(token, audience).await?;
+        if let Some(reviewer) = &self.review {
+            reviewer.review(token, audience).await?;
+        }
         let mut memo = self.verified.lock().unwrap_or_else(|p| p.into_inner());
         if memo.len() >= VERIFIED_MAX {
             memo.clear();
