@@ -48,11 +48,24 @@ impl ShutdownTrigger {
     }
 }
 
-/// Binds `addr`, failing with a message that names the address.
+/// Accept queue length: a Ray cluster's workers start together, and a
+/// short queue turns a herd into SYN retries a second later (the kernel
+/// caps this at `net.core.somaxconn`).
+const BACKLOG: u32 = 4096;
+
+/// Binds `addr` with a deep accept queue, failing with a message that names
+/// the address.
 pub async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {addr} for the {what}: {e}"))
+    let fail = |e: std::io::Error| anyhow::anyhow!("cannot listen on {addr} for the {what}: {e}");
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    }
+    .map_err(fail)?;
+    socket.set_reuseaddr(true).map_err(fail)?;
+    socket.bind(addr).map_err(fail)?;
+    socket.listen(BACKLOG).map_err(fail)
 }
 
 /// Serves `router` on `listener` until `shutdown` fires, then drains
