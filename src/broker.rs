@@ -469,14 +469,11 @@ impl Broker {
                 })
             })
         };
-        let token = match self.cached(key, subject, &caller, fetcher).await? {
-            Credential::Token(t) => t,
-            _ => {
-                return Err(BrokerError::Unavailable(
-                    "cache returned another credential kind".into(),
-                ))
-            }
-        };
+        let token = self
+            .cached(key, subject, &caller, fetcher)
+            .await?
+            .into_token()
+            .ok_or_else(kind_mismatch)?;
         Ok(GcpGrant { token, identity })
     }
 
@@ -542,12 +539,10 @@ impl Broker {
                 })
             })
         };
-        match self.cached(key, subject, &caller, fetcher).await? {
-            Credential::IdToken(t) => Ok(t),
-            _ => Err(BrokerError::Unavailable(
-                "cache returned another credential kind".into(),
-            )),
-        }
+        self.cached(key, subject, &caller, fetcher)
+            .await?
+            .into_id_token()
+            .ok_or_else(kind_mismatch)
     }
 
     async fn aws_role_inner(
@@ -597,14 +592,11 @@ impl Broker {
                 })
             })
         };
-        let credentials = match self.cached(key, subject, &caller, fetcher).await? {
-            Credential::Aws(c) => c,
-            _ => {
-                return Err(BrokerError::Unavailable(
-                    "cache returned another credential kind".into(),
-                ))
-            }
-        };
+        let credentials = self
+            .cached(key, subject, &caller, fetcher)
+            .await?
+            .into_aws()
+            .ok_or_else(kind_mismatch)?;
         Ok(AwsGrant {
             credentials,
             role_arn,
@@ -677,20 +669,23 @@ impl Broker {
                 })
             })
         };
-        let token = match self.cached(key, subject, &caller, fetcher).await? {
-            Credential::Token(t) => t,
-            _ => {
-                return Err(BrokerError::Unavailable(
-                    "cache returned another credential kind".into(),
-                ))
-            }
-        };
+        let token = self
+            .cached(key, subject, &caller, fetcher)
+            .await?
+            .into_token()
+            .ok_or_else(kind_mismatch)?;
         Ok(AzureGrant {
             token,
             client_id: binding.client_id,
             resource: resource.to_string(),
         })
     }
+}
+
+/// The cache stores one credential enum; a key always maps to one kind, so
+/// a mismatch is a bug, reported as a retryable failure rather than a panic.
+fn kind_mismatch() -> BrokerError {
+    BrokerError::Unavailable("cache returned another credential kind".into())
 }
 
 /// Longest resource, scope or audience accepted: bounded keys keep the

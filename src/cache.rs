@@ -66,6 +66,27 @@ pub enum Credential {
 }
 
 impl Credential {
+    pub fn into_token(self) -> Option<AccessToken> {
+        match self {
+            Credential::Token(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    pub fn into_id_token(self) -> Option<IdToken> {
+        match self {
+            Credential::IdToken(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    pub fn into_aws(self) -> Option<AwsCredentials> {
+        match self {
+            Credential::Aws(c) => Some(c),
+            _ => None,
+        }
+    }
+
     /// Wall-clock expiry, Unix seconds.
     pub fn expires_at(&self) -> u64 {
         match self {

@@ -19,7 +19,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -30,7 +30,7 @@ use axum::Router;
 use quick_xml::escape::escape;
 use sha2::{Digest, Sha256};
 
-use crate::token::{Audience, KeySet, KeySource, Lookup};
+use crate::token::{Audience, KeySet, Lookup};
 
 /// The XML namespace of every STS answer.
 pub const STS_NAMESPACE: &str = "https://sts.amazonaws.com/doc/2011-06-15/";
@@ -94,8 +94,7 @@ pub struct AwsStsStats {
 /// The emulator's state.
 pub struct AwsSts {
     config: AwsEmulatorConfig,
-    http: reqwest::Client,
-    key_sets: Mutex<HashMap<String, Arc<KeySet>>>,
+    key_sets: super::IssuerKeys,
     throttle: AtomicU32,
     pub stats: AwsStsStats,
 }
@@ -104,8 +103,7 @@ impl AwsSts {
     pub fn new(config: AwsEmulatorConfig, http: reqwest::Client) -> Self {
         AwsSts {
             config,
-            http,
-            key_sets: Mutex::new(HashMap::new()),
+            key_sets: super::IssuerKeys::new(http),
             throttle: AtomicU32::new(0),
             stats: AwsStsStats::default(),
         }
@@ -133,17 +131,7 @@ impl AwsSts {
     }
 
     fn key_set(&self, issuer: &str) -> Arc<KeySet> {
-        let mut sets = self.key_sets.lock().unwrap_or_else(|p| p.into_inner());
-        sets.entry(issuer.to_string())
-            .or_insert_with(|| {
-                Arc::new(KeySet::new(
-                    KeySource::Discovery {
-                        issuer: issuer.to_string(),
-                    },
-                    self.http.clone(),
-                ))
-            })
-            .clone()
+        self.key_sets.get(issuer)
     }
 
     fn provider(&self, iss: &str) -> Option<&OidcProvider> {

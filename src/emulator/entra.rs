@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -21,7 +21,7 @@ use axum::{Json, Router};
 use serde_json::json;
 
 use crate::secret::random_token;
-use crate::token::{KeySet, KeySource, Lookup};
+use crate::token::{KeySet, Lookup};
 
 /// The audience Entra requires in federated assertions.
 pub const FEDERATION_AUDIENCE: &str = "api://AzureADTokenExchange";
@@ -54,8 +54,7 @@ pub struct EntraStats {
 pub struct Entra {
     apps: Vec<App>,
     lifetime: Duration,
-    http: reqwest::Client,
-    key_sets: Mutex<HashMap<String, Arc<KeySet>>>,
+    key_sets: super::IssuerKeys,
     pub stats: EntraStats,
 }
 
@@ -64,8 +63,7 @@ impl Entra {
         Entra {
             apps,
             lifetime,
-            http,
-            key_sets: Mutex::new(HashMap::new()),
+            key_sets: super::IssuerKeys::new(http),
             stats: EntraStats::default(),
         }
     }
@@ -77,17 +75,7 @@ impl Entra {
     }
 
     fn key_set(&self, issuer: &str) -> Arc<KeySet> {
-        let mut sets = self.key_sets.lock().unwrap_or_else(|p| p.into_inner());
-        sets.entry(issuer.to_string())
-            .or_insert_with(|| {
-                Arc::new(KeySet::new(
-                    KeySource::Discovery {
-                        issuer: issuer.to_string(),
-                    },
-                    self.http.clone(),
-                ))
-            })
-            .clone()
+        self.key_sets.get(issuer)
     }
 }
 

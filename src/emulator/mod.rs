@@ -14,3 +14,36 @@ pub mod kube_api;
 
 pub use issuer::{Issuer, PodIdentity};
 pub use keys::SigningKey;
+
+/// Issuers' key sets as a cloud's token service keeps them: discovered on
+/// first use, one per issuer, shared by all requests.
+pub struct IssuerKeys {
+    http: reqwest::Client,
+    sets: std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<crate::token::KeySet>>>,
+}
+
+impl IssuerKeys {
+    pub fn new(http: reqwest::Client) -> Self {
+        IssuerKeys {
+            http,
+            sets: Default::default(),
+        }
+    }
+
+    /// The key set of `issuer`, found by OIDC discovery. Callers ask only
+    /// for issuers they have registered, so nothing can make an emulator
+    /// fetch from an arbitrary URL.
+    pub fn get(&self, issuer: &str) -> std::sync::Arc<crate::token::KeySet> {
+        let mut sets = self.sets.lock().unwrap_or_else(|p| p.into_inner());
+        sets.entry(issuer.to_string())
+            .or_insert_with(|| {
+                std::sync::Arc::new(crate::token::KeySet::new(
+                    crate::token::KeySource::Discovery {
+                        issuer: issuer.to_string(),
+                    },
+                    self.http.clone(),
+                ))
+            })
+            .clone()
+    }
+}
