@@ -181,6 +181,12 @@ pub struct SidecarConfig {
     pub agent_url: Option<String>,
     /// Directory of projected tokens: `azure`, `gcp`, `aws`, `app` (`LANYARD_TOKEN_DIR`).
     pub token_dir: Option<std::path::PathBuf>,
+    /// The app-facing token that authorizes the AWS container endpoint
+    /// (`LANYARD_APP_TOKEN_FILE`); default `TOKEN_DIR/app`.
+    pub app_token_file: Option<std::path::PathBuf>,
+    /// A second listener serving only `/readyz` and `/healthz`, for the
+    /// kubelet's probes (which reach the pod IP, not loopback).
+    pub probe_listen: Option<SocketAddr>,
     /// The App Service `IDENTITY_HEADER` secret shared with the app containers.
     pub identity_header: Option<String>,
     /// Exchange directly with the clouds instead of through a node agent.

@@ -80,6 +80,12 @@ struct SidecarArgs {
         value_name = "SECRET"
     )]
     identity_header: Option<String>,
+    /// The app-facing token authorizing the AWS container endpoint.
+    #[arg(long, env = "LANYARD_APP_TOKEN_FILE", value_name = "FILE")]
+    app_token_file: Option<PathBuf>,
+    /// Address of a listener serving only /readyz and /healthz (for probes).
+    #[arg(long, env = "LANYARD_PROBE_LISTEN", value_name = "ADDR")]
+    probe_listen: Option<String>,
     /// Exchange directly with the clouds (no node agent on this node).
     #[arg(long)]
     standalone: bool,
@@ -191,6 +197,18 @@ impl SidecarArgs {
             Some("sidecar"),
             "identity_header",
             self.identity_header.as_ref().map(|v| json!(v)),
+        );
+        put(
+            &mut top,
+            Some("sidecar"),
+            "app_token_file",
+            self.app_token_file.as_ref().map(|v| json!(v)),
+        );
+        put(
+            &mut top,
+            Some("sidecar"),
+            "probe_listen",
+            self.probe_listen.as_ref().map(|v| json!(v)),
         );
         put(
             &mut top,

@@ -92,6 +92,7 @@ pub struct Sidecar {
     pub addr: std::net::SocketAddr,
     trigger: crate::http::ShutdownTrigger,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
+    probe_server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
 }
 
 impl Sidecar {
@@ -119,7 +120,11 @@ impl Sidecar {
             Some(remote) => remote.clone(),
             None => Arc::new(standalone_broker(config)?),
         };
-        let app_token = dir.join("app");
+        let app_token = config
+            .sidecar
+            .app_token_file
+            .clone()
+            .unwrap_or_else(|| dir.join("app"));
         let identity_header = config
             .sidecar
             .identity_header
@@ -135,7 +140,7 @@ impl Sidecar {
         });
         let ready_tokens = tokens.clone();
         let ready_remote = remote.clone();
-        let router = serve::router(surfaces)
+        let probes = axum::Router::new()
             .route("/healthz", get(|| async { "ok" }))
             .route(
                 "/readyz",
@@ -157,21 +162,33 @@ impl Sidecar {
                     }
                 }),
             );
+        let router = serve::router(surfaces).merge(probes.clone());
         let (trigger, shutdown) = Shutdown::new();
         let listener = bind(config.listen, "sidecar SDK endpoints").await?;
         let addr = listener.local_addr()?;
-        let server = spawn_server(listener, router, shutdown);
+        let server = spawn_server(listener, router, shutdown.clone());
+        let probe_server = match config.sidecar.probe_listen {
+            Some(probe_addr) => {
+                let listener = bind(probe_addr, "sidecar probes").await?;
+                Some(spawn_server(listener, probes, shutdown))
+            }
+            None => None,
+        };
         tracing::info!(%addr, agent = ?config.sidecar.agent_url, standalone = config.sidecar.standalone, token_dir = %dir.display(), "lanyard sidecar serving");
         Ok(Sidecar {
             addr,
             trigger,
             server,
+            probe_server,
         })
     }
 
     pub async fn stop(self) {
         self.trigger.trigger();
         let _ = tokio::time::timeout(Duration::from_secs(10), self.server).await;
+        if let Some(probes) = self.probe_server {
+            let _ = tokio::time::timeout(Duration::from_secs(10), probes).await;
+        }
     }
 }
 

@@ -411,6 +411,7 @@ fn start_errors_say_what_to_fix() {
 async fn standalone_sidecar_serves_all_three_clouds() {
     let pod = PodIdentity::new("default", "ray-worker", "ray-worker-0", NODE);
     let s = setup(&pod).await;
+    let probe_port = free_port();
     let tokens = s.dir.path().join("tokens");
     let child = Command::new(env!("CARGO_BIN_EXE_lanyard"))
         .args([
@@ -421,6 +422,7 @@ async fn standalone_sidecar_serves_all_three_clouds() {
         ])
         .args(["--listen", &format!("127.0.0.1:{}", s.sidecar_port)])
         .args(["--token-dir", tokens.to_str().unwrap()])
+        .args(["--probe-listen", &format!("127.0.0.1:{probe_port}")])
         .args([
             "--annotation",
             &format!("azure.workload.identity/client-id={CLIENT}"),
@@ -445,6 +447,10 @@ async fn standalone_sidecar_serves_all_three_clouds() {
 
     let (status, body) = imds(s.sidecar_port).await;
     assert_eq!(status, 200, "{body}");
+    // The probe listener answers probes and nothing else.
+    wait_ready(&format!("http://127.0.0.1:{probe_port}/readyz")).await;
+    let (status, _) = imds(probe_port).await;
+    assert_eq!(status, 404, "no SDK surface on the probe port");
     let gce = reqwest::Client::new()
         .get(format!(
             "{base}/computeMetadata/v1/instance/service-accounts/default/token"
