@@ -195,6 +195,71 @@ pub struct SidecarConfig {
     pub annotations: std::collections::BTreeMap<String, String>,
 }
 
+/// Settings of the webhook role.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WebhookConfig {
+    /// PEM certificate chain served on `/mutate` (re-read when it changes).
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key of that certificate.
+    pub tls_key: Option<std::path::PathBuf>,
+    /// Seconds between checks for a rotated certificate.
+    pub reload_seconds: u64,
+    /// The image of the injected sidecar.
+    pub sidecar_image: String,
+    pub image_pull_policy: Option<String>,
+    /// Node agent URL as the sidecar sees it (`$(LANYARD_HOST_IP)` is the node's IP).
+    pub agent_url: String,
+    /// Loopback port of the SDK endpoints inside the pod.
+    pub sidecar_port: u16,
+    /// Port of the sidecar's probe listener.
+    pub probe_port: u16,
+    /// Audience of the app-facing token.
+    pub app_audience: String,
+}
+
+impl Default for WebhookConfig {
+    fn default() -> Self {
+        let d = crate::webhook::InjectionConfig::default();
+        WebhookConfig {
+            tls_cert: None,
+            tls_key: None,
+            reload_seconds: 10,
+            sidecar_image: d.sidecar_image,
+            image_pull_policy: d.image_pull_policy,
+            agent_url: d.agent_url,
+            sidecar_port: d.port,
+            probe_port: d.probe_port,
+            app_audience: d.app_audience,
+        }
+    }
+}
+
+impl Config {
+    /// What the webhook injects, from the webhook and cloud sections.
+    pub fn injection(&self) -> crate::webhook::InjectionConfig {
+        let w = &self.webhook;
+        crate::webhook::InjectionConfig {
+            sidecar_image: w.sidecar_image.clone(),
+            image_pull_policy: w.image_pull_policy.clone(),
+            agent_url: w.agent_url.clone(),
+            port: w.sidecar_port,
+            probe_port: w.probe_port,
+            azure_audience: self.azure.audience.clone(),
+            gcp_audience: self
+                .gcp
+                .audience
+                .clone()
+                .or_else(|| self.gcp.workload_identity_provider.clone()),
+            aws_audience: self.aws.audience.clone(),
+            app_audience: w.app_audience.clone(),
+            aws_region: Some(self.aws.region.clone()),
+            azure_tenant_id: self.azure.tenant_id.clone(),
+            ..Default::default()
+        }
+    }
+}
+
 /// The development identity `lanyard dev` serves.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -258,6 +323,7 @@ pub struct Config {
     pub cache: CacheSettings,
     pub cluster: ClusterConfig,
     pub sidecar: SidecarConfig,
+    pub webhook: WebhookConfig,
     pub azure: AzureConfig,
     pub gcp: GcpConfig,
     pub aws: AwsConfig,
@@ -274,6 +340,7 @@ impl Default for Config {
             cache: CacheSettings::default(),
             cluster: ClusterConfig::default(),
             sidecar: SidecarConfig::default(),
+            webhook: WebhookConfig::default(),
             azure: AzureConfig::default(),
             gcp: GcpConfig::default(),
             aws: AwsConfig::default(),
@@ -311,7 +378,9 @@ impl figment::Provider for Flags {
 }
 
 /// Sections whose environment variables are `LANYARD_<SECTION>_<KEY>`.
-const SECTIONS: [&str; 7] = ["azure", "gcp", "aws", "cache", "cluster", "sidecar", "dev"];
+const SECTIONS: [&str; 8] = [
+    "azure", "gcp", "aws", "cache", "cluster", "sidecar", "webhook", "dev",
+];
 /// Environment names kept short for the sidecar, as the webhook sets them.
 const ALIASES: [(&str, &str); 2] = [
     ("agent_url", "sidecar.agent_url"),

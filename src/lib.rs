@@ -18,3 +18,4 @@ pub mod serve;
 pub mod sidecar;
 pub mod telemetry;
 pub mod token;
+pub mod webhook;

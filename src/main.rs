@@ -40,6 +40,74 @@ enum Command {
     /// Run the pod sidecar: every SDK endpoint on loopback, backed by the
     /// node agent.
     Sidecar(SidecarArgs),
+    /// Run the mutating admission webhook that injects the sidecar,
+    /// projected tokens and SDK environment into opted-in pods.
+    Webhook(WebhookArgs),
+}
+
+#[derive(Args)]
+struct WebhookArgs {
+    /// Address of the HTTPS endpoint (`/mutate`).
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<String>,
+    /// Address of /metrics, /healthz and /readyz (plain HTTP).
+    #[arg(long, value_name = "ADDR")]
+    admin_listen: Option<String>,
+    /// PEM certificate chain (re-read when the file changes).
+    #[arg(long, env = "LANYARD_WEBHOOK_TLS_CERT", value_name = "FILE")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key.
+    #[arg(long, env = "LANYARD_WEBHOOK_TLS_KEY", value_name = "FILE")]
+    tls_key: Option<PathBuf>,
+    /// Image of the injected sidecar.
+    #[arg(long, value_name = "IMAGE")]
+    sidecar_image: Option<String>,
+    /// Node agent URL as the sidecar sees it.
+    #[arg(long, value_name = "URL")]
+    agent_url: Option<String>,
+}
+
+impl WebhookArgs {
+    fn overrides(&self, cli: &Cli) -> Value {
+        let mut top = global_overrides(cli);
+        put(
+            &mut top,
+            None,
+            "listen",
+            self.listen.as_ref().map(|v| json!(v)),
+        );
+        put(
+            &mut top,
+            None,
+            "admin_listen",
+            self.admin_listen.as_ref().map(|v| json!(v)),
+        );
+        put(
+            &mut top,
+            Some("webhook"),
+            "tls_cert",
+            self.tls_cert.as_ref().map(|v| json!(v)),
+        );
+        put(
+            &mut top,
+            Some("webhook"),
+            "tls_key",
+            self.tls_key.as_ref().map(|v| json!(v)),
+        );
+        put(
+            &mut top,
+            Some("webhook"),
+            "sidecar_image",
+            self.sidecar_image.as_ref().map(|v| json!(v)),
+        );
+        put(
+            &mut top,
+            Some("webhook"),
+            "agent_url",
+            self.agent_url.as_ref().map(|v| json!(v)),
+        );
+        Value::Object(top)
+    }
 }
 
 #[derive(Args)]
@@ -290,6 +358,7 @@ fn main() -> ExitCode {
         Command::Dev(args) => args.overrides(&cli),
         Command::Agent(args) => args.overrides(&cli),
         Command::Sidecar(args) => args.overrides(&cli),
+        Command::Webhook(args) => args.overrides(&cli),
     };
     let config = match Config::load(cli.config.as_deref(), overrides) {
         Ok(c) => c,
@@ -314,6 +383,7 @@ fn main() -> ExitCode {
             Command::Dev(_) => lanyard::dev::run(config).await,
             Command::Agent(_) => lanyard::agent::run(config).await,
             Command::Sidecar(_) => lanyard::sidecar::run(config).await,
+            Command::Webhook(_) => lanyard::webhook::server::run(config).await,
         }
     });
     match result {

@@ -1,0 +1,1040 @@
+//! The pod mutation: a Lanyard sidecar, the projected tokens it needs, and
+//! the environment that points every SDK in the pod at it.
+//!
+//! Pure: a pod, its ServiceAccount's bindings and the webhook's settings in,
+//! one JSON Patch (against the pod exactly as the API server sent it) out.
+//! Every step first looks at what the pod already has, so that a second
+//! invocation (`reinvocationPolicy: IfNeeded`) or a pod that already carries
+//! the sidecar gets nothing twice, and nothing a user set is overwritten.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{AddOperation, Patch, PatchOperation, ReplaceOperation};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, Pod, Probe,
+    ProjectedVolumeSource, ResourceRequirements, SeccompProfile, SecurityContext,
+    ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde_json::Value;
+
+use crate::cloud::Cloud;
+use crate::directory::Bindings;
+
+/// Pod label that opts a pod in; only the value `"true"` counts. The chart's
+/// objectSelector filters on it too, but the webhook must not depend on the
+/// chart being right.
+pub const INJECT_LABEL: &str = "lanyard.dev/inject";
+/// Pod annotation: lifetime in seconds of the projected tokens (600-86400).
+pub const TOKEN_EXPIRATION_ANNOTATION: &str = "lanyard.dev/token-expiration";
+/// Pod annotation: comma-separated names of containers to leave alone.
+pub const SKIP_CONTAINERS_ANNOTATION: &str = "lanyard.dev/skip-containers";
+
+/// Name of the injected init container; its presence marks an injected pod.
+pub const SIDECAR_NAME: &str = "lanyard";
+/// Projected volume of the cloud-audience tokens, mounted in the sidecar only.
+pub const TOKENS_VOLUME: &str = "lanyard-tokens";
+/// Projected volume of the app-facing token, mounted in the sidecar and the
+/// app containers (it authorizes the AWS container endpoint).
+pub const APP_TOKEN_VOLUME: &str = "lanyard-app-token";
+/// Where the sidecar reads `azure`, `gcp` and `aws` (`LANYARD_TOKEN_DIR`).
+pub const TOKEN_DIR: &str = "/var/run/lanyard/tokens";
+/// Where the app token volume is mounted, in the sidecar and the apps. Not
+/// inside [`TOKEN_DIR`]: a second volume cannot be mounted over a file of
+/// the first, and the apps must not see the cloud tokens.
+pub const APP_TOKEN_DIR: &str = "/var/run/lanyard/app";
+/// The app token file (`LANYARD_APP_TOKEN_FILE` for the sidecar,
+/// `AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE` for the apps).
+pub const APP_TOKEN_FILE: &str = "/var/run/lanyard/app/app";
+
+pub const DEFAULT_TOKEN_EXPIRATION: i64 = 3600;
+/// The API server's own floor for projected tokens is 600 s.
+pub const MIN_TOKEN_EXPIRATION: i64 = 600;
+pub const MAX_TOKEN_EXPIRATION: i64 = 86400;
+
+const LOOPBACK: &str = "127.0.0.1";
+/// UID of the sidecar process: the distroless `nonroot` user.
+const SIDECAR_UID: i64 = 65532;
+
+/// Variables that make an SDK take another credential source before it
+/// reaches the sidecar. They are left alone (the user may mean them) and
+/// reported.
+const CONFLICTS: &[(Cloud, &str, &str)] = &[
+    (
+        Cloud::Azure,
+        "AZURE_FEDERATED_TOKEN_FILE",
+        "azure-identity uses workload identity federation before managed identity",
+    ),
+    (
+        Cloud::Azure,
+        "AZURE_CLIENT_SECRET",
+        "azure-identity uses the client secret before managed identity",
+    ),
+    (
+        Cloud::Azure,
+        "AZURE_CLIENT_CERTIFICATE_PATH",
+        "azure-identity uses the client certificate before managed identity",
+    ),
+    (
+        Cloud::Gcp,
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "google-auth uses that file before the metadata server",
+    ),
+    (
+        Cloud::Aws,
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "the AWS SDKs use web identity before container credentials",
+    ),
+    (
+        Cloud::Aws,
+        "AWS_ROLE_ARN",
+        "the AWS SDKs assume this role by web identity (with AWS_WEB_IDENTITY_TOKEN_FILE) before container credentials",
+    ),
+    (
+        Cloud::Aws,
+        "AWS_ACCESS_KEY_ID",
+        "the AWS SDKs use static keys before container credentials",
+    ),
+];
+
+/// CPU and memory for the sidecar, as Kubernetes quantities.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SidecarResources {
+    pub cpu_request: Option<String>,
+    pub memory_request: Option<String>,
+    pub cpu_limit: Option<String>,
+    pub memory_limit: Option<String>,
+}
+
+impl Default for SidecarResources {
+    /// Small: the sidecar idles between SDK refreshes. No CPU limit, so
+    /// that a burst of SDK calls is not throttled.
+    fn default() -> Self {
+        SidecarResources {
+            cpu_request: Some("10m".into()),
+            memory_request: Some("32Mi".into()),
+            cpu_limit: None,
+            memory_limit: Some("64Mi".into()),
+        }
+    }
+}
+
+/// What the webhook injects; set from its command line or configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InjectionConfig {
+    pub sidecar_image: String,
+    pub image_pull_policy: Option<String>,
+    /// Node agent URL as the sidecar sees it; `$(LANYARD_HOST_IP)` is
+    /// expanded by the kubelet from the sidecar's env (the node's IP).
+    pub agent_url: String,
+    /// Loopback port of the SDK endpoints.
+    pub port: u16,
+    /// Port of the sidecar's probe-only listener (`--probe-listen
+    /// 0.0.0.0:PORT`, `/readyz` and `/healthz` only). The kubelet probes the
+    /// pod IP, and the SDK endpoints must stay on loopback.
+    pub probe_port: u16,
+    pub azure_audience: String,
+    /// Audience of the Google token (the workload identity provider's name);
+    /// `None` when Google is not configured. Google needs no annotation
+    /// (direct federation), so this alone decides whether Google applies.
+    pub gcp_audience: Option<String>,
+    pub aws_audience: String,
+    /// Audience of the app-facing token.
+    pub app_audience: String,
+    pub aws_region: Option<String>,
+    /// Tenant for Azure bindings that name none.
+    pub azure_tenant_id: Option<String>,
+    pub resources: SidecarResources,
+}
+
+impl Default for InjectionConfig {
+    fn default() -> Self {
+        InjectionConfig {
+            sidecar_image: format!("lanyard:{}", env!("CARGO_PKG_VERSION")),
+            image_pull_policy: None,
+            agent_url: "http://$(LANYARD_HOST_IP):8700".into(),
+            port: 8642,
+            probe_port: 8643,
+            azure_audience: "api://AzureADTokenExchange".into(),
+            gcp_audience: None,
+            aws_audience: "sts.amazonaws.com".into(),
+            app_audience: "lanyard".into(),
+            aws_region: None,
+            azure_tenant_id: None,
+            resources: SidecarResources::default(),
+        }
+    }
+}
+
+impl InjectionConfig {
+    /// Checks what would otherwise only fail when a pod starts.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.sidecar_image.trim().is_empty() {
+            return Err("sidecar image is empty".into());
+        }
+        if self.agent_url.trim().is_empty() {
+            return Err("agent URL is empty".into());
+        }
+        if self.port == 0 || self.probe_port == 0 || self.port == self.probe_port {
+            return Err(format!(
+                "sidecar port {} and probe port {} must be distinct and non-zero",
+                self.port, self.probe_port
+            ));
+        }
+        for (name, audience) in [
+            ("azure", Some(&self.azure_audience)),
+            ("gcp", self.gcp_audience.as_ref()),
+            ("aws", Some(&self.aws_audience)),
+            ("app", Some(&self.app_audience)),
+        ] {
+            if audience.is_some_and(|a| a.trim().is_empty()) {
+                return Err(format!("{name} token audience is empty"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A refusal of the pod, with the HTTP-like code for the review's status.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Denial {
+    pub code: u16,
+    pub message: String,
+}
+
+impl Denial {
+    fn bad_request(message: String) -> Self {
+        Denial { code: 400, message }
+    }
+}
+
+/// What a mutation did, for logs and tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InjectedSummary {
+    /// Clouds whose credentials the pod gets, in a fixed order.
+    pub clouds: Vec<Cloud>,
+    /// Containers (init or app, not the sidecar) this patch changes.
+    pub containers: Vec<String>,
+    /// Whether this patch adds the sidecar.
+    pub sidecar_added: bool,
+    /// Whether the pod already had the sidecar.
+    pub already_injected: bool,
+}
+
+/// The outcome for an allowed pod: possibly empty patch, warnings for the
+/// user.
+#[derive(Debug, Clone)]
+pub struct Mutation {
+    pub patch: Patch,
+    pub warnings: Vec<String>,
+    pub summary: InjectedSummary,
+}
+
+impl Mutation {
+    fn nothing(warnings: Vec<String>) -> Self {
+        Mutation {
+            patch: Patch(Vec::new()),
+            warnings,
+            summary: InjectedSummary::default(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.patch.0.is_empty()
+    }
+}
+
+/// The pod's ServiceAccount name, as the API server will default it: the
+/// integrator looks bindings up under this name.
+pub fn service_account_name(pod: &Pod) -> &str {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.service_account_name.as_deref())
+        .filter(|s| !s.is_empty())
+        .unwrap_or("default")
+}
+
+/// Decides and builds the injection for one pod being created in
+/// `namespace` under a ServiceAccount with `bindings`.
+///
+/// `IDENTITY_HEADER` (the App Service endpoint's SSRF guard, shared by the
+/// sidecar and the apps) is the sidecar's existing value when the pod
+/// already has one, else the value an app container already sets, else a
+/// fresh random one. Random rather than derived from the pod's name: a
+/// value anyone can compute guards nothing. Stable across reinvocation
+/// because the second call sees the first call's sidecar.
+pub fn mutate(
+    pod: &Pod,
+    namespace: &str,
+    bindings: &Bindings,
+    config: &InjectionConfig,
+) -> Result<Mutation, Denial> {
+    mutate_with(pod, namespace, bindings, config, || {
+        crate::secret::random_token(32)
+    })
+}
+
+fn mutate_with(
+    pod: &Pod,
+    namespace: &str,
+    bindings: &Bindings,
+    config: &InjectionConfig,
+    new_identity_header: impl FnOnce() -> String,
+) -> Result<Mutation, Denial> {
+    let meta = &pod.metadata;
+    let opted_in = meta
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(INJECT_LABEL))
+        .is_some_and(|v| v == "true");
+    let Some(spec) = pod.spec.as_ref() else {
+        return Ok(Mutation::nothing(Vec::new()));
+    };
+    if !opted_in {
+        return Ok(Mutation::nothing(Vec::new()));
+    }
+    let pod_ref = pod_ref(pod, namespace);
+    if spec.host_network == Some(true) {
+        return Err(Denial {
+            code: 403,
+            message: format!(
+                "pod {pod_ref} has {INJECT_LABEL}=true and hostNetwork: true; Lanyard's loopback endpoints would be the node's, shared with every host-network pod. Remove the label or hostNetwork"
+            ),
+        });
+    }
+    let annotations = meta.annotations.clone().unwrap_or_default();
+    let expiration = token_expiration(&annotations)?;
+    if spec.containers.iter().any(|c| c.name == SIDECAR_NAME) {
+        return Err(Denial::bad_request(format!(
+            "pod {pod_ref} has an app container named {SIDECAR_NAME:?}, the name of Lanyard's sidecar; rename it"
+        )));
+    }
+
+    let sa = service_account_name(pod);
+    if bindings.is_empty() {
+        return Ok(Mutation::nothing(vec![format!(
+            "lanyard: service account {namespace}/{sa} has no cloud binding ({}, {} or {}); no credentials injected",
+            crate::directory::annotations::AZURE_CLIENT_ID,
+            crate::directory::annotations::GCP_SERVICE_ACCOUNT,
+            crate::directory::annotations::AWS_ROLE_ARN,
+        )]));
+    }
+    let mut warnings = Vec::new();
+    let azure = bindings.azure.as_ref();
+    let gcp = config.gcp_audience.as_deref();
+    let aws = bindings.aws_role_arn.is_some();
+    if bindings.gcp_service_account.is_some() && gcp.is_none() {
+        warnings.push(format!(
+            "lanyard: service account {namespace}/{sa} names a Google service account but this webhook has no Google audience configured; Google credentials not injected"
+        ));
+    }
+    let mut clouds = Vec::new();
+    if azure.is_some() {
+        clouds.push(Cloud::Azure);
+    }
+    if gcp.is_some() {
+        clouds.push(Cloud::Gcp);
+    }
+    if aws {
+        clouds.push(Cloud::Aws);
+    }
+    if clouds.is_empty() {
+        warnings.push(format!(
+            "lanyard: no cloud applies to pod {pod_ref}; no credentials injected"
+        ));
+        return Ok(Mutation::nothing(warnings));
+    }
+
+    let init = spec.init_containers.as_deref().unwrap_or_default();
+    let existing_sidecar = init.iter().find(|c| c.name == SIDECAR_NAME);
+    let skip: BTreeSet<&str> = annotations
+        .get(SKIP_CONTAINERS_ANNOTATION)
+        .map(|v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    let targets: Vec<(&'static str, usize, &Container)> = init
+        .iter()
+        .enumerate()
+        .map(|(i, c)| ("initContainers", i, c))
+        .chain(
+            spec.containers
+                .iter()
+                .enumerate()
+                .map(|(i, c)| ("containers", i, c)),
+        )
+        .filter(|(_, _, c)| c.name != SIDECAR_NAME && !skip.contains(c.name.as_str()))
+        .collect();
+    for name in &skip {
+        if !init.iter().chain(&spec.containers).any(|c| c.name == *name) {
+            warnings.push(format!(
+                "lanyard: {SKIP_CONTAINERS_ANNOTATION} names {name:?}, which is not a container of pod {pod_ref}"
+            ));
+        }
+    }
+
+    let identity_header = existing_sidecar
+        .and_then(|c| literal_env(c, "IDENTITY_HEADER"))
+        .or_else(|| {
+            targets
+                .iter()
+                .find_map(|(_, _, c)| literal_env(c, "IDENTITY_HEADER"))
+        })
+        .unwrap_or_else(new_identity_header);
+
+    // The variables every targeted container gets, unless it sets them.
+    let base = format!("http://{LOOPBACK}:{}", config.port);
+    let host_port = format!("{LOOPBACK}:{}", config.port);
+    let mut wanted: Vec<(&str, String)> = Vec::new();
+    if let Some(az) = azure {
+        wanted.push(("AZURE_POD_IDENTITY_AUTHORITY_HOST", base.clone()));
+        wanted.push((
+            "IDENTITY_ENDPOINT",
+            format!("{base}{}", crate::serve::APP_SERVICE_PATH),
+        ));
+        wanted.push(("IDENTITY_HEADER", identity_header.clone()));
+        wanted.push(("AZURE_CLIENT_ID", az.client_id.clone()));
+        if let Some(tenant) = az.tenant_id.as_ref().or(config.azure_tenant_id.as_ref()) {
+            wanted.push(("AZURE_TENANT_ID", tenant.clone()));
+        }
+    }
+    if gcp.is_some() {
+        for name in ["GCE_METADATA_HOST", "GCE_METADATA_IP", "GCE_METADATA_ROOT"] {
+            wanted.push((name, host_port.clone()));
+        }
+    }
+    if aws {
+        wanted.push((
+            "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+            format!("{base}{}", crate::serve::AWS_CONTAINER_PATH),
+        ));
+        wanted.push((
+            "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
+            APP_TOKEN_FILE.into(),
+        ));
+        if let Some(region) = &config.aws_region {
+            wanted.push(("AWS_REGION", region.clone()));
+        }
+    }
+
+    let mut ops = Vec::new();
+    let mut touched = Vec::new();
+    for (list, index, container) in &targets {
+        let before = ops.len();
+        let container_ptr = [*list, &index.to_string()];
+        let env = container.env.as_deref().unwrap_or_default();
+        let names: HashMap<&str, (usize, &EnvVar)> = env
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (e.name.as_str(), (i, e)))
+            .collect();
+        let mut additions: Vec<EnvVar> = Vec::new();
+        for (name, value) in &wanted {
+            if !names.contains_key(name) {
+                additions.push(plain_env(name, value));
+            }
+        }
+        if azure.is_some() {
+            if let Some((_, var)) = names.get("IDENTITY_HEADER") {
+                if var.value_from.is_some() || var.value.as_deref() != Some(&identity_header) {
+                    warnings.push(format!(
+                        "lanyard: container {:?} sets its own IDENTITY_HEADER, which differs from the sidecar's; its App Service credential requests will be refused",
+                        container.name
+                    ));
+                }
+            }
+        }
+        let proxy = no_proxy_plan(
+            &names,
+            container.env_from.as_ref().is_some_and(|f| !f.is_empty()),
+        );
+        for (i, value) in proxy.replace {
+            ops.push(replace(
+                &[
+                    "spec",
+                    container_ptr[0],
+                    container_ptr[1],
+                    "env",
+                    &i.to_string(),
+                    "value",
+                ],
+                Value::String(value),
+            ));
+        }
+        additions.extend(proxy.add);
+        for name in proxy.cannot_extend {
+            warnings.push(format!(
+                "lanyard: container {:?} takes {name} from a reference that cannot be extended; make sure it excludes {LOOPBACK} or its SDKs may send credential requests to a proxy",
+                container.name
+            ));
+        }
+        for (cloud, name, why) in CONFLICTS {
+            if clouds.contains(cloud) && names.contains_key(name) {
+                warnings.push(format!(
+                    "lanyard: container {:?} sets {name}: {why}, so it will not use Lanyard's {cloud} credentials",
+                    container.name
+                ));
+            }
+        }
+        push_list_items(
+            &mut ops,
+            &["spec", container_ptr[0], container_ptr[1], "env"],
+            env.is_empty(),
+            additions.iter().map(to_json).collect::<Result<_, _>>()?,
+        );
+        if aws {
+            let mounts = container.volume_mounts.as_deref().unwrap_or_default();
+            if !mounts.iter().any(|m| m.name == APP_TOKEN_VOLUME) {
+                if mounts
+                    .iter()
+                    .any(|m| m.mount_path.trim_end_matches('/') == APP_TOKEN_DIR)
+                {
+                    warnings.push(format!(
+                        "lanyard: container {:?} already mounts something at {APP_TOKEN_DIR}; the app token is not mounted and its AWS credential requests will be refused",
+                        container.name
+                    ));
+                } else {
+                    push_list_items(
+                        &mut ops,
+                        &["spec", container_ptr[0], container_ptr[1], "volumeMounts"],
+                        mounts.is_empty(),
+                        vec![to_json(&mount(APP_TOKEN_VOLUME, APP_TOKEN_DIR))?],
+                    );
+                }
+            }
+        }
+        if ops.len() > before {
+            touched.push(container.name.clone());
+        }
+    }
+
+    for container in init.iter().chain(&spec.containers) {
+        for port in container.ports.as_deref().unwrap_or_default() {
+            let p = port.container_port;
+            if p == i32::from(config.port) || p == i32::from(config.probe_port) {
+                warnings.push(format!(
+                    "lanyard: container {:?} declares port {p}, which Lanyard's sidecar listens on; one of them will fail to bind",
+                    container.name
+                ));
+            }
+        }
+    }
+
+    let volumes = spec.volumes.as_deref().unwrap_or_default();
+    let mut new_volumes = Vec::new();
+    if !volumes.iter().any(|v| v.name == TOKENS_VOLUME) {
+        let mut sources = Vec::new();
+        if azure.is_some() {
+            sources.push(token_source("azure", &config.azure_audience, expiration));
+        }
+        if let Some(audience) = gcp {
+            sources.push(token_source("gcp", audience, expiration));
+        }
+        if aws {
+            sources.push(token_source("aws", &config.aws_audience, expiration));
+        }
+        new_volumes.push(to_json(&projected(TOKENS_VOLUME, sources))?);
+    }
+    if aws && !volumes.iter().any(|v| v.name == APP_TOKEN_VOLUME) {
+        new_volumes.push(to_json(&projected(
+            APP_TOKEN_VOLUME,
+            vec![token_source("app", &config.app_audience, expiration)],
+        ))?);
+    }
+    push_list_items(
+        &mut ops,
+        &["spec", "volumes"],
+        volumes.is_empty(),
+        new_volumes,
+    );
+
+    // Last, so that the init container indices used above still hold.
+    let sidecar_added = existing_sidecar.is_none();
+    if sidecar_added {
+        let sidecar = to_json(&sidecar(config, &identity_header, aws))?;
+        if init.is_empty() {
+            ops.push(add(
+                &["spec", "initContainers"],
+                Value::Array(vec![sidecar]),
+            ));
+        } else {
+            ops.push(add(&["spec", "initContainers", "0"], sidecar));
+        }
+    }
+
+    Ok(Mutation {
+        patch: Patch(ops),
+        warnings,
+        summary: InjectedSummary {
+            clouds,
+            containers: touched,
+            sidecar_added,
+            already_injected: existing_sidecar.is_some(),
+        },
+    })
+}
+
+/// `namespace/name` for messages; a pod created with `generateName` has no
+/// name yet at admission.
+fn pod_ref(pod: &Pod, namespace: &str) -> String {
+    match (&pod.metadata.name, &pod.metadata.generate_name) {
+        (Some(name), _) if !name.is_empty() => format!("{namespace}/{name}"),
+        (_, Some(prefix)) if !prefix.is_empty() => format!("{namespace}/{prefix}*"),
+        _ => format!("{namespace}/<unnamed>"),
+    }
+}
+
+fn token_expiration(annotations: &BTreeMap<String, String>) -> Result<i64, Denial> {
+    let Some(raw) = annotations.get(TOKEN_EXPIRATION_ANNOTATION) else {
+        return Ok(DEFAULT_TOKEN_EXPIRATION);
+    };
+    match raw.trim().parse::<i64>() {
+        Ok(s) if (MIN_TOKEN_EXPIRATION..=MAX_TOKEN_EXPIRATION).contains(&s) => Ok(s),
+        _ => Err(Denial::bad_request(format!(
+            "pod annotation {TOKEN_EXPIRATION_ANNOTATION} must be a whole number of seconds from {MIN_TOKEN_EXPIRATION} to {MAX_TOKEN_EXPIRATION}, got {raw:?}"
+        ))),
+    }
+}
+
+/// The value of a variable the container sets literally (not from a
+/// reference), when non-empty.
+fn literal_env(container: &Container, name: &str) -> Option<String> {
+    container
+        .env
+        .as_deref()?
+        .iter()
+        .rev()
+        .find(|e| e.name == name && e.value_from.is_none())
+        .and_then(|e| e.value.clone())
+        .filter(|v| !v.is_empty())
+}
+
+/// Changes to NO_PROXY / no_proxy for one container.
+#[derive(Debug, Default, PartialEq)]
+struct NoProxyPlan {
+    /// Existing entries (index into env) whose value is extended.
+    replace: Vec<(usize, String)>,
+    add: Vec<EnvVar>,
+    /// Set from a ConfigMap/Secret/field: cannot be read, so not extended.
+    cannot_extend: Vec<&'static str>,
+}
+
+/// Makes both spellings exclude 127.0.0.1 without losing what the pod
+/// already excludes.
+///
+/// Python reads `no_proxy` before `NO_PROXY`, Go the reverse, so both must
+/// agree. A spelling the container sets literally is extended in place
+/// (`a,b` → `a,b,127.0.0.1`). A missing spelling becomes `$(OTHER)`, which
+/// the kubelet expands to the other's final value. When neither is set in
+/// `env` but the container has `envFrom`, either may come from there, and
+/// an `env` entry would hide it; the kubelet expands `$(NAME)` from
+/// `envFrom` too, so `$(NO_PROXY),$(no_proxy),127.0.0.1` keeps both (a
+/// reference to an undefined variable stays literal, which no host matches).
+fn no_proxy_plan(names: &HashMap<&str, (usize, &EnvVar)>, has_env_from: bool) -> NoProxyPlan {
+    const UPPER: &str = "NO_PROXY";
+    const LOWER: &str = "no_proxy";
+    let mut plan = NoProxyPlan::default();
+    let alias = |other: &str| format!("$({other})");
+    for (name, other) in [(UPPER, LOWER), (LOWER, UPPER)] {
+        if let Some((i, var)) = names.get(name) {
+            if var.value_from.is_some() {
+                plan.cannot_extend.push(name);
+                continue;
+            }
+            let value = var.value.as_deref().unwrap_or("");
+            let listed = value.split(',').any(|e| e.trim() == LOOPBACK);
+            if !listed && value.trim() != alias(other) {
+                let extended = if value.trim().is_empty() {
+                    LOOPBACK.to_string()
+                } else {
+                    format!("{},{LOOPBACK}", value.trim_end_matches(','))
+                };
+                plan.replace.push((*i, extended));
+            }
+        }
+    }
+    match (names.get(UPPER), names.get(LOWER)) {
+        (Some(_), Some(_)) => {}
+        (None, None) if has_env_from => {
+            plan.add.push(plain_env(
+                UPPER,
+                &format!("$({UPPER}),$({LOWER}),{LOOPBACK}"),
+            ));
+            plan.add.push(plain_env(LOWER, &alias(UPPER)));
+        }
+        (None, None) => {
+            plan.add.push(plain_env(UPPER, LOOPBACK));
+            plan.add.push(plain_env(LOWER, LOOPBACK));
+        }
+        (Some((_, present)), None) | (None, Some((_, present))) => {
+            let (missing, other) = if names.contains_key(UPPER) {
+                (LOWER, UPPER)
+            } else {
+                (UPPER, LOWER)
+            };
+            // A reference-set spelling was not extended above: extend here.
+            let value = if present.value_from.is_some() {
+                format!("$({other}),{LOOPBACK}")
+            } else {
+                alias(other)
+            };
+            plan.add.push(plain_env(missing, &value));
+        }
+    }
+    plan
+}
+
+fn plain_env(name: &str, value: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_string(),
+        value: Some(value.to_string()),
+        value_from: None,
+    }
+}
+
+fn mount(volume: &str, path: &str) -> VolumeMount {
+    VolumeMount {
+        name: volume.to_string(),
+        mount_path: path.to_string(),
+        read_only: Some(true),
+        ..Default::default()
+    }
+}
+
+fn token_source(path: &str, audience: &str, expiration: i64) -> VolumeProjection {
+    VolumeProjection {
+        service_account_token: Some(ServiceAccountTokenProjection {
+            audience: Some(audience.to_string()),
+            expiration_seconds: Some(expiration),
+            path: path.to_string(),
+        }),
+        ..Default::default()
+    }
+}
+
+fn projected(name: &str, sources: Vec<VolumeProjection>) -> Volume {
+    Volume {
+        name: name.to_string(),
+        projected: Some(ProjectedVolumeSource {
+            sources: Some(sources),
+            default_mode: None,
+        }),
+        ..Default::default()
+    }
+}
+
+/// The sidecar as a native sidecar (restartable init container): it starts
+/// before the other init containers and the apps, which start only once its
+/// startup probe passes, and it does not keep a Job's pod alive.
+fn sidecar(config: &InjectionConfig, identity_header: &str, aws: bool) -> Container {
+    let mut env = vec![
+        // First: the agent URL refers to it as $(LANYARD_HOST_IP), and the
+        // kubelet only expands references to earlier entries.
+        EnvVar {
+            name: "LANYARD_HOST_IP".into(),
+            value: None,
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    api_version: None,
+                    field_path: "status.hostIP".into(),
+                }),
+                ..Default::default()
+            }),
+        },
+        plain_env("LANYARD_AGENT_URL", &config.agent_url),
+        plain_env("LANYARD_TOKEN_DIR", TOKEN_DIR),
+    ];
+    if aws {
+        env.push(plain_env("LANYARD_APP_TOKEN_FILE", APP_TOKEN_FILE));
+        if let Some(region) = &config.aws_region {
+            env.push(plain_env("LANYARD_AWS_REGION", region));
+        }
+    }
+    env.push(plain_env("IDENTITY_HEADER", identity_header));
+    let mut mounts = vec![mount(TOKENS_VOLUME, TOKEN_DIR)];
+    if aws {
+        mounts.push(mount(APP_TOKEN_VOLUME, APP_TOKEN_DIR));
+    }
+    let probe = |path: &str, period: i32, failures: i32| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::Int(i32::from(config.probe_port)),
+            ..Default::default()
+        }),
+        period_seconds: Some(period),
+        timeout_seconds: Some(2),
+        failure_threshold: Some(failures),
+        ..Default::default()
+    };
+    let quantities = |pairs: [(&str, &Option<String>); 2]| {
+        let map: BTreeMap<String, Quantity> = pairs
+            .into_iter()
+            .filter_map(|(k, v)| v.as_ref().map(|v| (k.to_string(), Quantity(v.clone()))))
+            .collect();
+        (!map.is_empty()).then_some(map)
+    };
+    let r = &config.resources;
+    Container {
+        name: SIDECAR_NAME.into(),
+        image: Some(config.sidecar_image.clone()),
+        image_pull_policy: config.image_pull_policy.clone(),
+        args: Some(vec![
+            "sidecar".into(),
+            "--listen".into(),
+            format!("{LOOPBACK}:{}", config.port),
+            "--probe-listen".into(),
+            format!("0.0.0.0:{}", config.probe_port),
+        ]),
+        env: Some(env),
+        volume_mounts: Some(mounts),
+        restart_policy: Some("Always".into()),
+        // Up to two minutes for the node agent to answer before the kubelet
+        // restarts the sidecar; the apps wait for it either way.
+        startup_probe: Some(probe("/readyz", 1, 120)),
+        liveness_probe: Some(probe("/healthz", 10, 3)),
+        resources: Some(ResourceRequirements {
+            requests: quantities([("cpu", &r.cpu_request), ("memory", &r.memory_request)]),
+            limits: quantities([("cpu", &r.cpu_limit), ("memory", &r.memory_limit)]),
+            claims: None,
+        }),
+        security_context: Some(SecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(SIDECAR_UID),
+            run_as_group: Some(SIDECAR_UID),
+            read_only_root_filesystem: Some(true),
+            allow_privilege_escalation: Some(false),
+            privileged: Some(false),
+            capabilities: Some(Capabilities {
+                add: None,
+                drop: Some(vec!["ALL".into()]),
+            }),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                localhost_profile: None,
+            }),
+            ..Default::default()
+        }),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        ..Default::default()
+    }
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> Result<Value, Denial> {
+    serde_json::to_value(value).map_err(|e| Denial {
+        code: 500,
+        message: format!("lanyard webhook cannot encode its patch: {e}"),
+    })
+}
+
+fn pointer(tokens: &[&str]) -> PointerBuf {
+    PointerBuf::from_tokens(tokens.iter().copied())
+}
+
+fn add(tokens: &[&str], value: Value) -> PatchOperation {
+    PatchOperation::Add(AddOperation {
+        path: pointer(tokens),
+        value,
+    })
+}
+
+fn replace(tokens: &[&str], value: Value) -> PatchOperation {
+    PatchOperation::Replace(ReplaceOperation {
+        path: pointer(tokens),
+        value,
+    })
+}
+
+/// Appends `items` to the array at `tokens`: one `add` of the whole array
+/// when it is missing (or null, or empty: `add` replaces a member), one
+/// `add .../-` per item otherwise.
+fn push_list_items(
+    ops: &mut Vec<PatchOperation>,
+    tokens: &[&str],
+    missing: bool,
+    items: Vec<Value>,
+) {
+    if items.is_empty() {
+        return;
+    }
+    if missing {
+        ops.push(add(tokens, Value::Array(items)));
+        return;
+    }
+    let mut append: Vec<&str> = tokens.to_vec();
+    append.push("-");
+    for item in items {
+        ops.push(add(&append, item));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::directory::AzureBinding;
+    use serde_json::json;
+
+    fn pod(value: Value) -> Pod {
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn azure() -> Bindings {
+        Bindings {
+            azure: Some(AzureBinding {
+                client_id: "client".into(),
+                tenant_id: None,
+                object_id: None,
+                resource_id: None,
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn apply(pod: &Value, m: &Mutation) -> Value {
+        let mut doc = pod.clone();
+        json_patch::patch(&mut doc, &m.patch).unwrap();
+        doc
+    }
+
+    #[test]
+    fn a_minimal_pod_gets_whole_arrays_and_the_sidecar() {
+        let raw = json!({"metadata": {"generateName": "p-", "labels": {INJECT_LABEL: "true"}},
+                         "spec": {"containers": [{"name": "app"}]}});
+        let m = mutate_with(
+            &pod(raw.clone()),
+            "ns",
+            &azure(),
+            &InjectionConfig::default(),
+            || "h".into(),
+        )
+        .unwrap();
+        let out = apply(&raw, &m);
+        assert_eq!(out["spec"]["initContainers"][0]["name"], SIDECAR_NAME);
+        assert_eq!(out["spec"]["initContainers"][0]["restartPolicy"], "Always");
+        assert_eq!(out["spec"]["volumes"][0]["name"], TOKENS_VOLUME);
+        assert_eq!(
+            out["spec"]["volumes"].as_array().unwrap().len(),
+            1,
+            "no app token without AWS"
+        );
+        let env = &out["spec"]["containers"][0]["env"];
+        assert!(env
+            .as_array()
+            .unwrap()
+            .contains(&json!({"name": "IDENTITY_HEADER", "value": "h"})));
+        assert_eq!(m.summary.clouds, vec![Cloud::Azure]);
+        assert!(m.summary.sidecar_added && !m.summary.already_injected);
+        // Reinvocation: nothing more.
+        let again = mutate_with(
+            &pod(out),
+            "ns",
+            &azure(),
+            &InjectionConfig::default(),
+            || "other".into(),
+        )
+        .unwrap();
+        assert!(again.is_empty(), "{:?}", again.patch);
+        assert!(again.summary.already_injected);
+    }
+
+    #[test]
+    fn config_validation() {
+        assert_eq!(InjectionConfig::default().validate(), Ok(()));
+        let same_ports = InjectionConfig {
+            probe_port: 8642,
+            ..InjectionConfig::default()
+        };
+        assert!(same_ports.validate().unwrap_err().contains("8642"));
+        let empty_gcp = InjectionConfig {
+            gcp_audience: Some(" ".into()),
+            ..InjectionConfig::default()
+        };
+        assert!(empty_gcp.validate().unwrap_err().contains("gcp"));
+    }
+
+    #[test]
+    fn pointers_escape_slash_and_tilde() {
+        assert_eq!(
+            pointer(&["metadata", "annotations", "lanyard.dev/a~b"]).as_str(),
+            "/metadata/annotations/lanyard.dev~1a~0b"
+        );
+    }
+
+    #[test]
+    fn token_expiration_bounds() {
+        let with = |v: &str| {
+            token_expiration(&BTreeMap::from([(
+                TOKEN_EXPIRATION_ANNOTATION.to_string(),
+                v.to_string(),
+            )]))
+        };
+        assert_eq!(token_expiration(&BTreeMap::new()), Ok(3600));
+        assert_eq!(with(" 600 "), Ok(600));
+        assert_eq!(with("86400"), Ok(86400));
+        for bad in ["599", "86401", "1h", "", "-5"] {
+            let d = with(bad).unwrap_err();
+            assert_eq!(d.code, 400);
+            assert!(
+                d.message.contains(TOKEN_EXPIRATION_ANNOTATION),
+                "{}",
+                d.message
+            );
+        }
+    }
+
+    #[test]
+    fn no_proxy_cases() {
+        let var = |n: &str, v: Option<&str>, from: bool| EnvVar {
+            name: n.into(),
+            value: v.map(Into::into),
+            value_from: from.then(EnvVarSource::default),
+        };
+        let plan = |vars: &[EnvVar], env_from: bool| {
+            let names = vars
+                .iter()
+                .enumerate()
+                .map(|(i, e)| (e.name.as_str(), (i, e)))
+                .collect();
+            no_proxy_plan(&names, env_from)
+        };
+        let p = plan(&[], false);
+        assert_eq!(
+            p.add,
+            vec![
+                plain_env("NO_PROXY", "127.0.0.1"),
+                plain_env("no_proxy", "127.0.0.1")
+            ]
+        );
+        let p = plan(&[], true);
+        assert_eq!(
+            p.add[0].value.as_deref(),
+            Some("$(NO_PROXY),$(no_proxy),127.0.0.1")
+        );
+        assert_eq!(p.add[1].value.as_deref(), Some("$(NO_PROXY)"));
+        let p = plan(
+            &[
+                var("X", Some("1"), false),
+                var("NO_PROXY", Some("a,b"), false),
+            ],
+            false,
+        );
+        assert_eq!(p.replace, vec![(1, "a,b,127.0.0.1".to_string())]);
+        assert_eq!(p.add, vec![plain_env("no_proxy", "$(NO_PROXY)")]);
+        let p = plan(
+            &[
+                var("no_proxy", Some("a, 127.0.0.1"), false),
+                var("NO_PROXY", Some("$(no_proxy)"), false),
+            ],
+            false,
+        );
+        assert_eq!(p, NoProxyPlan::default());
+        let p = plan(&[var("NO_PROXY", None, true)], false);
+        assert_eq!(p.cannot_extend, vec!["NO_PROXY"]);
+        assert_eq!(p.add, vec![plain_env("no_proxy", "$(NO_PROXY),127.0.0.1")]);
+    }
+}

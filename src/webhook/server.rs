@@ -1,0 +1,294 @@
+//! The webhook's HTTPS server: `POST /mutate` for AdmissionReviews, with
+//! the TLS certificate and key re-read when their files change (cert-manager
+//! rotates them in place), and the ServiceAccount lookup with a short
+//! bounded retry for an account created moments before its pod.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::routing::post;
+use axum::{Json, Router};
+use axum_server::tls_rustls::RustlsConfig;
+use serde_json::Value;
+
+use super::review::{self, Action};
+use super::{mutate, respond, InjectionConfig};
+use crate::directory::{Bindings, Directory};
+
+/// How often and how many times a missing ServiceAccount is looked up again
+/// before the pod is admitted without injection.
+const LOOKUP_RETRIES: u32 = 5;
+const LOOKUP_BACKOFF: Duration = Duration::from_millis(200);
+
+struct Webhook {
+    injection: InjectionConfig,
+    directory: Arc<dyn Directory>,
+}
+
+/// Where the TLS material lives and how often to look for a new one.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub reload_every: Duration,
+}
+
+/// A running webhook server.
+pub struct WebhookServer {
+    pub addr: SocketAddr,
+    handle: axum_server::Handle<SocketAddr>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+fn mtime(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+impl WebhookServer {
+    /// Loads the certificate and starts serving on `listen`.
+    pub async fn start(
+        listen: SocketAddr,
+        tls: TlsFiles,
+        injection: InjectionConfig,
+        directory: Arc<dyn Directory>,
+    ) -> anyhow::Result<WebhookServer> {
+        injection
+            .validate()
+            .map_err(|e| anyhow::anyhow!("invalid injection settings: {e}"))?;
+        let rustls = RustlsConfig::from_pem_file(&tls.cert, &tls.key)
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot load the TLS certificate {} and key {}: {e}",
+                    tls.cert.display(),
+                    tls.key.display()
+                )
+            })?;
+        let state = Arc::new(Webhook {
+            injection,
+            directory,
+        });
+        let router = Router::new()
+            .route("/mutate", post(mutate_handler))
+            .route("/healthz", axum::routing::get(|| async { "ok" }))
+            // Room for a body just over the review limit, so parse() can
+            // answer it in AdmissionReview form; far larger bodies get 413.
+            .layer(DefaultBodyLimit::max(review::MAX_BODY_BYTES * 2))
+            .with_state(state);
+        let handle = axum_server::Handle::new();
+        let server = axum_server::bind_rustls(listen, rustls.clone())
+            .handle(handle.clone())
+            .serve(router.into_make_service());
+        let mut tasks = vec![tokio::spawn(async move {
+            if let Err(e) = server.await {
+                tracing::error!(error = %e, "webhook server failed");
+            }
+        })];
+        tasks.push(tokio::spawn(reload_loop(rustls, tls)));
+        let addr = handle
+            .listening()
+            .await
+            .ok_or_else(|| anyhow::anyhow!("cannot listen on {listen} for the webhook"))?;
+        Ok(WebhookServer {
+            addr,
+            handle,
+            tasks,
+        })
+    }
+
+    /// Stops accepting and drains in-flight reviews (bounded).
+    pub async fn stop(self) {
+        self.handle.graceful_shutdown(Some(Duration::from_secs(10)));
+        for task in self.tasks {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+}
+
+/// Re-reads the certificate and key when either file changes; a bad pair
+/// is logged and the previous one kept.
+async fn reload_loop(rustls: RustlsConfig, tls: TlsFiles) {
+    let mut seen = (mtime(&tls.cert), mtime(&tls.key));
+    loop {
+        tokio::time::sleep(tls.reload_every).await;
+        let now = (mtime(&tls.cert), mtime(&tls.key));
+        if now == seen {
+            continue;
+        }
+        match rustls.reload_from_pem_file(&tls.cert, &tls.key).await {
+            Ok(()) => {
+                seen = now;
+                tracing::info!(cert = %tls.cert.display(), "reloaded the webhook certificate");
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "new webhook certificate not usable; keeping the old one")
+            }
+        }
+    }
+}
+
+/// Bindings of `namespace/name`, retried briefly when the ServiceAccount is
+/// not found (it may have been created a moment before the pod) or the
+/// lookup fails. `Ok(None)`: it does not exist; `Err`: it could not be read.
+async fn lookup(
+    directory: &dyn Directory,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<Bindings>, String> {
+    let mut last_error = None;
+    for attempt in 0..=LOOKUP_RETRIES {
+        match directory.lookup(namespace, name).await {
+            Ok(Some(bindings)) => return Ok(Some(bindings)),
+            Ok(None) => last_error = None,
+            Err(e) => {
+                tracing::warn!(error = %e, namespace, name, "ServiceAccount lookup failed");
+                last_error = Some(e.to_string());
+            }
+        }
+        if attempt < LOOKUP_RETRIES {
+            tokio::time::sleep(LOOKUP_BACKOFF).await;
+        }
+    }
+    match last_error {
+        Some(e) => Err(e),
+        None => Ok(None),
+    }
+}
+
+async fn mutate_handler(State(webhook): State<Arc<Webhook>>, body: Bytes) -> Json<Value> {
+    let review = match review::parse(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(error = %e, "admission review refused");
+            return Json(e.response());
+        }
+    };
+    let pod = match review.action {
+        Action::AllowUnchanged(reason) => {
+            tracing::debug!(uid = %review.uid, %reason, "admitted unchanged");
+            return Json(review::allow(&review.uid, None, &[]));
+        }
+        Action::Mutate(pod) => pod,
+    };
+    // Pods that did not opt in need no lookup (and must not be refused when
+    // the API is unreachable), whatever the objectSelector let through.
+    let opted_in = pod
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(mutate::INJECT_LABEL))
+        .is_some_and(|v| v == "true");
+    if !opted_in {
+        return Json(review::allow(&review.uid, None, &[]));
+    }
+    let service_account = mutate::service_account_name(&pod).to_string();
+    let pod_name = pod
+        .metadata
+        .name
+        .clone()
+        .or_else(|| pod.metadata.generate_name.clone().map(|g| format!("{g}*")))
+        .unwrap_or_default();
+    let looked_up = lookup(
+        webhook.directory.as_ref(),
+        &review.namespace,
+        &service_account,
+    )
+    .await;
+    let bindings = match looked_up {
+        Ok(found) => found.unwrap_or_default(),
+        Err(e) => {
+            // Admitting an opted-in pod without its credentials would fail
+            // later and obscurely; refusing lets its controller retry.
+            tracing::warn!(
+                target: "lanyard::audit",
+                decision = "deny",
+                namespace = %review.namespace,
+                pod = %pod_name,
+                service_account = %service_account,
+                error = %e,
+                "pod denied: ServiceAccount unreadable"
+            );
+            let message = format!(
+                "lanyard cannot read ServiceAccount {}/{service_account} to decide what to inject: {e}; retry shortly",
+                review.namespace
+            );
+            return Json(review::deny(&review.uid, 503, &message));
+        }
+    };
+    let outcome = mutate(&pod, &review.namespace, &bindings, &webhook.injection);
+    match &outcome {
+        Ok(m) => tracing::info!(
+            target: "lanyard::audit",
+            decision = "admit",
+            namespace = %review.namespace,
+            pod = %pod_name,
+            service_account = %service_account,
+            injected = ?m.summary,
+            warnings = ?m.warnings,
+            dry_run = review.dry_run,
+            "pod admitted"
+        ),
+        Err(d) => tracing::warn!(
+            target: "lanyard::audit",
+            decision = "deny",
+            namespace = %review.namespace,
+            pod = %pod_name,
+            service_account = %service_account,
+            reason = %d.message,
+            dry_run = review.dry_run,
+            "pod denied"
+        ),
+    }
+    Json(respond(&review.uid, &outcome))
+}
+
+/// Runs `lanyard webhook` until SIGINT/SIGTERM: ServiceAccounts from the
+/// Kubernetes API, HTTPS on `listen`, health and metrics on `admin_listen`.
+pub async fn run(config: crate::config::Config) -> anyhow::Result<()> {
+    let w = &config.webhook;
+    let (Some(cert), Some(key)) = (w.tls_cert.clone(), w.tls_key.clone()) else {
+        anyhow::bail!("the webhook serves HTTPS only: set --tls-cert FILE and --tls-key FILE");
+    };
+    let client = kube::Client::try_default().await.map_err(|e| {
+        anyhow::anyhow!("no Kubernetes API: {e} (run in a cluster or set KUBECONFIG)")
+    })?;
+    let invalidate = Arc::new(crate::directory::kube::Invalidate {
+        service_account: Box::new(|_, _| {}),
+        pod: Box::new(|_| {}),
+    });
+    let directory =
+        Arc::new(crate::directory::kube::KubeDirectory::start(client, None, invalidate).await?);
+    let server = WebhookServer::start(
+        config.listen,
+        TlsFiles {
+            cert,
+            key,
+            reload_every: Duration::from_secs(w.reload_seconds.max(1)),
+        },
+        config.injection(),
+        directory,
+    )
+    .await?;
+    let metrics = Arc::new(crate::telemetry::metrics::Metrics::new());
+    let ready = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let (trigger, shutdown) = crate::http::Shutdown::new();
+    let admin = crate::http::bind(config.admin_listen, "admin endpoints").await?;
+    let admin_addr = admin.local_addr()?;
+    let admin_task = crate::http::spawn_server(
+        admin,
+        crate::telemetry::admin_router(metrics, ready),
+        shutdown,
+    );
+    tracing::info!(addr = %server.addr, admin = %admin_addr, "lanyard webhook serving");
+    crate::dev::wait_for_signal().await;
+    tracing::info!("shutting down");
+    trigger.trigger();
+    server.stop().await;
+    let _ = tokio::time::timeout(Duration::from_secs(10), admin_task).await;
+    Ok(())
+}

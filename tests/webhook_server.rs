@@ -1,0 +1,275 @@
+//! The webhook's HTTPS server: real AdmissionReviews over TLS, the
+//! ServiceAccount looked up (with a retry for one created a moment after
+//! the review arrives), malformed input answered, and the certificate
+//! reloaded when its files are replaced.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use lanyard::directory::file::{ServiceAccountEntry, StaticDirectory};
+use lanyard::directory::{Bindings, Directory, DirectoryError};
+use lanyard::webhook::server::{TlsFiles, WebhookServer};
+use lanyard::webhook::InjectionConfig;
+use serde_json::Value;
+
+struct Pki {
+    ca_pem: String,
+    cert_pem: String,
+    key_pem: String,
+}
+
+/// A CA and a serving certificate for 127.0.0.1/localhost.
+fn pki() -> Pki {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let params =
+        CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    Pki {
+        ca_pem: ca_cert.pem(),
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    }
+}
+
+fn client(ca_pem: &str) -> reqwest::Client {
+    reqwest::Client::builder()
+        .tls_certs_only([reqwest::Certificate::from_pem(ca_pem.as_bytes()).unwrap()])
+        .build()
+        .unwrap()
+}
+
+fn fixture(name: &str) -> Vec<u8> {
+    std::fs::read(format!(
+        "{}/tests/fixtures/admission/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap()
+}
+
+/// A directory whose ServiceAccounts appear after a delay, as one created
+/// moments before its pod might.
+struct LateDirectory {
+    inner: StaticDirectory,
+    visible_after: tokio::time::Instant,
+}
+
+#[async_trait::async_trait]
+impl Directory for LateDirectory {
+    async fn lookup(&self, ns: &str, name: &str) -> Result<Option<Bindings>, DirectoryError> {
+        if tokio::time::Instant::now() < self.visible_after {
+            return Ok(None);
+        }
+        self.inner.lookup(ns, name).await
+    }
+}
+
+async fn start(dir: &std::path::Path, pki: &Pki, delay: Duration) -> WebhookServer {
+    let cert = dir.join("tls.crt");
+    let key = dir.join("tls.key");
+    std::fs::write(&cert, &pki.cert_pem).unwrap();
+    std::fs::write(&key, &pki.key_pem).unwrap();
+    let accounts = [ServiceAccountEntry {
+        namespace: "ml".into(),
+        name: "raycluster-kuberay".into(),
+        annotations: [(
+            "azure.workload.identity/client-id".to_string(),
+            "5f2c9e1a-8d4b-4c7e-9a13-0d6e2b7f4c21".to_string(),
+        )]
+        .into_iter()
+        .collect(),
+    }];
+    let directory = Arc::new(LateDirectory {
+        inner: StaticDirectory::new(&accounts),
+        visible_after: tokio::time::Instant::now() + delay,
+    });
+    WebhookServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        TlsFiles {
+            cert,
+            key,
+            reload_every: Duration::from_millis(200),
+        },
+        InjectionConfig {
+            sidecar_image: "registry.example/lanyard:test".into(),
+            azure_tenant_id: Some("3b8e4f60-1c2d-4e5f-8a9b-7c6d5e4f3a2b".into()),
+            ..Default::default()
+        },
+        directory,
+    )
+    .await
+    .unwrap()
+}
+
+async fn review(client: &reqwest::Client, addr: std::net::SocketAddr, body: Vec<u8>) -> Value {
+    let resp = client
+        .post(format!("https://127.0.0.1:{}/mutate", addr.port()))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.json().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutates_over_tls_and_retries_a_late_service_account() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki();
+    // The ServiceAccount shows up 400 ms after the review: within the retry.
+    let server = start(dir.path(), &pki, Duration::from_millis(400)).await;
+    let client = client(&pki.ca_pem);
+    let answer = review(&client, server.addr, fixture("kuberay_head_create.json")).await;
+    assert_eq!(answer["kind"], "AdmissionReview");
+    assert_eq!(
+        answer["response"]["uid"],
+        "0d6a3f27-5b8e-4c41-9e0f-2a7c9b1d4e53"
+    );
+    assert_eq!(answer["response"]["allowed"], true);
+    assert_eq!(answer["response"]["patchType"], "JSONPatch");
+    let patch = base64::engine::general_purpose::STANDARD
+        .decode(answer["response"]["patch"].as_str().unwrap())
+        .unwrap();
+    let patch: Value = serde_json::from_slice(&patch).unwrap();
+    assert!(
+        patch.as_array().unwrap().iter().any(|op| op["path"]
+            .as_str()
+            .unwrap()
+            .starts_with("/spec/initContainers")),
+        "{patch}"
+    );
+
+    // Malformed and unexpected input: clear answers, never a crash.
+    let answer = review(&client, server.addr, b"{not json".to_vec()).await;
+    assert!(answer["response"]["status"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("not JSON"));
+    let answer = review(&client, server.addr, fixture("pod_delete.json")).await;
+    assert_eq!(answer["response"]["allowed"], true);
+    assert!(answer["response"].get("patch").is_none());
+    let big = vec![b' '; 3 * 1024 * 1024 + 10];
+    let answer = review(&client, server.addr, big).await;
+    assert!(
+        answer["response"]["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("limit"),
+        "{answer}"
+    );
+    let get = client
+        .get(format!("https://127.0.0.1:{}/mutate", server.addr.port()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(get.status(), 405);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloads_a_rotated_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = pki();
+    let server = start(dir.path(), &first, Duration::ZERO).await;
+    let old_client = client(&first.ca_pem);
+    review(&old_client, server.addr, fixture("pod_delete.json")).await;
+
+    // cert-manager writes a new pair from another CA.
+    let second = pki();
+    std::fs::write(dir.path().join("tls.key"), &second.key_pem).unwrap();
+    std::fs::write(dir.path().join("tls.crt"), &second.cert_pem).unwrap();
+    let new_client = client(&second.ca_pem);
+    let mut reloaded = false;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let ok = new_client
+            .post(format!("https://127.0.0.1:{}/mutate", server.addr.port()))
+            .body(fixture("pod_delete.json"))
+            .send()
+            .await
+            .is_ok();
+        if ok {
+            reloaded = true;
+            break;
+        }
+    }
+    assert!(reloaded, "the new certificate was never served");
+    // A fresh connection that trusts only the old CA now fails.
+    let old_again = client(&first.ca_pem);
+    assert!(old_again
+        .post(format!("https://127.0.0.1:{}/mutate", server.addr.port()))
+        .body(fixture("pod_delete.json"))
+        .send()
+        .await
+        .is_err());
+
+    // A broken pair is refused and the current one kept.
+    std::fs::write(dir.path().join("tls.crt"), "not a certificate").unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    review(&new_client, server.addr, fixture("pod_delete.json")).await;
+    server.stop().await;
+}
+
+/// A directory that cannot be read.
+struct BrokenDirectory;
+
+#[async_trait::async_trait]
+impl Directory for BrokenDirectory {
+    async fn lookup(&self, _: &str, _: &str) -> Result<Option<Bindings>, DirectoryError> {
+        Err(DirectoryError("API server unreachable".into()))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_service_account_denies_rather_than_admitting_without_credentials() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki();
+    let cert = dir.path().join("tls.crt");
+    let key = dir.path().join("tls.key");
+    std::fs::write(&cert, &pki.cert_pem).unwrap();
+    std::fs::write(&key, &pki.key_pem).unwrap();
+    let server = WebhookServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        TlsFiles {
+            cert,
+            key,
+            reload_every: Duration::from_secs(10),
+        },
+        InjectionConfig {
+            sidecar_image: "registry.example/lanyard:test".into(),
+            ..Default::default()
+        },
+        Arc::new(BrokenDirectory),
+    )
+    .await
+    .unwrap();
+    let answer = review(
+        &client(&pki.ca_pem),
+        server.addr,
+        fixture("kuberay_head_create.json"),
+    )
+    .await;
+    assert_eq!(answer["response"]["allowed"], false);
+    assert_eq!(answer["response"]["status"]["code"], 503);
+    assert!(answer["response"]["status"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("raycluster-kuberay"));
+    // A pod that did not opt in is admitted untouched, API or no API.
+    let body = String::from_utf8(fixture("kuberay_head_create.json"))
+        .unwrap()
+        .replace(
+            "\"lanyard.dev/inject\": \"true\"",
+            "\"lanyard.dev/inject\": \"false\"",
+        );
+    let answer = review(&client(&pki.ca_pem), server.addr, body.into_bytes()).await;
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    server.stop().await;
+}
