@@ -184,6 +184,13 @@ async fn mutate_handler(State(webhook): State<Arc<Webhook>>, body: Bytes) -> Jso
         .and_then(|l| l.get(mutate::INJECT_LABEL))
         .is_some_and(|v| v == "true");
     if !opted_in {
+        tracing::info!(
+            target: "lanyard::audit",
+            decision = "skip",
+            namespace = %review.namespace,
+            pod = ?pod.metadata.name.as_ref().or(pod.metadata.generate_name.as_ref()),
+            "pod admitted unchanged: not opted in"
+        );
         return Json(review::allow(&review.uid, None, &[]));
     }
     let service_account = mutate::service_account_name(&pod).to_string();
@@ -254,15 +261,22 @@ pub async fn run(config: crate::config::Config) -> anyhow::Result<()> {
     let (Some(cert), Some(key)) = (w.tls_cert.clone(), w.tls_key.clone()) else {
         anyhow::bail!("the webhook serves HTTPS only: set --tls-cert FILE and --tls-key FILE");
     };
-    let client = kube::Client::try_default().await.map_err(|e| {
-        anyhow::anyhow!("no Kubernetes API: {e} (run in a cluster or set KUBECONFIG)")
-    })?;
-    let invalidate = Arc::new(crate::directory::kube::Invalidate {
-        service_account: Box::new(|_, _| {}),
-        pod: Box::new(|_| {}),
-    });
-    let directory =
-        Arc::new(crate::directory::kube::KubeDirectory::start(client, None, invalidate).await?);
+    // Static ServiceAccounts when configured (non-Kubernetes tests and
+    // benchmarks); otherwise a ServiceAccount watch through the API.
+    let directory: Arc<dyn Directory> = if config.cluster.service_accounts.is_empty() {
+        let client = kube::Client::try_default().await.map_err(|e| {
+            anyhow::anyhow!("no Kubernetes API: {e} (run in a cluster or set KUBECONFIG)")
+        })?;
+        let invalidate = Arc::new(crate::directory::kube::Invalidate {
+            service_account: Box::new(|_, _| {}),
+            pod: Box::new(|_| {}),
+        });
+        Arc::new(crate::directory::kube::KubeDirectory::start(client, None, invalidate).await?)
+    } else {
+        Arc::new(crate::directory::file::StaticDirectory::new(
+            &config.cluster.service_accounts,
+        ))
+    };
     let server = WebhookServer::start(
         config.listen,
         TlsFiles {
