@@ -71,6 +71,21 @@ impl Directory for LateDirectory {
 }
 
 async fn start(dir: &std::path::Path, pki: &Pki, delay: Duration) -> WebhookServer {
+    start_with_metrics(
+        dir,
+        pki,
+        delay,
+        Arc::new(lanyard::telemetry::metrics::Metrics::new()),
+    )
+    .await
+}
+
+async fn start_with_metrics(
+    dir: &std::path::Path,
+    pki: &Pki,
+    delay: Duration,
+    metrics: Arc<lanyard::telemetry::metrics::Metrics>,
+) -> WebhookServer {
     let cert = dir.join("tls.crt");
     let key = dir.join("tls.key");
     std::fs::write(&cert, &pki.cert_pem).unwrap();
@@ -102,6 +117,7 @@ async fn start(dir: &std::path::Path, pki: &Pki, delay: Duration) -> WebhookServ
             ..Default::default()
         },
         directory,
+        metrics,
     )
     .await
     .unwrap()
@@ -124,7 +140,14 @@ async fn mutates_over_tls_and_retries_a_late_service_account() {
     let dir = tempfile::tempdir().unwrap();
     let pki = pki();
     // The ServiceAccount shows up 400 ms after the review: within the retry.
-    let server = start(dir.path(), &pki, Duration::from_millis(400)).await;
+    let metrics = Arc::new(lanyard::telemetry::metrics::Metrics::new());
+    let server = start_with_metrics(
+        dir.path(),
+        &pki,
+        Duration::from_millis(400),
+        metrics.clone(),
+    )
+    .await;
     let client = client(&pki.ca_pem);
     let answer = review(&client, server.addr, fixture("kuberay_head_create.json")).await;
     assert_eq!(answer["kind"], "AdmissionReview");
@@ -170,6 +193,23 @@ async fn mutates_over_tls_and_retries_a_late_service_account() {
         .await
         .unwrap();
     assert_eq!(get.status(), 405);
+    let text = metrics.render();
+    assert!(
+        text.contains("lanyard_admissions_total{decision=\"inject\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("lanyard_admissions_total{decision=\"unchanged\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("lanyard_admissions_total{decision=\"error\"} 2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("lanyard_admission_latency_seconds_count 4"),
+        "{text}"
+    );
     server.stop().await;
 }
 
@@ -247,6 +287,7 @@ async fn unreadable_service_account_denies_rather_than_admitting_without_credent
             ..Default::default()
         },
         Arc::new(BrokenDirectory),
+        Arc::new(lanyard::telemetry::metrics::Metrics::new()),
     )
     .await
     .unwrap();

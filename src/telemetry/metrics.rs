@@ -55,6 +55,14 @@ pub struct Metrics {
     pub cache_entries: Gauge,
     pub upstream_requests: Family<UpstreamLabel, Counter>,
     pub upstream_latency: Family<CloudLabel, Histogram, fn() -> Histogram>,
+    pub admissions: Family<DecisionLabel, Counter>,
+    pub admission_latency: Histogram,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabel {
+    /// `inject`, `unchanged`, `deny` or `error`.
+    pub decision: &'static str,
 }
 
 impl Default for Metrics {
@@ -78,6 +86,10 @@ impl Metrics {
             cache_entries: Gauge::default(),
             upstream_requests: Family::default(),
             upstream_latency: Family::new_with_constructor(latency_histogram),
+            admissions: Family::default(),
+            admission_latency: Histogram::new([
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+            ]),
         };
         registry.register(
             "cache_hits",
@@ -128,6 +140,16 @@ impl Metrics {
             "upstream_latency_seconds",
             "Latency of upstream token exchanges",
             m.upstream_latency.clone(),
+        );
+        registry.register(
+            "admissions",
+            "Admission reviews answered by the webhook, by decision",
+            m.admissions.clone(),
+        );
+        registry.register(
+            "admission_latency_seconds",
+            "Time to answer an admission review",
+            m.admission_latency.clone(),
         );
         Metrics { registry, ..m }
     }

@@ -18,6 +18,7 @@ use serde_json::Value;
 use super::review::{self, Action};
 use super::{mutate, respond, InjectionConfig};
 use crate::directory::{Bindings, Directory};
+use crate::telemetry::metrics::{DecisionLabel, Metrics};
 
 /// How often and how many times a missing ServiceAccount is looked up again
 /// before the pod is admitted without injection.
@@ -27,6 +28,7 @@ const LOOKUP_BACKOFF: Duration = Duration::from_millis(200);
 struct Webhook {
     injection: InjectionConfig,
     directory: Arc<dyn Directory>,
+    metrics: Arc<Metrics>,
 }
 
 /// Where the TLS material lives and how often to look for a new one.
@@ -55,6 +57,7 @@ impl WebhookServer {
         tls: TlsFiles,
         injection: InjectionConfig,
         directory: Arc<dyn Directory>,
+        metrics: Arc<Metrics>,
     ) -> anyhow::Result<WebhookServer> {
         injection
             .validate()
@@ -71,6 +74,7 @@ impl WebhookServer {
         let state = Arc::new(Webhook {
             injection,
             directory,
+            metrics,
         });
         let router = Router::new()
             .route("/mutate", post(mutate_handler))
@@ -161,17 +165,33 @@ async fn lookup(
 }
 
 async fn mutate_handler(State(webhook): State<Arc<Webhook>>, body: Bytes) -> Json<Value> {
+    let started = std::time::Instant::now();
+    let (decision, answer) = decide(&webhook, &body).await;
+    webhook
+        .metrics
+        .admissions
+        .get_or_create(&DecisionLabel { decision })
+        .inc();
+    webhook
+        .metrics
+        .admission_latency
+        .observe(started.elapsed().as_secs_f64());
+    answer
+}
+
+/// The answer to one review, and its decision label for metrics.
+async fn decide(webhook: &Webhook, body: &[u8]) -> (&'static str, Json<Value>) {
     let review = match review::parse(&body) {
         Ok(r) => r,
         Err(e) => {
             tracing::warn!(error = %e, "admission review refused");
-            return Json(e.response());
+            return ("error", Json(e.response()));
         }
     };
     let pod = match review.action {
         Action::AllowUnchanged(reason) => {
             tracing::debug!(uid = %review.uid, %reason, "admitted unchanged");
-            return Json(review::allow(&review.uid, None, &[]));
+            return ("unchanged", Json(review::allow(&review.uid, None, &[])));
         }
         Action::Mutate(pod) => pod,
     };
@@ -191,7 +211,7 @@ async fn mutate_handler(State(webhook): State<Arc<Webhook>>, body: Bytes) -> Jso
             pod = ?pod.metadata.name.as_ref().or(pod.metadata.generate_name.as_ref()),
             "pod admitted unchanged: not opted in"
         );
-        return Json(review::allow(&review.uid, None, &[]));
+        return ("unchanged", Json(review::allow(&review.uid, None, &[])));
     }
     let service_account = mutate::service_account_name(&pod).to_string();
     let pod_name = pod
@@ -224,7 +244,7 @@ async fn mutate_handler(State(webhook): State<Arc<Webhook>>, body: Bytes) -> Jso
                 "lanyard cannot read ServiceAccount {}/{service_account} to decide what to inject: {e}; retry shortly",
                 review.namespace
             );
-            return Json(review::deny(&review.uid, 503, &message));
+            return ("deny", Json(review::deny(&review.uid, 503, &message)));
         }
     };
     let outcome = mutate(&pod, &review.namespace, &bindings, &webhook.injection);
@@ -251,7 +271,12 @@ async fn mutate_handler(State(webhook): State<Arc<Webhook>>, body: Bytes) -> Jso
             "pod denied"
         ),
     }
-    Json(respond(&review.uid, &outcome))
+    let decision = match &outcome {
+        Ok(m) if m.is_empty() => "unchanged",
+        Ok(_) => "inject",
+        Err(_) => "deny",
+    };
+    (decision, Json(respond(&review.uid, &outcome)))
 }
 
 /// Runs `lanyard webhook` until SIGINT/SIGTERM: ServiceAccounts from the
@@ -277,6 +302,7 @@ pub async fn run(config: crate::config::Config) -> anyhow::Result<()> {
             &config.cluster.service_accounts,
         ))
     };
+    let metrics = Arc::new(Metrics::new());
     let server = WebhookServer::start(
         config.listen,
         TlsFiles {
@@ -286,9 +312,9 @@ pub async fn run(config: crate::config::Config) -> anyhow::Result<()> {
         },
         config.injection(),
         directory,
+        metrics.clone(),
     )
     .await?;
-    let metrics = Arc::new(crate::telemetry::metrics::Metrics::new());
     let ready = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let (trigger, shutdown) = crate::http::Shutdown::new();
     let admin = crate::http::bind(config.admin_listen, "admin endpoints").await?;
