@@ -181,7 +181,7 @@ async fn mutate_handler(State(webhook): State<Arc<Webhook>>, body: Bytes) -> Jso
 
 /// The answer to one review, and its decision label for metrics.
 async fn decide(webhook: &Webhook, body: &[u8]) -> (&'static str, Json<Value>) {
-    let review = match review::parse(&body) {
+    let review = match review::parse(body) {
         Ok(r) => r,
         Err(e) => {
             tracing::warn!(error = %e, "admission review refused");
