@@ -27,7 +27,14 @@ pub struct RemoteBroker {
 impl RemoteBroker {
     pub fn new(agent_url: &str) -> Self {
         let base = agent_url.trim_end_matches('/');
-        let http = reqwest::Client::builder()
+        // A plain-http agent (the node-local default) needs no TLS roots;
+        // not loading them keeps the sidecar's footprint small.
+        let plain = base.starts_with("http://");
+        let mut builder = reqwest::Client::builder();
+        if plain {
+            builder = builder.tls_certs_only(Vec::new());
+        }
+        let http = builder
             .connect_timeout(Duration::from_secs(2))
             // Longer than the agent's own upstream timeout would be pointless:
             // the SDKs retry a 503 sooner than they would wait.
