@@ -437,36 +437,26 @@ impl Broker {
         scopes.sort();
         scopes.dedup();
         let key = self.cache_key(Cloud::Gcp, &identity.email, &scopes.join(" "), &caller);
-        let fetcher = || -> Fetcher {
-            let exchanger = gcp.exchanger.clone();
-            let provider = gcp.provider.clone();
-            let lifetime = gcp.token_lifetime;
-            let email = identity.impersonated.then(|| identity.email.clone());
-            Arc::new(move |subject: SecretString| {
-                let (exchanger, provider, email, scopes) = (
-                    exchanger.clone(),
-                    provider.clone(),
-                    email.clone(),
-                    scopes.clone(),
-                );
-                Box::pin(async move {
-                    let token = match email {
-                        Some(email) => {
-                            let federated = exchanger
-                                .exchange(
-                                    &subject,
-                                    &provider,
-                                    &[crate::cloud::gcp::CLOUD_PLATFORM_SCOPE.to_string()],
-                                )
-                                .await?;
-                            exchanger
-                                .generate_access_token(&federated.token, &email, &scopes, lifetime)
-                                .await?
-                        }
-                        None => exchanger.exchange(&subject, &provider, &scopes).await?,
-                    };
-                    Ok(Credential::Token(token))
-                })
+        let fetcher = || {
+            let params = (
+                gcp.exchanger.clone(),
+                gcp.provider.clone(),
+                identity.impersonated.then(|| identity.email.clone()),
+                scopes.clone(),
+                gcp.token_lifetime,
+            );
+            make_fetcher(params, |p, subject| async move {
+                let (exchanger, provider, email, scopes, lifetime) = &*p;
+                let token = match email {
+                    Some(email) => {
+                        let federated = federate(exchanger, &subject, provider).await?;
+                        exchanger
+                            .generate_access_token(&federated.token, email, scopes, *lifetime)
+                            .await?
+                    }
+                    None => exchanger.exchange(&subject, provider, scopes).await?,
+                };
+                Ok(Credential::Token(token))
             })
         };
         let token = self
@@ -511,32 +501,21 @@ impl Broker {
             &format!("id_token {format} {}", request.audience),
             &caller,
         );
-        let fetcher = || -> Fetcher {
-            let exchanger = gcp.exchanger.clone();
-            let provider = gcp.provider.clone();
-            let email = identity.email.clone();
-            let audience = request.audience.clone();
-            let include_email = request.include_email;
-            Arc::new(move |subject: SecretString| {
-                let (exchanger, provider, email, audience) = (
-                    exchanger.clone(),
-                    provider.clone(),
-                    email.clone(),
-                    audience.clone(),
-                );
-                Box::pin(async move {
-                    let federated = exchanger
-                        .exchange(
-                            &subject,
-                            &provider,
-                            &[crate::cloud::gcp::CLOUD_PLATFORM_SCOPE.to_string()],
-                        )
-                        .await?;
-                    let id = exchanger
-                        .generate_id_token(&federated.token, &email, &audience, include_email)
-                        .await?;
-                    Ok(Credential::IdToken(id))
-                })
+        let fetcher = || {
+            let params = (
+                gcp.exchanger.clone(),
+                gcp.provider.clone(),
+                identity.email.clone(),
+                request.audience.clone(),
+                request.include_email,
+            );
+            make_fetcher(params, |p, subject| async move {
+                let (exchanger, provider, email, audience, include_email) = &*p;
+                let federated = federate(exchanger, &subject, provider).await?;
+                let id = exchanger
+                    .generate_id_token(&federated.token, email, audience, *include_email)
+                    .await?;
+                Ok(Credential::IdToken(id))
             })
         };
         self.cached(key, subject, &caller, fetcher)
@@ -576,20 +555,19 @@ impl Broker {
             ),
             &caller,
         );
-        let fetcher = || -> Fetcher {
-            let exchanger = aws.exchanger.clone();
-            let session = AwsExchanger::session_name(&caller.namespace, &caller.service_account);
-            let role_arn = role_arn.clone();
-            let duration = aws.session_duration;
-            Arc::new(move |subject: SecretString| {
-                let (exchanger, session, role_arn) =
-                    (exchanger.clone(), session.clone(), role_arn.clone());
-                Box::pin(async move {
-                    let credentials = exchanger
-                        .assume_role_with_web_identity(&role_arn, &session, &subject, duration)
-                        .await?;
-                    Ok(Credential::Aws(credentials))
-                })
+        let fetcher = || {
+            let params = (
+                aws.exchanger.clone(),
+                AwsExchanger::session_name(&caller.namespace, &caller.service_account),
+                role_arn.clone(),
+                aws.session_duration,
+            );
+            make_fetcher(params, |p, subject| async move {
+                let (exchanger, session, role_arn, duration) = &*p;
+                let credentials = exchanger
+                    .assume_role_with_web_identity(role_arn, session, &subject, *duration)
+                    .await?;
+                Ok(Credential::Aws(credentials))
             })
         };
         let credentials = self
@@ -644,29 +622,22 @@ impl Broker {
             &scope,
             &caller,
         );
-        let fetcher = || -> Fetcher {
-            let exchanger = azure.exchanger.clone();
-            let tenant = tenant.to_string();
-            let client_id = binding.client_id.clone();
-            let scope = scope.clone();
-            Arc::new(move |subject: SecretString| {
-                let (exchanger, tenant, client_id, scope) = (
-                    exchanger.clone(),
-                    tenant.clone(),
-                    client_id.clone(),
-                    scope.clone(),
-                );
-                Box::pin(async move {
-                    let token = exchanger
-                        .exchange(&AzureRequest {
-                            tenant_id: &tenant,
-                            client_id: &client_id,
-                            scope: &scope,
-                            assertion: &subject,
-                        })
-                        .await?;
-                    Ok(Credential::Token(token))
-                })
+        let fetcher = || {
+            let params = (
+                azure.exchanger.clone(),
+                tenant.to_string(),
+                binding.client_id.clone(),
+                scope.clone(),
+            );
+            make_fetcher(params, |p, subject| async move {
+                let (exchanger, tenant_id, client_id, scope) = &*p;
+                let request = AzureRequest {
+                    tenant_id,
+                    client_id,
+                    scope,
+                    assertion: &subject,
+                };
+                Ok(Credential::Token(exchanger.exchange(&request).await?))
             })
         };
         let token = self
@@ -680,6 +651,28 @@ impl Broker {
             resource: resource.to_string(),
         })
     }
+}
+
+/// The federated (STS) token that impersonation starts from.
+async fn federate(
+    exchanger: &GcpExchanger,
+    subject: &SecretString,
+    provider: &str,
+) -> Result<AccessToken, CloudError> {
+    let scopes = [crate::cloud::gcp::CLOUD_PLATFORM_SCOPE.to_string()];
+    exchanger.exchange(subject, provider, &scopes).await
+}
+
+/// A cache fetcher from an async exchange over shared `params` (captured
+/// once; each exchange clones only the `Arc`).
+fn make_fetcher<P, F, Fut>(params: P, exchange: F) -> Fetcher
+where
+    P: Send + Sync + 'static,
+    F: Fn(Arc<P>, SecretString) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<Credential, CloudError>> + Send + 'static,
+{
+    let params = Arc::new(params);
+    Arc::new(move |subject| Box::pin(exchange(params.clone(), subject)))
 }
 
 /// The cache stores one credential enum; a key always maps to one kind, so

@@ -245,11 +245,42 @@ impl Cache {
         let subject_until = now + Duration::from_secs(subject_exp.saturating_sub(now_unix()));
         let receiver = {
             let mut entries = inner.lock();
-            if !entries.contains_key(&key) {
-                inner.make_room(&mut entries);
-                entries.insert(
-                    key.clone(),
-                    Entry {
+            match entries.get_mut(&key) {
+                Some(entry) => {
+                    entry.last_access = now;
+                    if subject_until > entry.subject_until {
+                        // Newer projected token: refreshes use it from now on.
+                        entry.subject = subject.clone();
+                        entry.subject_until = subject_until;
+                    }
+                    if let Some(stored) = &entry.value {
+                        if stored.expires > now + min_remaining(cloud) {
+                            inner.metrics.cache_hits.get_or_create(&label).inc();
+                            return Ok(stored.credential.clone());
+                        }
+                    }
+                    match (&entry.inflight, &entry.failure) {
+                        (Some(rx), _) => {
+                            inner.metrics.cache_coalesced.get_or_create(&label).inc();
+                            rx.clone()
+                        }
+                        (None, Some(failure)) if failure.retry_at > now => {
+                            inner
+                                .metrics
+                                .cache_negative_hits
+                                .get_or_create(&label)
+                                .inc();
+                            return Err(failure.error.clone());
+                        }
+                        (None, _) => {
+                            inner.metrics.cache_misses.get_or_create(&label).inc();
+                            start_fetch(inner, &key, entry, false)
+                        }
+                    }
+                }
+                None => {
+                    inner.make_room(&mut entries);
+                    let mut entry = Entry {
                         value: None,
                         inflight: None,
                         failure: None,
@@ -258,49 +289,14 @@ impl Cache {
                         fetcher: fetcher(),
                         last_access: now,
                         generation: 0,
-                    },
-                );
-                inner.metrics.cache_entries.set(entries.len() as i64);
-            } else if let Some(entry) = entries.get_mut(&key) {
-                entry.last_access = now;
-                if subject_until > entry.subject_until {
-                    // Newer projected token: refreshes use it from now on.
-                    entry.subject = subject.clone();
-                    entry.subject_until = subject_until;
-                }
-                if let Some(stored) = &entry.value {
-                    if stored.expires > now + min_remaining(cloud) {
-                        inner.metrics.cache_hits.get_or_create(&label).inc();
-                        return Ok(stored.credential.clone());
-                    }
-                }
-                if entry.inflight.is_none() {
-                    if let Some(failure) = &entry.failure {
-                        if failure.retry_at > now {
-                            inner
-                                .metrics
-                                .cache_negative_hits
-                                .get_or_create(&label)
-                                .inc();
-                            return Err(failure.error.clone());
-                        }
-                    }
-                }
-            }
-            let Some(entry) = entries.get_mut(&key) else {
-                return Err(CloudError::Unavailable {
-                    cloud,
-                    reason: "cache entry vanished".into(),
-                });
-            };
-            match &entry.inflight {
-                Some(rx) => {
-                    inner.metrics.cache_coalesced.get_or_create(&label).inc();
-                    rx.clone()
-                }
-                None => {
+                    };
                     inner.metrics.cache_misses.get_or_create(&label).inc();
-                    start_fetch(inner, &key, entry, false)
+                    // The exchange's task cannot record its result before
+                    // the entry is in the map: it needs this lock.
+                    let rx = start_fetch(inner, &key, &mut entry, false);
+                    entries.insert(key, entry);
+                    inner.metrics.cache_entries.set(entries.len() as i64);
+                    rx
                 }
             }
         };

@@ -119,52 +119,81 @@ async fn eventually_status(port: u16, token: &str, want: u16) -> Value {
     panic!("never answered {want}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn agent_follows_the_cluster() {
-    let pod = PodIdentity::new("default", "ray-worker", "ray-worker-0", NODE);
+/// The upstreams, a fake API server holding `pod` (bound to Azure) and its
+/// ServiceAccount, and the agent's kubeconfig and config files.
+struct Cluster {
+    up: Upstreams,
+    kube: Arc<FakeKube>,
+    dir: tempfile::TempDir,
+    _trigger: lanyard::http::ShutdownTrigger,
+}
+
+const BOUND: [(&str, &str); 1] = [("azure.workload.identity/client-id", CLIENT)];
+
+async fn cluster(pod: &PodIdentity) -> Cluster {
     let up = upstreams(&pod.subject(), Duration::from_secs(3600)).await;
     let kube = FakeKube::new(up.issuer.clone(), KUBE_TOKEN);
     let listener = lanyard::http::bind("127.0.0.1:0".parse().unwrap(), "fake kube")
         .await
         .unwrap();
     let kube_url = format!("http://{}", listener.local_addr().unwrap());
-    let (_trigger, shutdown) = lanyard::http::Shutdown::new();
+    let (trigger, shutdown) = lanyard::http::Shutdown::new();
     lanyard::http::spawn_server(listener, kube.router(), shutdown);
-    let bound = [("azure.workload.identity/client-id", CLIENT)];
-    kube.apply_service_account(service_account(&pod, &bound));
-    kube.apply_pod(pod_object(&pod));
-
+    kube.apply_service_account(service_account(pod, &BOUND));
+    kube.apply_pod(pod_object(pod));
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, kube.kubeconfig(&kube_url)).unwrap();
-    let config = dir.path().join("agent.yaml");
+    std::fs::write(dir.path().join("kubeconfig"), kube.kubeconfig(&kube_url)).unwrap();
     std::fs::write(
-        &config,
+        dir.path().join("agent.yaml"),
         format!(
             "azure:\n  authority_host: {}\n  tenant_id: {TENANT}\n",
             up.entra_url
         ),
     )
     .unwrap();
-    let port = free_port();
-    let agent = Agent(
-        Command::new(env!("CARGO_BIN_EXE_lanyard"))
-            .args(["--config", config.to_str().unwrap(), "agent"])
+    Cluster {
+        up,
+        kube,
+        dir,
+        _trigger: trigger,
+    }
+}
+
+impl Cluster {
+    /// Starts `lanyard agent` with only a kubeconfig; returns it and its port.
+    fn start_agent(&self, extra: &[&str]) -> (Agent, u16) {
+        let port = free_port();
+        let child = Command::new(env!("CARGO_BIN_EXE_lanyard"))
+            .args([
+                "--config",
+                self.dir.path().join("agent.yaml").to_str().unwrap(),
+                "agent",
+            ])
             .args([
                 "--listen",
                 &format!("127.0.0.1:{port}"),
                 "--admin-listen",
                 "127.0.0.1:0",
             ])
-            .args(["--node-name", NODE])
-            .env("KUBECONFIG", &kubeconfig)
+            .args(extra)
+            .env("KUBECONFIG", self.dir.path().join("kubeconfig"))
             .env_remove("KUBERNETES_SERVICE_HOST")
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
-            .unwrap(),
-    );
+            .unwrap();
+        (Agent(child), port)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_follows_the_cluster() {
+    let pod = PodIdentity::new("default", "ray-worker", "ray-worker-0", NODE);
+    let c = cluster(&pod).await;
+    let (up, kube) = (&c.up, &c.kube);
+    let bound = BOUND;
+    let (agent, port) = c.start_agent(&["--node-name", NODE]);
     let aud = ["api://AzureADTokenExchange"];
     let hour = Duration::from_secs(3600);
     let token = up.issuer.mint(&pod, &aud, hour).unwrap();
@@ -223,57 +252,14 @@ async fn agent_follows_the_cluster() {
     let log = agent.stop();
     assert!(log.contains("bindings changed"), "{log}");
     assert!(!log.contains("eyJ"), "no JWT in the log");
-    let _ = Arc::clone(&kube);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_review_on_first_sight() {
     let pod = PodIdentity::new("default", "ray-worker", "ray-worker-0", NODE);
-    let up = upstreams(&pod.subject(), Duration::from_secs(3600)).await;
-    let kube = FakeKube::new(up.issuer.clone(), KUBE_TOKEN);
-    let listener = lanyard::http::bind("127.0.0.1:0".parse().unwrap(), "fake kube")
-        .await
-        .unwrap();
-    let kube_url = format!("http://{}", listener.local_addr().unwrap());
-    let (_trigger, shutdown) = lanyard::http::Shutdown::new();
-    lanyard::http::spawn_server(listener, kube.router(), shutdown);
-    let bound = [("azure.workload.identity/client-id", CLIENT)];
-    kube.apply_service_account(service_account(&pod, &bound));
-    kube.apply_pod(pod_object(&pod));
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, kube.kubeconfig(&kube_url)).unwrap();
-    let config = dir.path().join("agent.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "azure:\n  authority_host: {}\n  tenant_id: {TENANT}\n",
-            up.entra_url
-        ),
-    )
-    .unwrap();
-    let port = free_port();
-    let _agent = Agent(
-        Command::new(env!("CARGO_BIN_EXE_lanyard"))
-            .args([
-                "--config",
-                config.to_str().unwrap(),
-                "agent",
-                "--token-review",
-            ])
-            .args([
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--admin-listen",
-                "127.0.0.1:0",
-            ])
-            .env("KUBECONFIG", &kubeconfig)
-            .env_remove("KUBERNETES_SERVICE_HOST")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let c = cluster(&pod).await;
+    let (up, kube) = (&c.up, &c.kube);
+    let (_agent, port) = c.start_agent(&["--token-review"]);
     let aud = ["api://AzureADTokenExchange"];
     let token = up
         .issuer

@@ -19,22 +19,19 @@ pub struct ServiceAccountEntry {
 
 /// Bindings from a fixed list of ServiceAccounts.
 pub struct StaticDirectory {
-    entries: HashMap<(String, String), Bindings>,
+    /// namespace → name → bindings: looked up by `&str`, without allocating.
+    entries: HashMap<String, HashMap<String, Bindings>>,
 }
 
 impl StaticDirectory {
     pub fn new(entries: &[ServiceAccountEntry]) -> Self {
-        StaticDirectory {
-            entries: entries
-                .iter()
-                .map(|e| {
-                    (
-                        (e.namespace.clone(), e.name.clone()),
-                        Bindings::from_annotations(&e.annotations),
-                    )
-                })
-                .collect(),
+        let mut map: HashMap<String, HashMap<String, Bindings>> = HashMap::new();
+        for e in entries {
+            map.entry(e.namespace.clone())
+                .or_default()
+                .insert(e.name.clone(), Bindings::from_annotations(&e.annotations));
         }
+        StaticDirectory { entries: map }
     }
 }
 
@@ -47,7 +44,8 @@ impl Directory for StaticDirectory {
     ) -> Result<Option<Bindings>, DirectoryError> {
         Ok(self
             .entries
-            .get(&(namespace.to_string(), name.to_string()))
+            .get(namespace)
+            .and_then(|names| names.get(name))
             .cloned())
     }
 }

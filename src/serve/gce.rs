@@ -174,21 +174,10 @@ pub async fn handle(
         segments
     };
 
-    // Project and universe values need no caller identity beyond the token.
-    let identity = |surfaces: Arc<Surfaces>| async move {
-        let subject = surfaces
-            .subjects
-            .token(Cloud::Gcp)
-            .await
-            .map_err(BrokerError::Unavailable)?;
-        let identity = surfaces.broker.gcp_identity(&subject).await?;
-        Ok::<_, BrokerError>((subject, identity))
-    };
-
     match (segments.as_slice(), is_dir) {
         ([], true) => {
             if recursive {
-                return match identity(surfaces).await {
+                return match identity_for_account(&surfaces, "default").await {
                     Ok((_, id)) => json_body(json!({
                         "instance": { "serviceAccounts": accounts_json(&id) },
                         "project": { "numericProjectId": number(&id.project_number), "projectId": id.project_id },
@@ -207,7 +196,7 @@ pub async fn handle(
             }
         }
         (["universe", "universe-domain"], false) => text(StatusCode::OK, UNIVERSE_DOMAIN),
-        (["project"], true) => match identity(surfaces).await {
+        (["project"], true) => match identity_for_account(&surfaces, "default").await {
             Ok((_, id)) if recursive => json_body(json!({
                 "numericProjectId": number(&id.project_number),
                 "projectId": id.project_id,
@@ -215,27 +204,33 @@ pub async fn handle(
             Ok(_) => listing(&["numeric-project-id", "project-id"]),
             Err(e) => broker_error(&e),
         },
-        (["project", "project-id"], false) => match identity(surfaces).await {
-            Ok((_, id)) => text(StatusCode::OK, id.project_id),
-            Err(e) => broker_error(&e),
-        },
-        (["project", "numeric-project-id"], false) => match identity(surfaces).await {
-            Ok((_, id)) => text(StatusCode::OK, id.project_number),
-            Err(e) => broker_error(&e),
-        },
-        (["instance"], true) => match identity(surfaces).await {
+        (["project", "project-id"], false) => {
+            match identity_for_account(&surfaces, "default").await {
+                Ok((_, id)) => text(StatusCode::OK, id.project_id),
+                Err(e) => broker_error(&e),
+            }
+        }
+        (["project", "numeric-project-id"], false) => {
+            match identity_for_account(&surfaces, "default").await {
+                Ok((_, id)) => text(StatusCode::OK, id.project_number),
+                Err(e) => broker_error(&e),
+            }
+        }
+        (["instance"], true) => match identity_for_account(&surfaces, "default").await {
             Ok((_, id)) if recursive => json_body(json!({ "serviceAccounts": accounts_json(&id) })),
             Ok(_) => listing(&["service-accounts/"]),
             Err(e) => broker_error(&e),
         },
-        (["instance", "service-accounts"], true) => match identity(surfaces).await {
-            Ok((_, id)) if recursive => json_body(accounts_json(&id)),
-            Ok((_, id)) => {
-                let email_dir = format!("{}/", id.email);
-                listing(&["default/", &email_dir])
+        (["instance", "service-accounts"], true) => {
+            match identity_for_account(&surfaces, "default").await {
+                Ok((_, id)) if recursive => json_body(accounts_json(&id)),
+                Ok((_, id)) => {
+                    let email_dir = format!("{}/", id.email);
+                    listing(&["default/", &email_dir])
+                }
+                Err(e) => broker_error(&e),
             }
-            Err(e) => broker_error(&e),
-        },
+        }
         (["instance", "service-accounts", account, rest @ ..], _) => {
             service_account(surfaces, account, rest, is_dir, recursive, &query, &uri).await
         }
