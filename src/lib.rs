@@ -7,6 +7,7 @@
 pub mod agent;
 pub mod broker;
 pub mod cache;
+pub mod cli;
 pub mod cloud;
 pub mod config;
 pub mod dev;

@@ -97,8 +97,8 @@ fn start_agent(config: &Path, port: u16) -> Proc {
 }
 
 fn start_sidecar(agent_port: u16, token_dir: &Path, port: u16) -> Proc {
-    let child = Command::new(env!("CARGO_BIN_EXE_lanyard"))
-        .args(["sidecar", "--listen", &format!("127.0.0.1:{port}")])
+    let child = Command::new(env!("CARGO_BIN_EXE_lanyard-sidecar"))
+        .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--agent", &format!("http://127.0.0.1:{agent_port}")])
         .args(["--token-dir", token_dir.to_str().unwrap()])
         .env("IDENTITY_HEADER", IDENTITY_HEADER)
@@ -361,18 +361,46 @@ async fn agent_refuses_other_node_other_issuer_expired_and_unbound_tokens() {
 
 #[test]
 fn start_errors_say_what_to_fix() {
-    let out = Command::new(env!("CARGO_BIN_EXE_lanyard"))
-        .args([
-            "sidecar",
-            "--agent",
-            "http://127.0.0.1:1",
-            "--token-dir",
-            "/nonexistent/lanyard",
-        ])
+    // `lanyard sidecar` and the slim `lanyard-sidecar` take the same flags
+    // and fail the same way.
+    let sidecar_flags = [
+        "--agent",
+        "http://127.0.0.1:1",
+        "--token-dir",
+        "/nonexistent/lanyard",
+    ];
+    for out in [
+        Command::new(env!("CARGO_BIN_EXE_lanyard"))
+            .arg("sidecar")
+            .args(sidecar_flags)
+            .output()
+            .unwrap(),
+        Command::new(env!("CARGO_BIN_EXE_lanyard-sidecar"))
+            .args(sidecar_flags)
+            .output()
+            .unwrap(),
+    ] {
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("token directory /nonexistent/lanyard"),
+            "{err}"
+        );
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_lanyard-sidecar"))
+        .args(["--listen", "not-an-address"])
         .output()
         .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("token directory /nonexistent/lanyard"));
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a bad flag value is a usage error"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("listen") && err.contains("command-line flag"),
+        "{err}"
+    );
 
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("agent.yaml");
@@ -413,13 +441,8 @@ async fn standalone_sidecar_serves_all_three_clouds() {
     let s = setup(&pod).await;
     let probe_port = free_port();
     let tokens = s.dir.path().join("tokens");
-    let child = Command::new(env!("CARGO_BIN_EXE_lanyard"))
-        .args([
-            "--config",
-            s.config.to_str().unwrap(),
-            "sidecar",
-            "--standalone",
-        ])
+    let child = Command::new(env!("CARGO_BIN_EXE_lanyard-sidecar"))
+        .args(["--config", s.config.to_str().unwrap(), "--standalone"])
         .args(["--listen", &format!("127.0.0.1:{}", s.sidecar_port)])
         .args(["--token-dir", tokens.to_str().unwrap()])
         .args(["--probe-listen", &format!("127.0.0.1:{probe_port}")])

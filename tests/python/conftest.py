@@ -46,6 +46,14 @@ def lanyard_binary() -> str:
     raise RuntimeError("lanyard binary not found; run `cargo build` or set LANYARD_BIN")
 
 
+def sidecar_binary() -> str:
+    """The slim `lanyard-sidecar`, built next to `lanyard`."""
+    candidate = Path(lanyard_binary()).with_name("lanyard-sidecar")
+    if not candidate.exists():
+        raise RuntimeError(f"{candidate} not found; run `cargo build`")
+    return str(candidate)
+
+
 class Dev:
     """A `lanyard dev` process, its exports and its log."""
 

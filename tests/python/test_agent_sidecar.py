@@ -16,7 +16,7 @@ import pytest
 import requests
 from azure.identity import ManagedIdentityCredential
 
-from conftest import lanyard_binary
+from conftest import lanyard_binary, sidecar_binary
 
 SCOPE = "https://storage.azure.com/.default"
 PROVIDER = "//iam.googleapis.com/projects/123456789012/locations/global/workloadIdentityPools/lanyard-dev/providers/dev-cluster"
@@ -87,7 +87,7 @@ def split(dev, tmp_path):
     agent = Agent(config, agent_port, agent_log)
     sidecar_log = open(tmp_path / "sidecar.log", "wb")
     sidecar = subprocess.Popen(
-        [lanyard_binary(), "sidecar", "--listen", f"127.0.0.1:{sidecar_port}",
+        [sidecar_binary(), "--listen", f"127.0.0.1:{sidecar_port}",
          "--agent", f"http://127.0.0.1:{agent_port}", "--token-dir", dev.token_dir],
         stdout=subprocess.DEVNULL, stderr=sidecar_log,
         env={**{k: v for k, v in os.environ.items() if not k.startswith("LANYARD_")},
