@@ -259,10 +259,10 @@ fn assert_sidecar(pod: &Pod, cfg: &InjectionConfig, aws: bool) -> String {
     assert_eq!(sidecar.restart_policy.as_deref(), Some("Always"));
     assert_eq!(sidecar.image.as_deref(), Some(cfg.sidecar_image.as_str()));
     assert_eq!(sidecar.image_pull_policy.as_deref(), Some("IfNotPresent"));
+    assert_eq!(sidecar.command.as_deref().unwrap(), ["lanyard-sidecar"]);
     assert_eq!(
         sidecar.args.as_deref().unwrap(),
         [
-            "sidecar",
             "--listen",
             "127.0.0.1:8642",
             "--probe-listen",

@@ -34,6 +34,9 @@ pub const SKIP_CONTAINERS_ANNOTATION: &str = "lanyard.dev/skip-containers";
 
 /// Name of the injected init container; its presence marks an injected pod.
 pub const SIDECAR_NAME: &str = "lanyard";
+/// The sidecar's entrypoint in the image: the slim `lanyard-sidecar`
+/// binary, which takes the flags of `lanyard sidecar`.
+pub const SIDECAR_COMMAND: &str = "lanyard-sidecar";
 /// Projected volume of the cloud-audience tokens, mounted in the sidecar only.
 pub const TOKENS_VOLUME: &str = "lanyard-tokens";
 /// Projected volume of the app-facing token, mounted in the sidecar and the
@@ -784,8 +787,9 @@ fn sidecar(config: &InjectionConfig, identity_header: &str, aws: bool) -> Contai
         name: SIDECAR_NAME.into(),
         image: Some(config.sidecar_image.clone()),
         image_pull_policy: config.image_pull_policy.clone(),
+        // The slim sidecar binary the image ships next to `lanyard`.
+        command: Some(vec![SIDECAR_COMMAND.into()]),
         args: Some(vec![
-            "sidecar".into(),
             "--listen".into(),
             format!("{LOOPBACK}:{}", config.port),
             "--probe-listen".into(),
