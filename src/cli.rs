@@ -11,7 +11,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use serde_json::{json, Map, Value};
+use serde::Serialize;
+use serde_json::{Map, Value};
 
 use crate::config::Config;
 use crate::telemetry::{self, LogFormat};
@@ -31,22 +32,60 @@ pub struct GlobalArgs {
 }
 
 impl GlobalArgs {
-    /// The logging flags as configuration keys (only those given).
-    pub fn overrides(&self) -> Map<String, Value> {
-        let mut top = Map::new();
-        put(
-            &mut top,
-            None,
-            "log_format",
-            self.log_format.map(|v| json!(v)),
-        );
-        put(
-            &mut top,
-            None,
-            "log_level",
-            self.log_level.as_ref().map(|v| json!(v)),
-        );
-        top
+    /// The logging flags as configuration keys (only those given); each
+    /// role adds its own flags to this.
+    pub fn overrides(&self) -> Overrides {
+        Overrides::default()
+            .set(None, "log_format", self.log_format)
+            .set(None, "log_level", self.log_level.as_ref())
+    }
+}
+
+/// Command-line flags as a nested map of configuration keys, holding only
+/// the flags that were given, so that they override the file and the
+/// environment key by key.
+#[derive(Default)]
+pub struct Overrides {
+    map: Map<String, Value>,
+    error: Option<String>,
+}
+
+impl Overrides {
+    /// Sets `section.key` (or top-level `key`) when `value` is given. A
+    /// value that is not valid configuration (a path that is not UTF-8) is
+    /// kept as an error for [`Overrides::into_value`].
+    pub fn set(mut self, section: Option<&str>, key: &str, value: Option<impl Serialize>) -> Self {
+        let Some(value) = value else { return self };
+        let value = match serde_json::to_value(value) {
+            Ok(v) => v,
+            Err(e) => {
+                let name = section.map_or(key.to_string(), |s| format!("{s}.{key}"));
+                self.error
+                    .get_or_insert(format!("command-line flag for `{name}`: {e}"));
+                return self;
+            }
+        };
+        let map = match section {
+            None => &mut self.map,
+            Some(section) => match self
+                .map
+                .entry(section)
+                .or_insert_with(|| Value::Object(Map::new()))
+            {
+                Value::Object(inner) => inner,
+                _ => return self,
+            },
+        };
+        map.insert(key.into(), value);
+        self
+    }
+
+    /// The map, or the first flag that could not be taken.
+    pub fn into_value(self) -> Result<Value, String> {
+        match self.error {
+            Some(e) => Err(e),
+            None => Ok(Value::Object(self.map)),
+        }
     }
 }
 
@@ -88,95 +127,45 @@ pub struct SidecarArgs {
     annotations: Vec<String>,
 }
 
-/// Inserts `value` at `section.key` (or top-level `key`) when given.
-pub fn put(map: &mut Map<String, Value>, section: Option<&str>, key: &str, value: Option<Value>) {
-    let Some(value) = value else { return };
-    match section {
-        None => {
-            map.insert(key.into(), value);
-        }
-        Some(section) => {
-            let entry = map
-                .entry(section.to_string())
-                .or_insert_with(|| Value::Object(Map::new()));
-            if let Value::Object(inner) = entry {
-                inner.insert(key.into(), value);
-            }
-        }
-    }
-}
-
 impl SidecarArgs {
-    /// Flags as a nested map of configuration keys (only those given).
-    pub fn overrides(&self, global: &GlobalArgs) -> Value {
-        let mut top = global.overrides();
-        put(
-            &mut top,
-            None,
-            "listen",
-            self.listen.as_ref().map(|v| json!(v)),
-        );
-        put(
-            &mut top,
-            Some("sidecar"),
-            "agent_url",
-            self.agent_url.as_ref().map(|v| json!(v)),
-        );
-        put(
-            &mut top,
-            Some("sidecar"),
-            "token_dir",
-            self.token_dir.as_ref().map(|v| json!(v)),
-        );
-        put(
-            &mut top,
-            Some("sidecar"),
-            "identity_header",
-            self.identity_header.as_ref().map(|v| json!(v)),
-        );
-        put(
-            &mut top,
-            Some("sidecar"),
-            "app_token_file",
-            self.app_token_file.as_ref().map(|v| json!(v)),
-        );
-        put(
-            &mut top,
-            Some("sidecar"),
-            "probe_listen",
-            self.probe_listen.as_ref().map(|v| json!(v)),
-        );
-        put(
-            &mut top,
-            Some("sidecar"),
-            "standalone",
-            self.standalone.then_some(json!(true)),
-        );
+    /// The sidecar's flags added to `global`'s (only those given).
+    pub fn overrides(&self, global: &GlobalArgs) -> Overrides {
         let annotations: Map<String, Value> = self
             .annotations
             .iter()
             .filter_map(|a| a.split_once('='))
-            .map(|(k, v)| (k.trim().to_string(), json!(v.trim())))
+            .map(|(k, v)| (k.trim().to_string(), Value::from(v.trim())))
             .collect();
-        put(
-            &mut top,
-            Some("sidecar"),
-            "annotations",
-            (!annotations.is_empty()).then_some(Value::Object(annotations)),
-        );
-        Value::Object(top)
+        let section = Some("sidecar");
+        global
+            .overrides()
+            .set(None, "listen", self.listen.as_ref())
+            .set(section, "agent_url", self.agent_url.as_ref())
+            .set(section, "token_dir", self.token_dir.as_ref())
+            .set(section, "identity_header", self.identity_header.as_ref())
+            .set(section, "app_token_file", self.app_token_file.as_ref())
+            .set(section, "probe_listen", self.probe_listen.as_ref())
+            .set(section, "standalone", self.standalone.then_some(true))
+            .set(
+                section,
+                "annotations",
+                (!annotations.is_empty()).then_some(annotations),
+            )
     }
 }
 
 /// Loads the configuration (file < environment < `overrides`), starts
 /// logging and the runtime, and runs `role` to completion. A bad
 /// configuration exits 2 with its key and source; a failed role exits 1.
-pub fn run<F, Fut>(global: &GlobalArgs, overrides: Value, role: F) -> ExitCode
+pub fn run<F, Fut>(global: &GlobalArgs, overrides: Overrides, role: F) -> ExitCode
 where
     F: FnOnce(Config) -> Fut,
     Fut: Future<Output = anyhow::Result<()>>,
 {
-    let config = match Config::load(global.config.as_deref(), overrides) {
+    let loaded = overrides
+        .into_value()
+        .and_then(|o| Config::load(global.config.as_deref(), o).map_err(|e| e.to_string()));
+    let config = match loaded {
         Ok(c) => c,
         Err(e) => {
             eprintln!("lanyard: {e}");

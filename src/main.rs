@@ -4,9 +4,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use serde_json::{json, Map, Value};
 
-use lanyard::cli::{self, put, GlobalArgs, SidecarArgs};
+use lanyard::cli::{self, GlobalArgs, Overrides, SidecarArgs};
 
 #[derive(Parser)]
 #[command(
@@ -60,45 +59,16 @@ struct WebhookArgs {
 }
 
 impl WebhookArgs {
-    fn overrides(&self, global: &GlobalArgs) -> Value {
-        let mut top = global.overrides();
-        put(
-            &mut top,
-            None,
-            "listen",
-            self.listen.as_ref().map(|v| json!(v)),
-        );
-        put(
-            &mut top,
-            None,
-            "admin_listen",
-            self.admin_listen.as_ref().map(|v| json!(v)),
-        );
-        put(
-            &mut top,
-            Some("webhook"),
-            "tls_cert",
-            self.tls_cert.as_ref().map(|v| json!(v)),
-        );
-        put(
-            &mut top,
-            Some("webhook"),
-            "tls_key",
-            self.tls_key.as_ref().map(|v| json!(v)),
-        );
-        put(
-            &mut top,
-            Some("webhook"),
-            "sidecar_image",
-            self.sidecar_image.as_ref().map(|v| json!(v)),
-        );
-        put(
-            &mut top,
-            Some("webhook"),
-            "agent_url",
-            self.agent_url.as_ref().map(|v| json!(v)),
-        );
-        Value::Object(top)
+    fn overrides(&self, global: &GlobalArgs) -> Overrides {
+        let section = Some("webhook");
+        global
+            .overrides()
+            .set(None, "listen", self.listen.as_ref())
+            .set(None, "admin_listen", self.admin_listen.as_ref())
+            .set(section, "tls_cert", self.tls_cert.as_ref())
+            .set(section, "tls_key", self.tls_key.as_ref())
+            .set(section, "sidecar_image", self.sidecar_image.as_ref())
+            .set(section, "agent_url", self.agent_url.as_ref())
     }
 }
 
@@ -122,39 +92,15 @@ struct AgentArgs {
 }
 
 impl AgentArgs {
-    fn overrides(&self, global: &GlobalArgs) -> Value {
-        let mut top = global.overrides();
-        put(
-            &mut top,
-            None,
-            "listen",
-            self.listen.as_ref().map(|v| json!(v)),
-        );
-        put(
-            &mut top,
-            None,
-            "admin_listen",
-            self.admin_listen.as_ref().map(|v| json!(v)),
-        );
-        put(
-            &mut top,
-            Some("cluster"),
-            "node_name",
-            self.node_name.as_ref().map(|v| json!(v)),
-        );
-        put(
-            &mut top,
-            Some("cluster"),
-            "issuer",
-            self.issuer.as_ref().map(|v| json!(v)),
-        );
-        put(
-            &mut top,
-            Some("cluster"),
-            "token_review",
-            self.token_review.then_some(json!(true)),
-        );
-        Value::Object(top)
+    fn overrides(&self, global: &GlobalArgs) -> Overrides {
+        let section = Some("cluster");
+        global
+            .overrides()
+            .set(None, "listen", self.listen.as_ref())
+            .set(None, "admin_listen", self.admin_listen.as_ref())
+            .set(section, "node_name", self.node_name.as_ref())
+            .set(section, "issuer", self.issuer.as_ref())
+            .set(section, "token_review", self.token_review.then_some(true))
     }
 }
 
@@ -178,35 +124,15 @@ struct DevArgs {
 }
 
 impl DevArgs {
-    /// Flags as a nested map of configuration keys (only those given).
-    fn overrides(&self, global: &GlobalArgs) -> Value {
-        let mut top = Map::new();
-        let mut dev = Map::new();
-        if let Some(v) = &self.listen {
-            top.insert("listen".into(), json!(v));
-        }
-        if let Some(v) = &self.admin_listen {
-            top.insert("admin_listen".into(), json!(v));
-        }
-        if let Some(v) = global.log_format {
-            top.insert("log_format".into(), json!(v));
-        }
-        if let Some(v) = &global.log_level {
-            top.insert("log_level".into(), json!(v));
-        }
-        if let Some(v) = self.token_lifetime {
-            dev.insert("token_lifetime".into(), json!(v));
-        }
-        if let Some(v) = &self.namespace {
-            dev.insert("namespace".into(), json!(v));
-        }
-        if let Some(v) = &self.service_account {
-            dev.insert("service_account".into(), json!(v));
-        }
-        if !dev.is_empty() {
-            top.insert("dev".into(), Value::Object(dev));
-        }
-        Value::Object(top)
+    fn overrides(&self, global: &GlobalArgs) -> Overrides {
+        let section = Some("dev");
+        global
+            .overrides()
+            .set(None, "listen", self.listen.as_ref())
+            .set(None, "admin_listen", self.admin_listen.as_ref())
+            .set(section, "token_lifetime", self.token_lifetime)
+            .set(section, "namespace", self.namespace.as_ref())
+            .set(section, "service_account", self.service_account.as_ref())
     }
 }
 

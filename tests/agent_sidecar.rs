@@ -7,6 +7,7 @@ mod support;
 
 use std::io::Read;
 use std::net::TcpListener;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
@@ -401,6 +402,19 @@ fn start_errors_say_what_to_fix() {
         err.contains("listen") && err.contains("command-line flag"),
         "{err}"
     );
+    let out = Command::new(env!("CARGO_BIN_EXE_lanyard-sidecar"))
+        .arg("--token-dir")
+        .arg(std::ffi::OsStr::from_bytes(b"/tmp/not-utf8-\xff"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a non-UTF-8 path is a usage error"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("sidecar.token_dir"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
 
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("agent.yaml");
