@@ -7,11 +7,9 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::broker::{AwsSettings, AzureSettings, Broker, GcpSettings};
+use crate::broker::assemble::Parts;
+use crate::broker::Broker;
 use crate::cache::Cache;
-use crate::cloud::aws::AwsExchanger;
-use crate::cloud::azure::{authority_for_cloud, AzureExchanger};
-use crate::cloud::gcp::{GcpExchanger, IAMCREDENTIALS_ENDPOINT, STS_ENDPOINT};
 use crate::config::Config;
 use crate::directory::file::StaticDirectory;
 use crate::directory::kube::{Invalidate, KubeDirectory};
@@ -85,81 +83,16 @@ pub async fn broker(config: &Config, metrics: Arc<Metrics>) -> anyhow::Result<Br
         }
         None => Arc::new(StaticDirectory::new(&config.cluster.service_accounts)),
     };
-    let mut broker = Broker::new(verifier, directory).with_cache(cache, metrics);
-    if let Some(node) = &config.cluster.node_name {
-        broker = broker.with_node_name(node.clone());
-    }
-
-    with_clouds(broker, config, http)
-}
-
-/// Adds every cloud the configuration enables to `broker`.
-pub fn with_clouds(
-    mut broker: Broker,
-    config: &Config,
-    http: reqwest::Client,
-) -> anyhow::Result<Broker> {
-    let authority = match &config.azure.authority_host {
-        Some(host) => host.clone(),
-        None => authority_for_cloud(&config.azure.cloud)
-            .unwrap_or(crate::cloud::azure::PUBLIC_CLOUD)
-            .to_string(),
-    };
-    broker = broker.with_azure(AzureSettings {
-        exchanger: AzureExchanger::new(http.clone(), authority),
-        default_tenant: config.azure.tenant_id.clone(),
-        audience: config.azure.audience.clone(),
-    });
-
-    if let Some(provider) = &config.gcp.workload_identity_provider {
-        let project_id = config.gcp.project_id.clone().ok_or_else(|| {
-            anyhow::anyhow!("gcp.project_id (LANYARD_GCP_PROJECT_ID) is required with a workload identity provider")
-        })?;
-        let project_number = match &config.gcp.project_number {
-            Some(n) => n.clone(),
-            None => provider
-                .strip_prefix("//iam.googleapis.com/projects/")
-                .and_then(|r| r.split('/').next())
-                .unwrap_or_default()
-                .to_string(),
-        };
-        broker = broker.with_gcp(GcpSettings {
-            exchanger: GcpExchanger::new(
-                http.clone(),
-                config
-                    .gcp
-                    .sts_endpoint
-                    .clone()
-                    .unwrap_or_else(|| STS_ENDPOINT.into()),
-                config
-                    .gcp
-                    .iamcredentials_endpoint
-                    .clone()
-                    .unwrap_or_else(|| IAMCREDENTIALS_ENDPOINT.into()),
-            ),
-            provider: provider.clone(),
-            audience: config
-                .gcp
-                .audience
-                .clone()
-                .unwrap_or_else(|| provider.clone()),
-            project_id,
-            project_number,
-            token_lifetime: Duration::from_secs(config.gcp.token_lifetime),
-        });
-    }
-
-    let endpoint = config
-        .aws
-        .sts_endpoint
-        .clone()
-        .unwrap_or_else(|| AwsExchanger::regional_endpoint(&config.aws.region));
-    broker = broker.with_aws(AwsSettings {
-        exchanger: AwsExchanger::new(http, endpoint),
-        audience: config.aws.audience.clone(),
-        session_duration: Duration::from_secs(config.aws.session_duration),
-    });
-    Ok(broker)
+    crate::broker::assemble::broker(
+        config,
+        Parts {
+            verifier,
+            directory,
+            cache,
+            metrics,
+        },
+        http,
+    )
 }
 
 /// Runs the agent until SIGINT/SIGTERM.

@@ -25,18 +25,16 @@
 
 pub mod limits;
 
+pub use crate::cloud::{Credential, FetchFuture, Fetcher};
+
 use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::cloud::aws::AwsCredentials;
-use crate::cloud::gcp::IdToken;
-use crate::cloud::{now_unix, AccessToken, Cloud, CloudError};
+use crate::cloud::{now_unix, Cloud, CloudError, PerCloud};
 use crate::secret::SecretString;
 use crate::telemetry::metrics::{cloud_label, Metrics, ReasonLabel, UpstreamLabel};
 use limits::UpstreamLimits;
@@ -57,49 +55,30 @@ pub struct CacheKey {
     pub pod_uid: Option<String>,
 }
 
-/// A cached credential of any cloud.
-#[derive(Clone, Debug)]
-pub enum Credential {
-    Token(AccessToken),
-    IdToken(IdToken),
-    Aws(AwsCredentials),
+/// How a request was answered, for the audit record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheOutcome {
+    /// A cached credential.
+    Hit,
+    /// An exchange this request started.
+    Miss,
+    /// An exchange another request had started.
+    Coalesced,
+    /// A recently cached upstream refusal.
+    Negative,
 }
 
-impl Credential {
-    pub fn into_token(self) -> Option<AccessToken> {
+impl CacheOutcome {
+    /// The name used in audit records.
+    pub fn name(self) -> &'static str {
         match self {
-            Credential::Token(t) => Some(t),
-            _ => None,
-        }
-    }
-
-    pub fn into_id_token(self) -> Option<IdToken> {
-        match self {
-            Credential::IdToken(t) => Some(t),
-            _ => None,
-        }
-    }
-
-    pub fn into_aws(self) -> Option<AwsCredentials> {
-        match self {
-            Credential::Aws(c) => Some(c),
-            _ => None,
-        }
-    }
-
-    /// Wall-clock expiry, Unix seconds.
-    pub fn expires_at(&self) -> u64 {
-        match self {
-            Credential::Token(t) => t.expires_at,
-            Credential::IdToken(t) => t.expires_at,
-            Credential::Aws(c) => c.expires_at,
+            CacheOutcome::Hit => "hit",
+            CacheOutcome::Miss => "miss",
+            CacheOutcome::Coalesced => "coalesced",
+            CacheOutcome::Negative => "negative",
         }
     }
 }
-
-/// The upstream call for a key, given the newest subject token.
-pub type FetchFuture = Pin<Box<dyn Future<Output = Result<Credential, CloudError>> + Send>>;
-pub type Fetcher = Arc<dyn Fn(SecretString) -> FetchFuture + Send + Sync>;
 
 /// Whether entries are shared by all pods of a service account or kept per pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -122,8 +101,8 @@ pub struct CacheConfig {
     pub backoff_base: Duration,
     pub backoff_max: Duration,
     pub upstream_concurrency: usize,
-    /// Upstream exchanges per second: azure, gcp, aws.
-    pub rates: [f64; 3],
+    /// Upstream exchanges per second, per cloud.
+    pub rates: PerCloud<f64>,
 }
 
 impl Default for CacheConfig {
@@ -138,25 +117,8 @@ impl Default for CacheConfig {
             backoff_base: Duration::from_secs(1),
             backoff_max: Duration::from_secs(300),
             upstream_concurrency: 64,
-            // Google STS: 6,000 a minute per project.
-            rates: [50.0, 100.0, 50.0],
+            rates: PerCloud::from_fn(Cloud::default_rate),
         }
-    }
-}
-
-/// Least remaining lifetime with which a credential is served from cache.
-pub fn min_remaining(cloud: Cloud) -> Duration {
-    match cloud {
-        Cloud::Aws => Duration::from_secs(15 * 60),
-        Cloud::Azure | Cloud::Gcp => Duration::from_secs(5 * 60),
-    }
-}
-
-/// Refresh no later than this before expiry.
-pub fn refresh_window(cloud: Cloud) -> Duration {
-    match cloud {
-        Cloud::Aws => Duration::from_secs(20 * 60),
-        Cloud::Azure | Cloud::Gcp => Duration::from_secs(10 * 60),
     }
 }
 
@@ -238,6 +200,17 @@ impl Cache {
         subject_exp: u64,
         fetcher: impl FnOnce() -> Fetcher,
     ) -> Result<Credential, CloudError> {
+        self.get_traced(key, subject, subject_exp, fetcher).await.1
+    }
+
+    /// As [`Cache::get`], also saying how the request was answered.
+    pub async fn get_traced(
+        &self,
+        key: CacheKey,
+        subject: &SecretString,
+        subject_exp: u64,
+        fetcher: impl FnOnce() -> Fetcher,
+    ) -> (CacheOutcome, Result<Credential, CloudError>) {
         let inner = &self.inner;
         let cloud = key.cloud;
         let label = cloud_label(cloud);
@@ -254,15 +227,15 @@ impl Cache {
                         entry.subject_until = subject_until;
                     }
                     if let Some(stored) = &entry.value {
-                        if stored.expires > now + min_remaining(cloud) {
+                        if stored.expires > now + cloud.min_remaining() {
                             inner.metrics.cache_hits.get_or_create(&label).inc();
-                            return Ok(stored.credential.clone());
+                            return (CacheOutcome::Hit, Ok(stored.credential.clone()));
                         }
                     }
                     match (&entry.inflight, &entry.failure) {
                         (Some(rx), _) => {
                             inner.metrics.cache_coalesced.get_or_create(&label).inc();
-                            rx.clone()
+                            (CacheOutcome::Coalesced, rx.clone())
                         }
                         (None, Some(failure)) if failure.retry_at > now => {
                             inner
@@ -270,11 +243,11 @@ impl Cache {
                                 .cache_negative_hits
                                 .get_or_create(&label)
                                 .inc();
-                            return Err(failure.error.clone());
+                            return (CacheOutcome::Negative, Err(failure.error.clone()));
                         }
                         (None, _) => {
                             inner.metrics.cache_misses.get_or_create(&label).inc();
-                            start_fetch(inner, &key, entry, false)
+                            (CacheOutcome::Miss, start_fetch(inner, &key, entry, false))
                         }
                     }
                 }
@@ -296,11 +269,12 @@ impl Cache {
                     let rx = start_fetch(inner, &key, &mut entry, false);
                     entries.insert(key, entry);
                     inner.metrics.cache_entries.set(entries.len() as i64);
-                    rx
+                    (CacheOutcome::Miss, rx)
                 }
             }
         };
-        wait(receiver, cloud).await
+        let (outcome, receiver) = receiver;
+        (outcome, wait(receiver, cloud).await)
     }
 
     /// Drops every entry of a service account (deleted, or bindings changed).
@@ -553,7 +527,7 @@ pub fn refresh_at(cloud: Cloud, fetched: Instant, expires: Instant) -> Instant {
     let lifetime = expires.saturating_duration_since(fetched);
     let half = fetched + lifetime / 2;
     let latest = expires
-        .checked_sub(refresh_window(cloud))
+        .checked_sub(cloud.refresh_window())
         .unwrap_or(fetched);
     let floor = fetched + (lifetime / 4).max(Duration::from_secs(1));
     let at = half.min(latest).max(floor);

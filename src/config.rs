@@ -10,6 +10,7 @@ use figment::providers::{Env, Format, Serialized};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
+use crate::cloud::{Cloud, PerCloud};
 use crate::directory::file::ServiceAccountEntry;
 use crate::telemetry::LogFormat;
 
@@ -134,9 +135,9 @@ impl Default for CacheSettings {
             idle_ttl: d.idle_ttl.as_secs(),
             negative_ttl: d.negative_ttl.as_secs(),
             upstream_concurrency: d.upstream_concurrency,
-            rate_azure: d.rates[0],
-            rate_gcp: d.rates[1],
-            rate_aws: d.rates[2],
+            rate_azure: d.rates[Cloud::Azure],
+            rate_gcp: d.rates[Cloud::Gcp],
+            rate_aws: d.rates[Cloud::Aws],
         }
     }
 }
@@ -149,7 +150,11 @@ impl CacheSettings {
             idle_ttl: std::time::Duration::from_secs(self.idle_ttl),
             negative_ttl: std::time::Duration::from_secs(self.negative_ttl),
             upstream_concurrency: self.upstream_concurrency,
-            rates: [self.rate_azure, self.rate_gcp, self.rate_aws],
+            rates: PerCloud::from_fn(|cloud| match cloud {
+                Cloud::Azure => self.rate_azure,
+                Cloud::Gcp => self.rate_gcp,
+                Cloud::Aws => self.rate_aws,
+            }),
             ..Default::default()
         }
     }

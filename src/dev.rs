@@ -9,10 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex;
 
-use crate::broker::{AwsSettings, AzureSettings, Broker, GcpSettings};
-use crate::cloud::aws::AwsExchanger;
-use crate::cloud::azure::AzureExchanger;
-use crate::cloud::gcp::GcpExchanger;
+use crate::broker::assemble::{self, Parts};
 use crate::cloud::Cloud;
 use crate::config::{Config, DEV_GCP_PROJECT_ID, DEV_GCP_PROJECT_NUMBER, DEV_GCP_PROVIDER};
 use crate::directory::annotations;
@@ -256,52 +253,39 @@ impl DevStack {
                 http.clone(),
             ),
         );
-        let metrics = Arc::new(crate::telemetry::metrics::Metrics::new());
-        let cache = crate::cache::Cache::new(config.cache.to_cache_config(), metrics.clone());
-        let authority_host_for_print = authority_host.clone();
-        let (sts_for_print, iam_for_print, aws_for_print) = (
-            sts_endpoint.clone(),
-            iam_endpoint.clone(),
-            aws_endpoint.clone(),
-        );
-        let broker = Arc::new(
-            Broker::new(verifier, directory)
-                .with_cache(cache, metrics.clone())
-                .with_azure(AzureSettings {
-                    exchanger: AzureExchanger::new(http.clone(), authority_host.clone()),
-                    default_tenant: config
-                        .azure
-                        .tenant_id
-                        .clone()
-                        .or(Some(dev.azure_tenant_id.clone())),
-                    audience: config.azure.audience.clone(),
-                })
-                .with_gcp(GcpSettings {
-                    exchanger: GcpExchanger::new(http.clone(), sts_endpoint, iam_endpoint),
-                    provider: provider.clone(),
-                    audience: gcp_audience.clone(),
-                    project_id: config
-                        .gcp
-                        .project_id
-                        .clone()
-                        .unwrap_or_else(|| DEV_GCP_PROJECT_ID.to_string()),
-                    project_number: config
-                        .gcp
-                        .project_number
-                        .clone()
-                        .unwrap_or_else(|| DEV_GCP_PROJECT_NUMBER.to_string()),
-                    token_lifetime: Duration::from_secs(
-                        config.gcp.token_lifetime.min(dev.token_lifetime.max(300)),
-                    ),
-                })
-                .with_aws(AwsSettings {
-                    exchanger: AwsExchanger::new(http.clone(), aws_endpoint),
-                    audience: config.aws.audience.clone(),
-                    session_duration: Duration::from_secs(
-                        config.aws.session_duration.min(dev.token_lifetime.max(900)),
-                    ),
-                }),
-        );
+        let upstreams = vec![
+            ("issuer".to_string(), issuer.url().to_string()),
+            ("azure".to_string(), authority_host.clone()),
+            ("gcp-sts".to_string(), sts_endpoint.clone()),
+            ("gcp-iamcredentials".to_string(), iam_endpoint.clone()),
+            ("aws-sts".to_string(), aws_endpoint.clone()),
+        ];
+        // The broker is the agent's, configured for the emulators and the
+        // dev identity: the same wiring, other endpoints.
+        let mut wired = config.clone();
+        wired.azure.authority_host = Some(authority_host);
+        wired
+            .azure
+            .tenant_id
+            .get_or_insert_with(|| dev.azure_tenant_id.clone());
+        wired.gcp.workload_identity_provider = Some(provider.clone());
+        wired.gcp.audience = Some(gcp_audience.clone());
+        wired.gcp.sts_endpoint = Some(sts_endpoint);
+        wired.gcp.iamcredentials_endpoint = Some(iam_endpoint);
+        wired
+            .gcp
+            .project_id
+            .get_or_insert_with(|| DEV_GCP_PROJECT_ID.to_string());
+        wired
+            .gcp
+            .project_number
+            .get_or_insert_with(|| DEV_GCP_PROJECT_NUMBER.to_string());
+        wired.gcp.token_lifetime = config.gcp.token_lifetime.min(dev.token_lifetime.max(300));
+        wired.aws.sts_endpoint = Some(aws_endpoint);
+        wired.aws.session_duration = config.aws.session_duration.min(dev.token_lifetime.max(900));
+        let parts = Parts::new(&wired, verifier, directory);
+        let metrics = parts.metrics.clone();
+        let broker = Arc::new(assemble::broker(&wired, parts, http.clone())?);
         let subjects = Arc::new(MintedTokens::new(
             issuer.clone(),
             pod,
@@ -329,13 +313,6 @@ impl DevStack {
             Duration::from_secs(dev.projected_token_lifetime),
             shutdown.clone(),
         ));
-        let upstreams = vec![
-            ("issuer".to_string(), issuer.url().to_string()),
-            ("azure".to_string(), authority_host_for_print.clone()),
-            ("gcp-sts".to_string(), sts_for_print.clone()),
-            ("gcp-iamcredentials".to_string(), iam_for_print.clone()),
-            ("aws-sts".to_string(), aws_for_print.clone()),
-        ];
         let identity_header = random_token(32);
         let surfaces = Arc::new(Surfaces {
             broker,
@@ -471,7 +448,7 @@ fn spawn_token_writer(
         let stop = shutdown.wait();
         tokio::pin!(stop);
         loop {
-            for cloud in [Cloud::Azure, Cloud::Gcp, Cloud::Aws] {
+            for cloud in Cloud::ALL {
                 match subjects.token(cloud).await {
                     Ok(token) => {
                         use secrecy::ExposeSecret;

@@ -5,6 +5,7 @@
 //! SDKs already speak. See `docs/architecture.md` for the module map.
 
 pub mod agent;
+pub mod audit;
 pub mod broker;
 pub mod cache;
 pub mod cli;

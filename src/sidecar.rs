@@ -45,7 +45,7 @@ impl FileTokens {
 
     /// Whether at least one cloud's token file is readable.
     pub async fn any_readable(&self) -> bool {
-        for cloud in [Cloud::Azure, Cloud::Gcp, Cloud::Aws] {
+        for cloud in Cloud::ALL {
             if tokio::fs::metadata(token_file(&self.dir, cloud))
                 .await
                 .is_ok()
@@ -201,14 +201,12 @@ fn standalone_broker(config: &Config) -> anyhow::Result<crate::broker::Broker> {
             "standalone sidecar without bindings: pass --annotation azure.workload.identity/client-id=..., iam.gke.io/gcp-service-account=... or eks.amazonaws.com/role-arn=..."
         );
     }
-    let metrics = Arc::new(crate::telemetry::metrics::Metrics::new());
-    let cache = crate::cache::Cache::new(config.cache.to_cache_config(), metrics.clone());
-    let broker = crate::broker::Broker::new(
+    let parts = crate::broker::assemble::Parts::new(
+        config,
         crate::token::Verifier::local_files(),
         Arc::new(crate::directory::file::FixedDirectory(bindings)),
-    )
-    .with_cache(cache, metrics);
-    crate::agent::with_clouds(broker, config, crate::http::client())
+    );
+    crate::broker::assemble::broker(config, parts, crate::http::client())
 }
 
 /// Runs the sidecar until SIGINT/SIGTERM.

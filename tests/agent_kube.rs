@@ -94,7 +94,7 @@ async fn ask(port: u16, token: &str) -> (u16, Value) {
     let resp = reqwest::Client::new()
         .post(format!("http://127.0.0.1:{port}/v1/token"))
         .bearer_auth(token)
-        .json(&json!({"request": "azure_token", "resource": "https://storage.azure.com/"}))
+        .json(&json!({"cloud": "azure", "kind": "access_token", "scopes": ["https://storage.azure.com/"], "surface": "azure_imds"}))
         .send()
         .await;
     match resp {
@@ -199,7 +199,8 @@ async fn agent_follows_the_cluster() {
     let token = up.issuer.mint(&pod, &aud, hour).unwrap();
     // Issuer discovered and keys fetched through the API server.
     let body = eventually_status(port, &token, 200).await;
-    assert_eq!(body["client_id"], CLIENT);
+    assert_eq!(body["identity"]["id"], CLIENT);
+    assert_eq!(body["credential"]["type"], "token");
     assert!(
         kube.requests("/openid/v1/jwks") >= 1,
         "keys came through the API"

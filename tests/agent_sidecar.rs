@@ -274,7 +274,7 @@ async fn agent_refuses_other_node_other_issuer_expired_and_unbound_tokens() {
             let resp = http
                 .post(url)
                 .bearer_auth(token)
-                .json(&serde_json::json!({"request": "azure_token", "resource": "https://storage.azure.com/"}))
+                .json(&serde_json::json!({"cloud": "azure", "kind": "access_token", "scopes": ["https://storage.azure.com/"], "surface": "azure_imds"}))
                 .send()
                 .await
                 .unwrap();
@@ -287,7 +287,7 @@ async fn agent_refuses_other_node_other_issuer_expired_and_unbound_tokens() {
 
     let (status, body) = ask(s.up.issuer.mint(&pod, &aud, hour).unwrap()).await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(body["grant"], "azure_token");
+    assert_eq!(body["credential"]["type"], "token");
 
     let elsewhere = PodIdentity::new("default", "ray-worker", "ray-worker-9", "node-b");
     let (status, body) = ask(s.up.issuer.mint(&elsewhere, &aud, hour).unwrap()).await;
@@ -324,7 +324,9 @@ async fn agent_refuses_other_node_other_issuer_expired_and_unbound_tokens() {
     // Malformed calls.
     let resp = http
         .post(&url)
-        .json(&serde_json::json!({"request": "azure_token"}))
+        .json(
+            &serde_json::json!({"cloud": "azure", "kind": "access_token", "surface": "azure_imds"}),
+        )
         .send()
         .await
         .unwrap();
@@ -338,6 +340,17 @@ async fn agent_refuses_other_node_other_issuer_expired_and_unbound_tokens() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 400);
+    // A body in no known shape (here, a per-cloud request kind): 400.
+    let resp = http
+        .post(&url)
+        .bearer_auth(&good)
+        .json(&serde_json::json!({"request": "azure_token", "resource": "https://storage.azure.com/"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["kind"], "bad_request");
     let resp = http
         .post(&url)
         .bearer_auth(&good)

@@ -7,14 +7,9 @@
 
 use std::time::Duration;
 
-use super::wire::{AgentRequest, AgentResponse, ErrorBody, TOKEN_PATH};
-use super::{
-    AwsGrant, AzureGrant, AzureTokenRequest, BrokerError, GcpGrant, GcpIdTokenRequest, GcpIdentity,
-    GcpTokenRequest, TokenBroker,
-};
-use crate::cloud::aws::AwsCredentials;
-use crate::cloud::gcp::IdToken;
-use crate::cloud::AccessToken;
+use super::wire::{ErrorBody, WireGrant, TOKEN_PATH};
+use super::{BrokerError, Grant, TokenBroker};
+use crate::cloud::TokenRequest;
 use crate::secret::{ExposeSecret, SecretString};
 
 /// A client of the node agent's `/v1/token`.
@@ -62,18 +57,20 @@ impl RemoteBroker {
             Err(_) => false,
         }
     }
+}
 
-    async fn call(
+#[async_trait::async_trait]
+impl TokenBroker for RemoteBroker {
+    async fn request(
         &self,
         subject: &SecretString,
-        request: AgentRequest,
-    ) -> Result<AgentResponse, BrokerError> {
-        let cloud = request.cloud();
+        request: &TokenRequest,
+    ) -> Result<Grant, BrokerError> {
         let resp = self
             .http
             .post(&self.token_url)
             .bearer_auth(subject.expose_secret())
-            .json(&request)
+            .json(request)
             .send()
             .await
             .map_err(|e| {
@@ -84,138 +81,19 @@ impl RemoteBroker {
             BrokerError::Unavailable(format!("node agent response: {}", e.without_url()))
         })?;
         if status.is_success() {
-            return serde_json::from_slice(&body).map_err(|e| {
-                BrokerError::Unavailable(format!("node agent answered an unreadable grant: {e}"))
-            });
+            return serde_json::from_slice::<WireGrant>(&body)
+                .map(Grant::from)
+                .map_err(|e| {
+                    BrokerError::Unavailable(format!(
+                        "node agent answered an unreadable grant: {e}"
+                    ))
+                });
         }
         match serde_json::from_slice::<ErrorBody>(&body) {
-            Ok(err) => Err(err.error.into_broker(cloud)),
+            Ok(err) => Err(err.error.into()),
             Err(_) => Err(BrokerError::Unavailable(format!(
                 "node agent answered HTTP {status}"
             ))),
-        }
-    }
-}
-
-fn unexpected() -> BrokerError {
-    BrokerError::Unavailable("node agent answered a grant of another kind".into())
-}
-
-#[async_trait::async_trait]
-impl TokenBroker for RemoteBroker {
-    async fn azure_token(
-        &self,
-        subject: &SecretString,
-        request: &AzureTokenRequest,
-    ) -> Result<AzureGrant, BrokerError> {
-        let req = AgentRequest::AzureToken {
-            resource: request.resource.clone(),
-            selector: request.selector.clone(),
-        };
-        match self.call(subject, req).await? {
-            AgentResponse::AzureToken {
-                access_token,
-                issued_at,
-                expires_at,
-                client_id,
-                resource,
-            } => Ok(AzureGrant {
-                token: AccessToken {
-                    token: SecretString::from(access_token),
-                    issued_at,
-                    expires_at,
-                },
-                client_id,
-                resource,
-            }),
-            _ => Err(unexpected()),
-        }
-    }
-
-    async fn gcp_identity(&self, subject: &SecretString) -> Result<GcpIdentity, BrokerError> {
-        match self.call(subject, AgentRequest::GcpIdentity).await? {
-            AgentResponse::GcpIdentity(identity) => Ok(identity),
-            _ => Err(unexpected()),
-        }
-    }
-
-    async fn gcp_token(
-        &self,
-        subject: &SecretString,
-        request: &GcpTokenRequest,
-    ) -> Result<GcpGrant, BrokerError> {
-        let req = AgentRequest::GcpToken {
-            account: request.account.clone(),
-            scopes: request.scopes.clone(),
-        };
-        match self.call(subject, req).await? {
-            AgentResponse::GcpToken {
-                access_token,
-                issued_at,
-                expires_at,
-                identity,
-            } => Ok(GcpGrant {
-                token: AccessToken {
-                    token: SecretString::from(access_token),
-                    issued_at,
-                    expires_at,
-                },
-                identity,
-            }),
-            _ => Err(unexpected()),
-        }
-    }
-
-    async fn gcp_id_token(
-        &self,
-        subject: &SecretString,
-        request: &GcpIdTokenRequest,
-    ) -> Result<IdToken, BrokerError> {
-        let req = AgentRequest::GcpIdToken {
-            account: request.account.clone(),
-            audience: request.audience.clone(),
-            include_email: request.include_email,
-        };
-        match self.call(subject, req).await? {
-            AgentResponse::GcpIdToken { token, expires_at } => Ok(IdToken {
-                token: SecretString::from(token),
-                expires_at,
-            }),
-            _ => Err(unexpected()),
-        }
-    }
-
-    async fn aws_role(&self, subject: &SecretString) -> Result<String, BrokerError> {
-        match self.call(subject, AgentRequest::AwsRole).await? {
-            AgentResponse::AwsRole { role_arn } => Ok(role_arn),
-            _ => Err(unexpected()),
-        }
-    }
-
-    async fn aws_credentials(&self, subject: &SecretString) -> Result<AwsGrant, BrokerError> {
-        match self.call(subject, AgentRequest::AwsCredentials).await? {
-            AgentResponse::AwsCredentials {
-                access_key_id,
-                secret_access_key,
-                session_token,
-                issued_at,
-                expires_at,
-                account_id,
-                assumed_role_arn,
-                role_arn,
-            } => Ok(AwsGrant {
-                credentials: AwsCredentials {
-                    access_key_id,
-                    secret_access_key: SecretString::from(secret_access_key),
-                    session_token: SecretString::from(session_token),
-                    expires_at,
-                    issued_at,
-                    account_id,
-                    assumed_role_arn,
-                },
-                role_arn,
-            }),
-            _ => Err(unexpected()),
         }
     }
 }

@@ -1,85 +1,51 @@
 //! The agent API's wire format (`POST /v1/token`), shared by the agent's
-//! server and the sidecar's client. Versioned by path; fields are only
-//! ever added.
+//! server and the sidecar's client. Versioned by path; from here on fields
+//! are only ever added.
 //!
-//! The caller's projected token travels in `Authorization: Bearer`, never
-//! in the body, so that it is not captured by body logging anywhere.
+//! The body is the uniform [`TokenRequest`]; the answer a [`WireGrant`] or
+//! an [`ErrorBody`] whose [`WireError`] mirrors [`BrokerError`] variant for
+//! variant, so a refusal renders in the sidecar exactly as it would have in
+//! the agent. The caller's projected token travels in `Authorization:
+//! Bearer`, never in the body, so that it is not captured by body logging
+//! anywhere.
+
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{AzureSelector, BrokerError, GcpIdentity};
-use crate::cloud::{Cloud, CloudError};
+use super::{BrokerError, Grant};
+use crate::cloud::aws::AwsCredentials;
+use crate::cloud::{AccessToken, Cloud, CloudError, Credential, Identity};
+use crate::secret::{ExposeSecret, SecretString};
 use crate::token::VerifyError;
 
 /// Path of the agent API.
 pub const TOKEN_PATH: &str = "/v1/token";
 
-/// What a sidecar asks the agent for. Unknown fields are ignored, so a
-/// newer sidecar can talk to an older agent; unknown request kinds are not.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "request", rename_all = "snake_case")]
-pub enum AgentRequest {
-    AzureToken {
-        resource: String,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        selector: Option<AzureSelector>,
-    },
-    GcpIdentity,
-    GcpToken {
-        account: String,
-        #[serde(default)]
-        scopes: Vec<String>,
-    },
-    GcpIdToken {
-        account: String,
-        audience: String,
-        #[serde(default)]
-        include_email: bool,
-    },
-    AwsRole,
-    AwsCredentials,
-}
-
-impl AgentRequest {
-    /// The cloud whose projected token must authenticate this request.
-    pub fn cloud(&self) -> Cloud {
-        match self {
-            AgentRequest::AzureToken { .. } => Cloud::Azure,
-            AgentRequest::GcpIdentity
-            | AgentRequest::GcpToken { .. }
-            | AgentRequest::GcpIdToken { .. } => Cloud::Gcp,
-            AgentRequest::AwsRole | AgentRequest::AwsCredentials => Cloud::Aws,
-        }
-    }
-}
-
-/// What the agent answers. Secrets appear only here, in the response body
-/// on the node-local connection.
+/// A grant on the wire. Secrets appear only here, in the response body on
+/// the node-local connection.
 #[derive(Clone, Serialize, Deserialize)]
-#[serde(tag = "grant", rename_all = "snake_case")]
-pub enum AgentResponse {
-    AzureToken {
+pub struct WireGrant {
+    pub identity: Identity,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<WireCredential>,
+}
+
+/// A credential on the wire.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum WireCredential {
+    Token {
         access_token: String,
         issued_at: u64,
         expires_at: u64,
-        client_id: String,
-        resource: String,
     },
-    GcpIdentity(GcpIdentity),
-    GcpToken {
-        access_token: String,
-        issued_at: u64,
-        expires_at: u64,
-        identity: GcpIdentity,
-    },
-    GcpIdToken {
+    IdToken {
         token: String,
+        issued_at: u64,
         expires_at: u64,
     },
-    AwsRole {
-        role_arn: String,
-    },
-    AwsCredentials {
+    Aws {
         access_key_id: String,
         secret_access_key: String,
         session_token: String,
@@ -87,175 +53,306 @@ pub enum AgentResponse {
         expires_at: u64,
         account_id: String,
         assumed_role_arn: String,
-        role_arn: String,
     },
 }
 
-impl std::fmt::Debug for AgentResponse {
+impl std::fmt::Debug for WireGrant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Never print the secrets a response carries.
-        let kind = match self {
-            AgentResponse::AzureToken { .. } => "azure_token",
-            AgentResponse::GcpIdentity(_) => "gcp_identity",
-            AgentResponse::GcpToken { .. } => "gcp_token",
-            AgentResponse::GcpIdToken { .. } => "gcp_id_token",
-            AgentResponse::AwsRole { .. } => "aws_role",
-            AgentResponse::AwsCredentials { .. } => "aws_credentials",
-        };
-        f.debug_struct("AgentResponse")
-            .field("grant", &kind)
+        // Never print the secrets a grant carries.
+        f.debug_struct("WireGrant")
+            .field("identity", &self.identity.id)
             .finish_non_exhaustive()
     }
 }
 
-/// A refusal or failure, with enough structure for the sidecar to rebuild
-/// the broker error and render it in each SDK's format.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct AgentError {
-    /// `unauthenticated`, `not_bound`, `identity_not_found`, `cloud_disabled`,
-    /// `bad_request`, `upstream_rejected`, `upstream_throttled`,
-    /// `upstream_unavailable`, `upstream_protocol`, `unavailable`.
-    pub kind: String,
-    pub message: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cloud: Option<Cloud>,
-    /// Upstream code (AADSTS…, PERMISSION_DENIED, AccessDenied) or, for
-    /// `unauthenticated`, which token check failed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub code: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub retry_after_secs: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub service_account: Option<String>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub struct ErrorBody {
-    pub error: AgentError,
-}
-
-impl AgentError {
-    /// The HTTP status the agent answers with.
-    pub fn status(&self) -> u16 {
-        match self.kind.as_str() {
-            "unauthenticated" => 401,
-            "not_bound" | "identity_not_found" | "cloud_disabled" => 404,
-            "bad_request" => 400,
-            "upstream_rejected" => 403,
-            "upstream_throttled" => 429,
-            _ => 503,
+impl From<&Grant> for WireGrant {
+    fn from(grant: &Grant) -> Self {
+        let token = |t: &AccessToken| {
+            (
+                t.token.expose_secret().to_string(),
+                t.issued_at,
+                t.expires_at,
+            )
+        };
+        WireGrant {
+            identity: grant.identity.clone(),
+            credential: grant.credential.as_ref().map(|c| match c {
+                Credential::Token(t) => {
+                    let (access_token, issued_at, expires_at) = token(t);
+                    WireCredential::Token {
+                        access_token,
+                        issued_at,
+                        expires_at,
+                    }
+                }
+                Credential::IdToken(t) => {
+                    let (token, issued_at, expires_at) = token(t);
+                    WireCredential::IdToken {
+                        token,
+                        issued_at,
+                        expires_at,
+                    }
+                }
+                Credential::Aws(c) => WireCredential::Aws {
+                    access_key_id: c.access_key_id.clone(),
+                    secret_access_key: c.secret_access_key.expose_secret().to_string(),
+                    session_token: c.session_token.expose_secret().to_string(),
+                    issued_at: c.issued_at,
+                    expires_at: c.expires_at,
+                    account_id: c.account_id.clone(),
+                    assumed_role_arn: c.assumed_role_arn.clone(),
+                },
+            }),
         }
     }
+}
 
-    pub fn from_broker(err: &BrokerError) -> AgentError {
-        let mut e = AgentError {
-            kind: String::new(),
-            message: err.to_string(),
-            cloud: None,
-            code: None,
-            retry_after_secs: None,
-            namespace: None,
-            service_account: None,
+impl From<WireGrant> for Grant {
+    fn from(wire: WireGrant) -> Self {
+        let token = |t: String, issued_at, expires_at| AccessToken {
+            token: SecretString::from(t),
+            issued_at,
+            expires_at,
         };
+        Grant {
+            identity: wire.identity,
+            credential: wire.credential.map(|c| match c {
+                WireCredential::Token {
+                    access_token,
+                    issued_at,
+                    expires_at,
+                } => Credential::Token(token(access_token, issued_at, expires_at)),
+                WireCredential::IdToken {
+                    token: t,
+                    issued_at,
+                    expires_at,
+                } => Credential::IdToken(token(t, issued_at, expires_at)),
+                WireCredential::Aws {
+                    access_key_id,
+                    secret_access_key,
+                    session_token,
+                    issued_at,
+                    expires_at,
+                    account_id,
+                    assumed_role_arn,
+                } => Credential::Aws(AwsCredentials {
+                    access_key_id,
+                    secret_access_key: SecretString::from(secret_access_key),
+                    session_token: SecretString::from(session_token),
+                    expires_at,
+                    issued_at,
+                    account_id,
+                    assumed_role_arn,
+                }),
+            }),
+        }
+    }
+}
+
+/// A refusal or failure: [`BrokerError`], variant for variant.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum WireError {
+    /// The caller's token was refused; `code` says which check failed.
+    Unauthenticated {
+        code: String,
+        message: String,
+    },
+    NotBound {
+        cloud: Cloud,
+        namespace: String,
+        service_account: String,
+    },
+    IdentityNotFound,
+    CloudDisabled {
+        cloud: Cloud,
+    },
+    BadRequest {
+        message: String,
+    },
+    PolicyDenied {
+        message: String,
+        #[serde(default)]
+        policies: Vec<String>,
+    },
+    UpstreamRejected {
+        cloud: Cloud,
+        code: String,
+        message: String,
+    },
+    UpstreamThrottled {
+        cloud: Cloud,
+        code: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        retry_after_secs: Option<u64>,
+    },
+    UpstreamUnavailable {
+        cloud: Cloud,
+        message: String,
+    },
+    UpstreamProtocol {
+        cloud: Cloud,
+        message: String,
+    },
+    Unavailable {
+        message: String,
+    },
+    /// A kind this side does not know (a newer agent): retryable.
+    #[serde(other)]
+    Unknown,
+}
+
+/// The error body: `{"error": {...}}`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: WireError,
+}
+
+impl WireError {
+    /// The HTTP status the agent answers with.
+    pub fn status(&self) -> u16 {
+        match self {
+            WireError::Unauthenticated { .. } => 401,
+            WireError::NotBound { .. }
+            | WireError::IdentityNotFound
+            | WireError::CloudDisabled { .. } => 404,
+            WireError::BadRequest { .. } => 400,
+            WireError::PolicyDenied { .. } | WireError::UpstreamRejected { .. } => 403,
+            WireError::UpstreamThrottled { .. } => 429,
+            WireError::UpstreamUnavailable { .. }
+            | WireError::UpstreamProtocol { .. }
+            | WireError::Unavailable { .. }
+            | WireError::Unknown => 503,
+        }
+    }
+}
+
+impl From<&BrokerError> for WireError {
+    fn from(err: &BrokerError) -> Self {
         match err {
-            BrokerError::Unauthenticated(v) if v.is_transient() => {
-                e.kind = "unavailable".into();
-            }
-            BrokerError::Unauthenticated(v) => {
-                e.kind = "unauthenticated".into();
-                e.code = Some(v.reason().into());
-            }
+            // A transient verification failure (issuer keys unreachable)
+            // is the agent's trouble, not the caller's: retryable.
+            BrokerError::Unauthenticated(v) if v.is_transient() => WireError::Unavailable {
+                message: err.to_string(),
+            },
+            BrokerError::Unauthenticated(v) => WireError::Unauthenticated {
+                code: v.reason().to_string(),
+                message: v.to_string(),
+            },
             BrokerError::NotBound {
                 cloud,
                 namespace,
                 name,
-            } => {
-                e.kind = "not_bound".into();
-                e.cloud = Some(*cloud);
-                e.namespace = Some(namespace.clone());
-                e.service_account = Some(name.clone());
-            }
-            BrokerError::IdentityNotFound => e.kind = "identity_not_found".into(),
-            BrokerError::CloudDisabled(cloud) => {
-                e.kind = "cloud_disabled".into();
-                e.cloud = Some(*cloud);
-            }
-            BrokerError::BadRequest(_) => e.kind = "bad_request".into(),
-            BrokerError::Upstream(up) => match up {
-                CloudError::Rejected {
-                    cloud,
-                    code,
-                    message,
-                } => {
-                    e.kind = "upstream_rejected".into();
-                    e.cloud = Some(*cloud);
-                    e.code = Some(code.clone());
-                    e.message = message.clone();
-                }
-                CloudError::Throttled {
-                    cloud,
-                    code,
-                    retry_after,
-                } => {
-                    e.kind = "upstream_throttled".into();
-                    e.cloud = Some(*cloud);
-                    e.code = Some(code.clone());
-                    e.retry_after_secs = retry_after.map(|d| d.as_secs());
-                }
-                CloudError::Unavailable { cloud, reason } => {
-                    e.kind = "upstream_unavailable".into();
-                    e.cloud = Some(*cloud);
-                    e.message = reason.clone();
-                }
-                CloudError::Protocol { cloud, reason } => {
-                    e.kind = "upstream_protocol".into();
-                    e.cloud = Some(*cloud);
-                    e.message = reason.clone();
-                }
+            } => WireError::NotBound {
+                cloud: *cloud,
+                namespace: namespace.clone(),
+                service_account: name.clone(),
             },
-            BrokerError::Unavailable(_) => e.kind = "unavailable".into(),
+            BrokerError::IdentityNotFound => WireError::IdentityNotFound,
+            BrokerError::CloudDisabled(cloud) => WireError::CloudDisabled { cloud: *cloud },
+            BrokerError::BadRequest(message) => WireError::BadRequest {
+                message: message.clone(),
+            },
+            BrokerError::Denied { reason, policies } => WireError::PolicyDenied {
+                message: reason.clone(),
+                policies: policies.clone(),
+            },
+            BrokerError::Upstream(CloudError::Rejected {
+                cloud,
+                code,
+                message,
+            }) => WireError::UpstreamRejected {
+                cloud: *cloud,
+                code: code.clone(),
+                message: message.clone(),
+            },
+            BrokerError::Upstream(CloudError::Throttled {
+                cloud,
+                code,
+                retry_after,
+            }) => WireError::UpstreamThrottled {
+                cloud: *cloud,
+                code: code.clone(),
+                retry_after_secs: retry_after.map(|d| d.as_secs()),
+            },
+            BrokerError::Upstream(CloudError::Unavailable { cloud, reason }) => {
+                WireError::UpstreamUnavailable {
+                    cloud: *cloud,
+                    message: reason.clone(),
+                }
+            }
+            BrokerError::Upstream(CloudError::Protocol { cloud, reason }) => {
+                WireError::UpstreamProtocol {
+                    cloud: *cloud,
+                    message: reason.clone(),
+                }
+            }
+            BrokerError::Unavailable(message) => WireError::Unavailable {
+                message: message.clone(),
+            },
         }
-        e
     }
+}
 
-    /// Rebuilds the broker error on the sidecar's side. `cloud` is the
-    /// cloud of the request, used where the agent named none.
-    pub fn into_broker(self, cloud: Cloud) -> BrokerError {
-        let c = self.cloud.unwrap_or(cloud);
-        match self.kind.as_str() {
-            "unauthenticated" => BrokerError::Unauthenticated(VerifyError::Refused {
-                reason: self.code.unwrap_or_else(|| "refused".into()),
-                message: self.message,
-            }),
-            "not_bound" => BrokerError::NotBound {
-                cloud: c,
-                namespace: self.namespace.unwrap_or_default(),
-                name: self.service_account.unwrap_or_default(),
+impl From<WireError> for BrokerError {
+    fn from(wire: WireError) -> Self {
+        match wire {
+            WireError::Unauthenticated { code, message } => {
+                BrokerError::Unauthenticated(VerifyError::Refused {
+                    reason: code,
+                    message,
+                })
+            }
+            WireError::NotBound {
+                cloud,
+                namespace,
+                service_account,
+            } => BrokerError::NotBound {
+                cloud,
+                namespace,
+                name: service_account,
             },
-            "identity_not_found" => BrokerError::IdentityNotFound,
-            "cloud_disabled" => BrokerError::CloudDisabled(c),
-            "bad_request" => BrokerError::BadRequest(self.message),
-            "upstream_rejected" => BrokerError::Upstream(CloudError::Rejected {
-                cloud: c,
-                code: self.code.unwrap_or_default(),
-                message: self.message,
+            WireError::IdentityNotFound => BrokerError::IdentityNotFound,
+            WireError::CloudDisabled { cloud } => BrokerError::CloudDisabled(cloud),
+            WireError::BadRequest { message } => BrokerError::BadRequest(message),
+            WireError::PolicyDenied { message, policies } => BrokerError::Denied {
+                reason: message,
+                policies,
+            },
+            WireError::UpstreamRejected {
+                cloud,
+                code,
+                message,
+            } => BrokerError::Upstream(CloudError::Rejected {
+                cloud,
+                code,
+                message,
             }),
-            "upstream_throttled" => BrokerError::Upstream(CloudError::Throttled {
-                cloud: c,
-                code: self.code.unwrap_or_default(),
-                retry_after: self.retry_after_secs.map(std::time::Duration::from_secs),
+            WireError::UpstreamThrottled {
+                cloud,
+                code,
+                retry_after_secs,
+            } => BrokerError::Upstream(CloudError::Throttled {
+                cloud,
+                code,
+                retry_after: retry_after_secs.map(Duration::from_secs),
             }),
-            "upstream_unavailable" => BrokerError::Upstream(CloudError::Unavailable {
-                cloud: c,
-                reason: self.message,
-            }),
-            "upstream_protocol" => BrokerError::Upstream(CloudError::Protocol {
-                cloud: c,
-                reason: self.message,
-            }),
-            _ => BrokerError::Unavailable(self.message),
+            WireError::UpstreamUnavailable { cloud, message } => {
+                BrokerError::Upstream(CloudError::Unavailable {
+                    cloud,
+                    reason: message,
+                })
+            }
+            WireError::UpstreamProtocol { cloud, message } => {
+                BrokerError::Upstream(CloudError::Protocol {
+                    cloud,
+                    reason: message,
+                })
+            }
+            WireError::Unavailable { message } => BrokerError::Unavailable(message),
+            WireError::Unknown => BrokerError::Unavailable(
+                "the node agent answered an error of an unknown kind".into(),
+            ),
         }
     }
 }
@@ -263,51 +360,101 @@ impl AgentError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::broker::ErrorClass;
 
-    #[test]
-    fn requests_round_trip_and_unknown_kinds_are_refused() {
-        let r: AgentRequest = serde_json::from_str(
-            r#"{"request":"azure_token","resource":"https://storage.azure.com/","selector":{"client_id":"abc"}}"#,
-        )
-        .unwrap();
-        assert!(matches!(
-            r,
-            AgentRequest::AzureToken { selector: Some(AzureSelector::ClientId(ref c)), .. } if c == "abc"
-        ));
-        assert_eq!(r.cloud(), Cloud::Azure);
-        assert!(matches!(
-            serde_json::from_str::<AgentRequest>(r#"{"request":"aws_role","added_later":1}"#),
-            Ok(AgentRequest::AwsRole)
-        ));
-        assert!(
-            serde_json::from_str::<AgentRequest>(r#"{"request":"gcp_token"}"#).is_err(),
-            "account is required"
-        );
-        assert!(serde_json::from_str::<AgentRequest>(r#"{"request":"steal"}"#).is_err());
+    /// One of each wire error, through JSON and back into a broker error.
+    fn every_error() -> Vec<BrokerError> {
+        let cloud = Cloud::Azure;
+        vec![
+            BrokerError::Unauthenticated(VerifyError::Expired),
+            BrokerError::Unauthenticated(VerifyError::Keys(crate::token::KeysError::Fetch {
+                url: "http://issuer/jwks".into(),
+                reason: "down".into(),
+            })),
+            BrokerError::NotBound {
+                cloud,
+                namespace: "ml".into(),
+                name: "ray".into(),
+            },
+            BrokerError::IdentityNotFound,
+            BrokerError::CloudDisabled(Cloud::Gcp),
+            BrokerError::BadRequest("resource is empty".into()),
+            BrokerError::Denied {
+                reason: "no management scope".into(),
+                policies: vec!["policy0".into()],
+            },
+            BrokerError::Upstream(CloudError::Rejected {
+                cloud,
+                code: "AADSTS70021".into(),
+                message: "no match".into(),
+            }),
+            BrokerError::Upstream(CloudError::Throttled {
+                cloud: Cloud::Aws,
+                code: "Throttling".into(),
+                retry_after: Some(Duration::from_secs(3)),
+            }),
+            BrokerError::Upstream(CloudError::Unavailable {
+                cloud,
+                reason: "reset".into(),
+            }),
+            BrokerError::Upstream(CloudError::Protocol {
+                cloud,
+                reason: "not JSON".into(),
+            }),
+            BrokerError::Unavailable("directory down".into()),
+        ]
     }
 
     #[test]
-    fn errors_survive_the_trip() {
-        let original = BrokerError::Upstream(CloudError::Rejected {
-            cloud: Cloud::Azure,
-            code: "AADSTS70021".into(),
-            message: "no match".into(),
-        });
-        let wire = AgentError::from_broker(&original);
-        assert_eq!(wire.status(), 403);
-        let back = wire.into_broker(Cloud::Azure);
-        assert!(
-            matches!(back, BrokerError::Upstream(CloudError::Rejected { ref code, .. }) if code == "AADSTS70021")
-        );
+    fn every_error_survives_the_trip() {
+        for original in every_error() {
+            let wire = WireError::from(&original);
+            let json = serde_json::to_string(&ErrorBody {
+                error: wire.clone(),
+            })
+            .unwrap();
+            let body: ErrorBody = serde_json::from_str(&json).unwrap();
+            assert_eq!(body.error, wire, "{json}");
+            let back = BrokerError::from(body.error);
+            assert_eq!(back.class(), original.class(), "{original:?} → {json}");
+            if !matches!(original, BrokerError::Unauthenticated(_)) {
+                assert_eq!(back.reason(), original.reason(), "{original:?}");
+                assert_eq!(back.describe(), original.describe(), "{original:?}");
+            }
+            if original.class() == ErrorClass::Forbidden {
+                assert_eq!(back.code(), original.code(), "{original:?}");
+            }
+            assert_eq!(back.retry_after(), original.retry_after());
+            let status = wire.status();
+            match original.class() {
+                ErrorClass::NotFound => assert_eq!(status, 404),
+                ErrorClass::BadRequest => assert_eq!(status, 400),
+                ErrorClass::Forbidden => assert!(status == 401 || status == 403),
+                ErrorClass::Throttled => assert_eq!(status, 429),
+                ErrorClass::Unavailable => assert_eq!(status, 503),
+            }
+        }
+    }
 
-        let wire = AgentError::from_broker(&BrokerError::Unauthenticated(VerifyError::Expired));
-        assert_eq!(wire.status(), 401);
-        assert_eq!(wire.code.as_deref(), Some("expired"));
-        assert!(!wire.into_broker(Cloud::Gcp).is_retryable());
-
-        let response = AgentResponse::AwsRole {
-            role_arn: "arn".into(),
+    #[test]
+    fn unknown_kinds_are_retryable_and_grants_hide_secrets() {
+        let body: ErrorBody =
+            serde_json::from_str(r#"{"error":{"kind":"added_later","message":"x"}}"#).unwrap();
+        assert_eq!(body.error, WireError::Unknown);
+        assert!(BrokerError::from(body.error).is_retryable());
+        let grant = WireGrant {
+            identity: Identity {
+                cloud: Cloud::Aws,
+                id: "arn:aws:iam::111122223333:role/r".into(),
+                account: "111122223333".into(),
+                account_number: None,
+            },
+            credential: Some(WireCredential::Token {
+                access_token: "secret-token".into(),
+                issued_at: 1,
+                expires_at: 2,
+            }),
         };
-        assert!(!format!("{response:?}").contains("arn"));
+        assert!(!format!("{grant:?}").contains("secret-token"));
     }
 }

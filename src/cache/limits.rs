@@ -7,6 +7,8 @@ use std::time::Duration;
 use tokio::sync::{Mutex, Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
+use crate::cloud::{Cloud, PerCloud};
+
 /// A token bucket: `rate` tokens a second, at most `burst` saved up.
 pub struct TokenBucket {
     rate: f64,
@@ -47,12 +49,12 @@ impl TokenBucket {
 /// The limits every upstream call passes.
 pub struct UpstreamLimits {
     concurrency: Semaphore,
-    buckets: [TokenBucket; 3],
+    buckets: PerCloud<TokenBucket>,
 }
 
 impl UpstreamLimits {
-    /// `rates` per second, in the order azure, gcp, aws.
-    pub fn new(concurrency: usize, rates: [f64; 3]) -> Self {
+    /// `rates`: exchanges per second, per cloud.
+    pub fn new(concurrency: usize, rates: PerCloud<f64>) -> Self {
         UpstreamLimits {
             concurrency: Semaphore::new(concurrency.max(1)),
             buckets: rates.map(|r| TokenBucket::new(r, r)),
@@ -60,13 +62,8 @@ impl UpstreamLimits {
     }
 
     /// Waits for this cloud's rate limit and a concurrency slot.
-    pub async fn admit(&self, cloud: crate::cloud::Cloud) -> Option<SemaphorePermit<'_>> {
-        let index = match cloud {
-            crate::cloud::Cloud::Azure => 0,
-            crate::cloud::Cloud::Gcp => 1,
-            crate::cloud::Cloud::Aws => 2,
-        };
-        self.buckets[index].acquire().await;
+    pub async fn admit(&self, cloud: Cloud) -> Option<SemaphorePermit<'_>> {
+        self.buckets[cloud].acquire().await;
         self.concurrency.acquire().await.ok()
     }
 }

@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex as StdMutex;
 
 use super::*;
+use crate::cloud::AccessToken;
 use crate::secret::ExposeSecret;
 
 /// A scripted upstream: counts calls, records subjects, answers with the

@@ -13,8 +13,13 @@ use std::time::Duration;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use super::{now_unix, retry_after, Cloud, CloudError};
+use super::{
+    fetcher, now_unix, retry_after, Cloud, CloudError, CloudExchanger, Credential, Fetcher,
+    Identity, Kind, RequestError, Selector, TokenRequest,
+};
+use crate::directory::Bindings;
 use crate::secret::{ExposeSecret, SecretString};
+use crate::token::Caller;
 
 const STS_VERSION: &str = "2011-06-15";
 
@@ -247,6 +252,85 @@ impl AwsExchanger {
             &body,
             token.expose_secret(),
         ))
+    }
+}
+
+/// The AWS side of the broker: the STS exchanger, the audience callers'
+/// tokens carry, and the session duration asked of STS.
+#[derive(Clone)]
+pub struct AwsCloud {
+    pub exchanger: AwsExchanger,
+    /// Audience callers' projected tokens must carry for AWS.
+    pub audience: String,
+    /// `DurationSeconds` asked of STS (and the most a caller may ask).
+    pub session_duration: Duration,
+}
+
+/// STS's shortest session.
+const MIN_SESSION: Duration = Duration::from_secs(900);
+
+impl AwsCloud {
+    fn duration(&self, request: &TokenRequest) -> Duration {
+        request.lifetime.map_or(self.session_duration, |l| {
+            l.clamp(MIN_SESSION, self.session_duration.max(MIN_SESSION))
+        })
+    }
+}
+
+impl CloudExchanger for AwsCloud {
+    /// The role ARN.
+    type Binding = String;
+
+    fn cloud(&self) -> Cloud {
+        Cloud::Aws
+    }
+
+    fn audience(&self) -> &str {
+        &self.audience
+    }
+
+    fn kinds(&self) -> &'static [Kind] {
+        &[Kind::AwsCredentials]
+    }
+
+    fn bind(&self, bindings: &Bindings, _: &Caller) -> Result<String, RequestError> {
+        bindings.aws_role_arn.clone().ok_or(RequestError::NotBound)
+    }
+
+    fn identity(&self, role_arn: &String) -> Identity {
+        Identity {
+            cloud: Cloud::Aws,
+            id: role_arn.clone(),
+            account: account_of(role_arn).unwrap_or_default().to_string(),
+            account_number: None,
+        }
+    }
+
+    fn selects(&self, role_arn: &String, selector: &Selector) -> bool {
+        matches!(selector, Selector::RoleName(name) if role_arn.rsplit('/').next() == Some(name.as_str()))
+    }
+
+    fn scope(&self, _: &String, request: &TokenRequest) -> Result<String, RequestError> {
+        Ok(format!(
+            "sts:AssumeRoleWithWebIdentity {}",
+            self.duration(request).as_secs()
+        ))
+    }
+
+    fn fetcher(&self, role_arn: &String, request: &TokenRequest, caller: &Caller) -> Fetcher {
+        let params = (
+            self.exchanger.clone(),
+            AwsExchanger::session_name(&caller.namespace, &caller.service_account),
+            role_arn.clone(),
+            self.duration(request),
+        );
+        fetcher(params, |p, subject| async move {
+            let (exchanger, session, role_arn, duration) = &*p;
+            let credentials = exchanger
+                .assume_role_with_web_identity(role_arn, session, &subject, *duration)
+                .await?;
+            Ok(Credential::Aws(credentials))
+        })
     }
 }
 

@@ -10,8 +10,13 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{now_unix, retry_after, AccessToken, Cloud, CloudError};
+use super::{
+    fetcher, now_unix, retry_after, AccessToken, Cloud, CloudError, CloudExchanger, Credential,
+    Fetcher, Identity, Kind, RequestError, Selector, TokenRequest,
+};
+use crate::directory::{AzureBinding, Bindings};
 use crate::secret::{ExposeSecret, SecretString};
+use crate::token::Caller;
 
 /// Well-known Entra authority hosts.
 pub const PUBLIC_CLOUD: &str = "https://login.microsoftonline.com";
@@ -185,6 +190,105 @@ impl AzureExchanger {
     }
 }
 
+/// The Entra ID side of the broker: the exchanger, the audience callers'
+/// tokens carry, and the tenant of ServiceAccounts that name none.
+#[derive(Clone)]
+pub struct AzureCloud {
+    pub exchanger: AzureExchanger,
+    /// Tenant used when a ServiceAccount names none.
+    pub default_tenant: Option<String>,
+    /// Audience the caller's projected token must carry.
+    pub audience: String,
+}
+
+/// The Azure identity bound to a ServiceAccount, tenant resolved.
+#[derive(Debug, Clone)]
+pub struct AzureBound {
+    pub binding: AzureBinding,
+    pub tenant: String,
+}
+
+impl CloudExchanger for AzureCloud {
+    type Binding = AzureBound;
+
+    fn cloud(&self) -> Cloud {
+        Cloud::Azure
+    }
+
+    fn audience(&self) -> &str {
+        &self.audience
+    }
+
+    fn kinds(&self) -> &'static [Kind] {
+        &[Kind::AccessToken]
+    }
+
+    fn bind(&self, bindings: &Bindings, caller: &Caller) -> Result<AzureBound, RequestError> {
+        let binding = bindings.azure.clone().ok_or(RequestError::NotBound)?;
+        let tenant = binding
+            .tenant_id
+            .clone()
+            .or_else(|| self.default_tenant.clone())
+            .ok_or_else(|| {
+                RequestError::BadRequest(format!(
+                    "service account {}/{} names no Azure tenant and no default tenant is configured",
+                    caller.namespace, caller.service_account
+                ))
+            })?;
+        Ok(AzureBound { binding, tenant })
+    }
+
+    fn identity(&self, bound: &AzureBound) -> Identity {
+        Identity {
+            cloud: Cloud::Azure,
+            id: bound.binding.client_id.clone(),
+            account: bound.tenant.clone(),
+            account_number: None,
+        }
+    }
+
+    fn selects(&self, bound: &AzureBound, selector: &Selector) -> bool {
+        let b = &bound.binding;
+        let eq = |a: &str, b: &str| a.eq_ignore_ascii_case(b);
+        match selector {
+            Selector::ClientId(id) => eq(id, &b.client_id),
+            Selector::ObjectId(id) => b.object_id.as_deref().is_some_and(|o| eq(o, id)),
+            Selector::ResourceId(id) => b.resource_id.as_deref().is_some_and(|r| eq(r, id)),
+            Selector::Email(_) | Selector::RoleName(_) => false,
+        }
+    }
+
+    fn scope(&self, _: &AzureBound, request: &TokenRequest) -> Result<String, RequestError> {
+        match request.scopes.as_slice() {
+            [resource] if !resource.trim().is_empty() => Ok(resource_to_scope(resource.trim())),
+            [] | [_] => Err(RequestError::BadRequest("resource is empty".into())),
+            _ => Err(RequestError::BadRequest(
+                "exactly one resource may be requested".into(),
+            )),
+        }
+    }
+
+    fn fetcher(&self, bound: &AzureBound, request: &TokenRequest, _: &Caller) -> Fetcher {
+        let scope = self.scope(bound, request).unwrap_or_default();
+        let params = (
+            self.exchanger.clone(),
+            bound.tenant.clone(),
+            bound.binding.client_id.clone(),
+            scope,
+        );
+        fetcher(params, |p, subject| async move {
+            let (exchanger, tenant_id, client_id, scope) = &*p;
+            let request = AzureRequest {
+                tenant_id,
+                client_id,
+                scope,
+                assertion: &subject,
+            };
+            Ok(Credential::Token(exchanger.exchange(&request).await?))
+        })
+    }
+}
+
 /// Tenant ids are GUIDs or domain names; anything else is percent-encoded so
 /// it cannot change the path.
 fn urlencode_segment(s: &str) -> String {
@@ -217,6 +321,64 @@ mod tests {
         assert_eq!(authority_for_cloud("usgovernment"), Some(US_GOVERNMENT));
         assert_eq!(authority_for_cloud("china"), Some(CHINA));
         assert_eq!(authority_for_cloud("mars"), None);
+    }
+
+    fn bound() -> AzureBound {
+        AzureBound {
+            binding: AzureBinding {
+                client_id: "11111111-2222-3333-4444-555555555555".into(),
+                tenant_id: None,
+                object_id: Some("oid-1".into()),
+                resource_id: None,
+            },
+            tenant: "t".into(),
+        }
+    }
+
+    #[test]
+    fn selectors_match_only_the_bound_identity() {
+        let cloud = AzureCloud {
+            exchanger: AzureExchanger::new(reqwest::Client::new(), PUBLIC_CLOUD),
+            default_tenant: None,
+            audience: "api://AzureADTokenExchange".into(),
+        };
+        let b = bound();
+        let upper = "11111111-2222-3333-4444-555555555555".to_uppercase();
+        assert!(cloud.selects(&b, &Selector::ClientId(upper)));
+        assert!(!cloud.selects(&b, &Selector::ClientId("other".into())));
+        assert!(cloud.selects(&b, &Selector::ObjectId("oid-1".into())));
+        assert!(!cloud.selects(&b, &Selector::ObjectId("oid-2".into())));
+        // No resource id is known, so no resource id can select it.
+        assert!(!cloud.selects(&b, &Selector::ResourceId("/subscriptions/x".into())));
+        // Another cloud's selector never matches.
+        assert!(!cloud.selects(
+            &b,
+            &Selector::Email("11111111-2222-3333-4444-555555555555".into())
+        ));
+    }
+
+    #[test]
+    fn one_resource_is_required() {
+        let cloud = AzureCloud {
+            exchanger: AzureExchanger::new(reqwest::Client::new(), PUBLIC_CLOUD),
+            default_tenant: None,
+            audience: "a".into(),
+        };
+        let req = |scopes: &[&str]| {
+            TokenRequest::new(
+                Cloud::Azure,
+                Kind::AccessToken,
+                crate::cloud::Surface::AzureImds,
+            )
+            .with_scopes(scopes.iter().map(|s| s.to_string()).collect())
+        };
+        assert_eq!(
+            cloud.scope(&bound(), &req(&["https://storage.azure.com"])),
+            Ok("https://storage.azure.com/.default".to_string())
+        );
+        assert!(cloud.scope(&bound(), &req(&[])).is_err());
+        assert!(cloud.scope(&bound(), &req(&[" "])).is_err());
+        assert!(cloud.scope(&bound(), &req(&["a", "b"])).is_err());
     }
 
     #[test]

@@ -20,8 +20,13 @@ use reqwest::StatusCode;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{now_unix, retry_after, AccessToken, Cloud, CloudError};
+use super::{
+    fetcher, now_unix, retry_after, AccessToken, Cloud, CloudError, CloudExchanger, Credential,
+    Fetcher, Identity, Kind, RequestError, Selector, TokenRequest,
+};
+use crate::directory::Bindings;
 use crate::secret::{ExposeSecret, SecretString};
+use crate::token::Caller;
 
 /// Google's public endpoints.
 pub const STS_ENDPOINT: &str = "https://sts.googleapis.com";
@@ -37,14 +42,6 @@ const JWT_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:jwt";
 const MAX_FEDERATED_SECS: u64 = 3600;
 /// Upstream messages are for humans; keep them to a log line.
 const MAX_MESSAGE_CHARS: usize = 512;
-
-/// A Google-signed OIDC ID token of a service account.
-#[derive(Debug, Clone)]
-pub struct IdToken {
-    pub token: SecretString,
-    /// Unix seconds (the token's `exp`).
-    pub expires_at: u64,
-}
 
 /// The Google exchanger.
 #[derive(Clone)]
@@ -205,7 +202,8 @@ impl GcpExchanger {
         email: &str,
         audience: &str,
         include_email: bool,
-    ) -> Result<IdToken, CloudError> {
+    ) -> Result<AccessToken, CloudError> {
+        let issued_at = now_unix();
         let payload = json!({ "audience": audience, "includeEmail": include_email });
         let body = send(
             self.iam_request(federated, email, "generateIdToken")
@@ -224,8 +222,9 @@ impl GcpExchanger {
             cloud: Cloud::Gcp,
             reason: "generateIdToken returned a token that is not a JWT with an exp claim".into(),
         })?;
-        Ok(IdToken {
+        Ok(AccessToken {
             token: SecretString::from(ok.token),
+            issued_at,
             expires_at,
         })
     }
@@ -244,6 +243,184 @@ impl GcpExchanger {
             ))
             .bearer_auth(federated.expose_secret())
     }
+}
+
+/// The Google side of the broker: the exchanger, the workload identity
+/// provider callers federate through, and the project they act in.
+#[derive(Clone)]
+pub struct GcpCloud {
+    pub exchanger: GcpExchanger,
+    /// The workload identity pool provider, `//iam.googleapis.com/projects/N/locations/global/workloadIdentityPools/P/providers/R`:
+    /// the STS `audience`.
+    pub provider: String,
+    /// Audience callers' projected tokens must carry for Google.
+    pub audience: String,
+    pub project_id: String,
+    pub project_number: String,
+    /// Lifetime asked of `generateAccessToken` (and the most a caller may ask).
+    pub token_lifetime: Duration,
+}
+
+/// The Google identity of a ServiceAccount.
+#[derive(Debug, Clone)]
+pub struct GcpBound {
+    /// The impersonated service account, or `PROJECT.svc.id.goog` when the
+    /// caller uses its federated principal directly (as GKE reports it).
+    pub email: String,
+    /// Whether `email` is a real service account being impersonated.
+    pub impersonated: bool,
+}
+
+/// Shortest access-token lifetime a caller may ask for (IAM's minimum).
+const MIN_LIFETIME: Duration = Duration::from_secs(300);
+
+impl GcpCloud {
+    fn lifetime(&self, request: &TokenRequest) -> Duration {
+        request.lifetime.map_or(self.token_lifetime, |l| {
+            l.clamp(MIN_LIFETIME, self.token_lifetime.max(MIN_LIFETIME))
+        })
+    }
+
+    /// Requested scopes, trimmed, sorted and deduplicated.
+    fn scopes(request: &TokenRequest) -> Vec<String> {
+        let mut scopes: Vec<String> = request
+            .scopes
+            .iter()
+            .map(|s| s.trim())
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect();
+        scopes.sort();
+        scopes.dedup();
+        scopes
+    }
+}
+
+impl CloudExchanger for GcpCloud {
+    type Binding = GcpBound;
+
+    fn cloud(&self) -> Cloud {
+        Cloud::Gcp
+    }
+
+    fn audience(&self) -> &str {
+        &self.audience
+    }
+
+    fn kinds(&self) -> &'static [Kind] {
+        &[Kind::AccessToken, Kind::IdToken]
+    }
+
+    /// Every ServiceAccount has a Google identity: the impersonated service
+    /// account it names, or else its federated principal.
+    fn bind(&self, bindings: &Bindings, _: &Caller) -> Result<GcpBound, RequestError> {
+        Ok(match &bindings.gcp_service_account {
+            Some(email) => GcpBound {
+                email: email.clone(),
+                impersonated: true,
+            },
+            None => GcpBound {
+                email: format!("{}.svc.id.goog", self.project_id),
+                impersonated: false,
+            },
+        })
+    }
+
+    fn identity(&self, bound: &GcpBound) -> Identity {
+        Identity {
+            cloud: Cloud::Gcp,
+            id: bound.email.clone(),
+            account: self.project_id.clone(),
+            account_number: Some(self.project_number.clone()),
+        }
+    }
+
+    fn selects(&self, bound: &GcpBound, selector: &Selector) -> bool {
+        matches!(selector, Selector::Email(e) if e.eq_ignore_ascii_case(&bound.email))
+    }
+
+    fn scope(&self, bound: &GcpBound, request: &TokenRequest) -> Result<String, RequestError> {
+        match request.kind {
+            Kind::IdToken => {
+                if !bound.impersonated {
+                    // A federated principal has no email to sign ID tokens
+                    // for; GKE refuses the same way.
+                    return Err(RequestError::BadRequest(
+                        "ID tokens need a Google service account: annotate the Kubernetes service account with iam.gke.io/gcp-service-account".into(),
+                    ));
+                }
+                let audience = request.audience.as_deref().map(str::trim).unwrap_or("");
+                if audience.is_empty() {
+                    return Err(RequestError::BadRequest("audience is required".into()));
+                }
+                let format = if request.include_email {
+                    "full"
+                } else {
+                    "standard"
+                };
+                Ok(format!("id_token {format} {audience}"))
+            }
+            _ => {
+                let scopes = Self::scopes(request).join(" ");
+                match request.lifetime {
+                    None => Ok(scopes),
+                    Some(_) => Ok(format!(
+                        "{scopes} lifetime={}",
+                        self.lifetime(request).as_secs()
+                    )),
+                }
+            }
+        }
+    }
+
+    fn fetcher(&self, bound: &GcpBound, request: &TokenRequest, _: &Caller) -> Fetcher {
+        let base = (self.exchanger.clone(), self.provider.clone());
+        if request.kind == Kind::IdToken {
+            let params = (
+                base,
+                bound.email.clone(),
+                request.audience.as_deref().unwrap_or("").trim().to_string(),
+                request.include_email,
+            );
+            return fetcher(params, |p, subject| async move {
+                let ((exchanger, provider), email, audience, include_email) = &*p;
+                let federated = federate(exchanger, &subject, provider).await?;
+                let id = exchanger
+                    .generate_id_token(&federated.token, email, audience, *include_email)
+                    .await?;
+                Ok(Credential::IdToken(id))
+            });
+        }
+        let params = (
+            base,
+            bound.impersonated.then(|| bound.email.clone()),
+            Self::scopes(request),
+            self.lifetime(request),
+        );
+        fetcher(params, |p, subject| async move {
+            let ((exchanger, provider), email, scopes, lifetime) = &*p;
+            let token = match email {
+                Some(email) => {
+                    let federated = federate(exchanger, &subject, provider).await?;
+                    exchanger
+                        .generate_access_token(&federated.token, email, scopes, *lifetime)
+                        .await?
+                }
+                None => exchanger.exchange(&subject, provider, scopes).await?,
+            };
+            Ok(Credential::Token(token))
+        })
+    }
+}
+
+/// The federated (STS) token that impersonation starts from.
+async fn federate(
+    exchanger: &GcpExchanger,
+    subject: &SecretString,
+    provider: &str,
+) -> Result<AccessToken, CloudError> {
+    let scopes = [CLOUD_PLATFORM_SCOPE.to_string()];
+    exchanger.exchange(subject, provider, &scopes).await
 }
 
 /// Sends `request` and returns the body of a 2xx answer, or the classified

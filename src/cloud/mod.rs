@@ -1,19 +1,39 @@
-//! Exchangers: one module per cloud, each turning a verified projected token
-//! into that cloud's short-lived credential. Endpoints are overridable
-//! (sovereign clouds, private endpoints, emulators) and upstream errors are
-//! mapped to [`CloudError`], which says whether retrying can help.
+//! The cloud model and the exchangers.
+//!
+//! This module is the vocabulary every layer shares: which clouds exist
+//! ([`Cloud`], one table of their properties), the uniform request a
+//! surface makes ([`TokenRequest`], in `request`), the credentials an
+//! exchange yields ([`Credential`]), and the typed errors of an upstream
+//! ([`CloudError`]). Each cloud then has one module (`azure`, `gcp`, `aws`)
+//! with its upstream client and its [`CloudExchanger`]: how a
+//! ServiceAccount's bindings name its identity, how a selector matches it,
+//! how a request is keyed in the cache, and the exchange itself. Endpoints
+//! are overridable (sovereign clouds, private endpoints, emulators).
+//!
+//! Nothing here knows about the broker's pipeline, the cache or the wire
+//! formats: data flows from the surfaces through the broker to here.
 
 pub mod aws;
 pub mod azure;
+mod exchanger;
 pub mod gcp;
+mod request;
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::secret::SecretString;
 
+pub use exchanger::CloudExchanger;
+pub use request::{Identity, Kind, RequestError, Selector, Surface, TokenRequest};
+
 /// The clouds Lanyard brokers for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Cloud {
     Azure,
@@ -21,17 +41,128 @@ pub enum Cloud {
     Aws,
 }
 
-impl fmt::Display for Cloud {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Cloud::Azure => "azure",
-            Cloud::Gcp => "gcp",
-            Cloud::Aws => "aws",
-        })
+/// What differs between clouds in how their credentials are cached and
+/// rate-limited: one row per cloud, in [`Cloud::ALL`] order.
+struct Row {
+    cloud: Cloud,
+    name: &'static str,
+    /// Least remaining lifetime with which a cached credential is served:
+    /// what keeps the cloud's SDKs from refreshing on every call (botocore
+    /// refreshes under 15 min; MSAL treats under 5 min as expired).
+    min_remaining: Duration,
+    /// Refresh a cached credential no later than this before its expiry.
+    refresh_window: Duration,
+    /// Default upstream exchanges per second.
+    default_rate: f64,
+}
+
+const TABLE: [Row; Cloud::COUNT] = [
+    Row {
+        cloud: Cloud::Azure,
+        name: "azure",
+        min_remaining: Duration::from_secs(5 * 60),
+        refresh_window: Duration::from_secs(10 * 60),
+        default_rate: 50.0,
+    },
+    Row {
+        cloud: Cloud::Gcp,
+        name: "gcp",
+        min_remaining: Duration::from_secs(5 * 60),
+        refresh_window: Duration::from_secs(10 * 60),
+        // Google STS: 6,000 a minute per project.
+        default_rate: 100.0,
+    },
+    Row {
+        cloud: Cloud::Aws,
+        name: "aws",
+        min_remaining: Duration::from_secs(15 * 60),
+        refresh_window: Duration::from_secs(20 * 60),
+        default_rate: 50.0,
+    },
+];
+
+impl Cloud {
+    /// How many clouds there are.
+    pub const COUNT: usize = 3;
+    /// Every cloud, in a fixed order.
+    pub const ALL: [Cloud; Cloud::COUNT] = [Cloud::Azure, Cloud::Gcp, Cloud::Aws];
+
+    fn row(self) -> &'static Row {
+        let row = &TABLE[self as usize];
+        // INVARIANT: TABLE is in declaration order (checked by a test).
+        debug_assert_eq!(row.cloud, self);
+        row
+    }
+
+    /// The cloud's name in configuration, metrics, audit and file names.
+    pub fn name(self) -> &'static str {
+        self.row().name
+    }
+
+    /// The cloud named `name`, if any.
+    pub fn from_name(name: &str) -> Option<Cloud> {
+        Cloud::ALL.into_iter().find(|c| c.name() == name)
+    }
+
+    /// Least remaining lifetime with which a credential is served from cache.
+    pub fn min_remaining(self) -> Duration {
+        self.row().min_remaining
+    }
+
+    /// Refresh no later than this before expiry.
+    pub fn refresh_window(self) -> Duration {
+        self.row().refresh_window
+    }
+
+    /// Default upstream exchanges per second.
+    pub fn default_rate(self) -> f64 {
+        self.row().default_rate
     }
 }
 
-/// A bearer access token with its validity window.
+impl fmt::Display for Cloud {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One value per cloud, indexed by [`Cloud`] (a table keyed by cloud, not a
+/// positional array whose order callers must remember).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PerCloud<T>([T; Cloud::COUNT]);
+
+impl<T> PerCloud<T> {
+    /// The table with `f(cloud)` for every cloud.
+    pub fn from_fn(mut f: impl FnMut(Cloud) -> T) -> Self {
+        PerCloud(Cloud::ALL.map(&mut f))
+    }
+
+    /// Each cloud with its value.
+    pub fn iter(&self) -> impl Iterator<Item = (Cloud, &T)> {
+        Cloud::ALL.into_iter().zip(self.0.iter())
+    }
+
+    /// The table with `f` applied to every value.
+    pub fn map<U>(self, f: impl FnMut(T) -> U) -> PerCloud<U> {
+        PerCloud(self.0.map(f))
+    }
+}
+
+impl<T> std::ops::Index<Cloud> for PerCloud<T> {
+    type Output = T;
+    fn index(&self, cloud: Cloud) -> &T {
+        &self.0[cloud as usize]
+    }
+}
+
+impl<T> std::ops::IndexMut<Cloud> for PerCloud<T> {
+    fn index_mut(&mut self, cloud: Cloud) -> &mut T {
+        &mut self.0[cloud as usize]
+    }
+}
+
+/// A bearer token (OAuth access token or OIDC ID token) with its validity
+/// window.
 #[derive(Debug, Clone)]
 pub struct AccessToken {
     pub token: SecretString,
@@ -39,6 +170,71 @@ pub struct AccessToken {
     pub issued_at: u64,
     /// Unix seconds.
     pub expires_at: u64,
+}
+
+/// A credential of any cloud, as the cache stores it and a grant carries it.
+#[derive(Clone, Debug)]
+pub enum Credential {
+    /// An OAuth access token (Entra, Google).
+    Token(AccessToken),
+    /// An OIDC ID token (Google `generateIdToken`).
+    IdToken(AccessToken),
+    /// AWS session credentials.
+    Aws(aws::AwsCredentials),
+}
+
+impl Credential {
+    /// Wall-clock expiry, Unix seconds.
+    pub fn expires_at(&self) -> u64 {
+        match self {
+            Credential::Token(t) | Credential::IdToken(t) => t.expires_at,
+            Credential::Aws(c) => c.expires_at,
+        }
+    }
+
+    /// The bearer token, for the access- and ID-token kinds.
+    pub fn bearer(&self) -> Option<&AccessToken> {
+        match self {
+            Credential::Token(t) | Credential::IdToken(t) => Some(t),
+            Credential::Aws(_) => None,
+        }
+    }
+
+    /// The AWS session credentials.
+    pub fn aws(&self) -> Option<&aws::AwsCredentials> {
+        match self {
+            Credential::Aws(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// A short fingerprint of the secret part, for audit (never the secret).
+    pub fn fingerprint(&self) -> String {
+        use crate::secret::ExposeSecret;
+        match self {
+            Credential::Token(t) | Credential::IdToken(t) => {
+                crate::secret::fingerprint(t.token.expose_secret())
+            }
+            Credential::Aws(c) => crate::secret::fingerprint(c.session_token.expose_secret()),
+        }
+    }
+}
+
+/// The upstream call for a cache key, given the newest subject token.
+pub type FetchFuture = Pin<Box<dyn Future<Output = Result<Credential, CloudError>> + Send>>;
+/// A reusable upstream call (the cache keeps it to refresh ahead).
+pub type Fetcher = Arc<dyn Fn(SecretString) -> FetchFuture + Send + Sync>;
+
+/// A [`Fetcher`] from an async exchange over shared `params`, captured once;
+/// each exchange clones only the `Arc`.
+pub fn fetcher<P, F, Fut>(params: P, exchange: F) -> Fetcher
+where
+    P: Send + Sync + 'static,
+    F: Fn(Arc<P>, SecretString) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Credential, CloudError>> + Send + 'static,
+{
+    let params = Arc::new(params);
+    Arc::new(move |subject| Box::pin(exchange(params.clone(), subject)))
 }
 
 /// Why an exchange failed.
@@ -99,4 +295,32 @@ pub(crate) fn now_unix() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_has_one_row_per_cloud_in_order() {
+        for (i, cloud) in Cloud::ALL.into_iter().enumerate() {
+            assert_eq!(TABLE[i].cloud, cloud);
+            assert_eq!(Cloud::from_name(cloud.name()), Some(cloud));
+            assert_eq!(cloud.to_string(), cloud.name());
+            // The serde name is the table's name too.
+            assert_eq!(
+                serde_json::to_value(cloud).unwrap(),
+                serde_json::Value::from(cloud.name())
+            );
+        }
+        assert_eq!(Cloud::from_name("oracle"), None);
+    }
+
+    #[test]
+    fn per_cloud_tables_index_by_cloud() {
+        let mut t = PerCloud::from_fn(|c| c.name().len());
+        assert_eq!(t[Cloud::Azure], 5);
+        t[Cloud::Aws] = 9;
+        assert_eq!(t.iter().map(|(_, v)| *v).collect::<Vec<_>>(), [5, 3, 9]);
+    }
 }

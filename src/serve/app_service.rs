@@ -13,10 +13,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use super::azure_imds::selector;
-use super::{is_forwarded, seconds_until, Query, Surfaces};
-use crate::broker::{AzureTokenRequest, BrokerError};
-use crate::cloud::{Cloud, CloudError};
+use super::azure_imds::{issue, token_request};
+use super::{is_forwarded, seconds_until, with_retry_after, Query, Surfaces};
+use crate::broker::{BrokerError, ErrorClass};
+use crate::cloud::{AccessToken, Surface};
 use crate::secret::{constant_time_eq, ExposeSecret};
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
@@ -31,38 +31,32 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
         .into_response()
 }
 
-fn broker_error(err: &BrokerError) -> Response {
-    match err {
-        BrokerError::IdentityNotFound | BrokerError::NotBound { .. } => error(
+/// Renders an error class as App Service does.
+pub(crate) fn render_error(err: &BrokerError) -> Response {
+    let resp = match err.class() {
+        ErrorClass::NotFound => error(
             StatusCode::BAD_REQUEST,
             "Unable to load the proper Managed Identity. Identity not found.",
         ),
-        BrokerError::BadRequest(msg) => error(StatusCode::BAD_REQUEST, msg.clone()),
-        BrokerError::Unauthenticated(e) if !e.is_transient() => error(
-            StatusCode::FORBIDDEN,
-            format!("The pod's service account token was refused: {e}"),
-        ),
-        BrokerError::Upstream(CloudError::Rejected { code, message, .. }) => error(
-            StatusCode::FORBIDDEN,
-            format!("Entra ID refused the token exchange: {code}: {message}"),
-        ),
-        BrokerError::Upstream(CloudError::Throttled { retry_after, .. }) => {
-            let mut resp = error(
-                StatusCode::TOO_MANY_REQUESTS,
-                "Entra ID is throttling token requests; retry later",
-            );
-            if let Some(after) = retry_after {
-                if let Ok(v) = after.as_secs().to_string().parse() {
-                    resp.headers_mut().insert("retry-after", v);
-                }
-            }
-            resp
-        }
-        other => error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("Token service temporarily unavailable: {other}"),
-        ),
-    }
+        ErrorClass::BadRequest => error(StatusCode::BAD_REQUEST, err.describe()),
+        ErrorClass::Forbidden => error(StatusCode::FORBIDDEN, err.describe()),
+        ErrorClass::Throttled => error(StatusCode::TOO_MANY_REQUESTS, err.describe()),
+        ErrorClass::Unavailable => error(StatusCode::SERVICE_UNAVAILABLE, err.describe()),
+    };
+    with_retry_after(resp, err)
+}
+
+/// The token as App Service renders it: IMDS's fields but `ext_expires_in`.
+fn grant_body(token: &AccessToken, client_id: &str, resource: &str) -> serde_json::Value {
+    json!({
+        "access_token": token.token.expose_secret(),
+        "client_id": client_id,
+        "expires_in": seconds_until(token.expires_at).to_string(),
+        "expires_on": token.expires_at.to_string(),
+        "not_before": token.issued_at.to_string(),
+        "resource": resource,
+        "token_type": "Bearer",
+    })
 }
 
 pub async fn token(
@@ -102,44 +96,14 @@ pub async fn token(
             "The api-version parameter is required",
         );
     }
-    let Some(resource) = query.get("resource") else {
+    if query.get("resource").is_none() {
         return error(
             StatusCode::BAD_REQUEST,
             "The resource parameter is required",
         );
-    };
-    let selector = match selector(&query) {
-        Ok(s) => s,
-        Err(msg) => return error(StatusCode::BAD_REQUEST, msg),
-    };
-    let subject = match surfaces.subjects.token(Cloud::Azure).await {
-        Ok(t) => t,
-        Err(e) => {
-            tracing::warn!(error = %e, "no projected token for Azure");
-            return error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "The pod's projected service account token is not available yet",
-            );
-        }
-    };
-    let request = AzureTokenRequest {
-        resource: resource.to_string(),
-        selector,
-    };
-    match surfaces.broker.azure_token(&subject, &request).await {
-        Ok(grant) => (
-            StatusCode::OK,
-            Json(json!({
-                "access_token": grant.token.token.expose_secret(),
-                "client_id": grant.client_id,
-                "expires_in": seconds_until(grant.token.expires_at).to_string(),
-                "expires_on": grant.token.expires_at.to_string(),
-                "not_before": grant.token.issued_at.to_string(),
-                "resource": grant.resource,
-                "token_type": "Bearer",
-            })),
-        )
-            .into_response(),
-        Err(err) => broker_error(&err),
+    }
+    match token_request(&query, Surface::AppService) {
+        Ok(request) => issue(&surfaces, request, grant_body, render_error).await,
+        Err(msg) => error(StatusCode::BAD_REQUEST, msg),
     }
 }

@@ -13,9 +13,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use super::{is_forwarded, Surfaces};
-use crate::broker::{AwsGrant, BrokerError};
-use crate::cloud::{Cloud, CloudError};
+use super::{is_forwarded, subject, with_retry_after, wrong_credential, Surfaces};
+use crate::broker::{BrokerError, ErrorClass, Grant};
+use crate::cloud::aws::AwsCredentials;
+use crate::cloud::{Cloud, CloudError, Credential, Kind, Surface, TokenRequest};
 use crate::secret::{constant_time_eq, ExposeSecret};
 
 /// Errors as `{code, message}`, the shape of the EKS Pod Identity agent.
@@ -40,44 +41,51 @@ pub(crate) fn rfc3339(unix: u64) -> String {
         .unwrap_or_default()
 }
 
-pub(crate) fn broker_error(err: &BrokerError) -> Response {
-    match err {
-        BrokerError::IdentityNotFound | BrokerError::NotBound { .. } => error(
-            StatusCode::NOT_FOUND,
-            "NotFound",
-            "No IAM role is bound to this pod's service account (annotation eks.amazonaws.com/role-arn)",
-        ),
-        BrokerError::CloudDisabled(_) => error(
-            StatusCode::NOT_FOUND,
-            "NotFound",
-            "AWS is not configured on this node",
-        ),
-        BrokerError::BadRequest(msg) => error(StatusCode::BAD_REQUEST, "InvalidRequest", msg.clone()),
-        BrokerError::Unauthenticated(e) if !e.is_transient() => error(
-            StatusCode::FORBIDDEN,
-            "AccessDenied",
-            format!("The pod's service account token was refused: {e}"),
-        ),
-        BrokerError::Upstream(CloudError::Rejected { code, message, .. }) => error(
-            StatusCode::FORBIDDEN,
-            code,
-            format!("STS refused AssumeRoleWithWebIdentity: {message}"),
-        ),
-        BrokerError::Upstream(CloudError::Throttled { .. }) => error(
+/// Renders an error class as the EKS Pod Identity agent does.
+pub(crate) fn render_error(err: &BrokerError) -> Response {
+    let resp = match err.class() {
+        ErrorClass::NotFound => {
+            let message = match err {
+                BrokerError::NotBound { .. } | BrokerError::IdentityNotFound => {
+                    "No IAM role is bound to this pod's service account (annotation eks.amazonaws.com/role-arn)".to_string()
+                }
+                other => other.describe(),
+            };
+            error(StatusCode::NOT_FOUND, "NotFound", message)
+        }
+        ErrorClass::BadRequest => error(StatusCode::BAD_REQUEST, "InvalidRequest", err.describe()),
+        ErrorClass::Forbidden => match err {
+            BrokerError::Upstream(CloudError::Rejected { code, message, .. }) => error(
+                StatusCode::FORBIDDEN,
+                code,
+                format!("STS refused AssumeRoleWithWebIdentity: {message}"),
+            ),
+            other => error(StatusCode::FORBIDDEN, "AccessDenied", other.describe()),
+        },
+        ErrorClass::Throttled => error(
             StatusCode::TOO_MANY_REQUESTS,
             "ThrottlingException",
-            "STS is throttling; retry later",
+            err.describe(),
         ),
-        other => error(
+        ErrorClass::Unavailable => error(
             StatusCode::SERVICE_UNAVAILABLE,
             "ServiceUnavailable",
-            format!("Credential service temporarily unavailable: {other}"),
+            err.describe(),
         ),
-    }
+    };
+    with_retry_after(resp, err)
 }
 
-fn body(grant: &AwsGrant) -> Response {
-    let c = &grant.credentials;
+/// The AWS session credentials of a grant.
+pub(crate) fn aws_credentials(grant: &Grant) -> Result<&AwsCredentials, BrokerError> {
+    grant
+        .credential
+        .as_ref()
+        .and_then(Credential::aws)
+        .ok_or_else(wrong_credential)
+}
+
+fn body(c: &AwsCredentials) -> Response {
     (
         StatusCode::OK,
         Json(json!({
@@ -129,12 +137,12 @@ pub async fn credentials(State(surfaces): State<Arc<Surfaces>>, headers: HeaderM
             "The Authorization header is missing or does not match AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
         );
     }
-    let subject = match surfaces.subjects.token(Cloud::Aws).await {
-        Ok(t) => t,
-        Err(e) => return broker_error(&BrokerError::Unavailable(e)),
-    };
-    match surfaces.broker.aws_credentials(&subject).await {
-        Ok(grant) => body(&grant),
-        Err(e) => broker_error(&e),
+    let request = TokenRequest::new(Cloud::Aws, Kind::AwsCredentials, Surface::AwsContainer);
+    let result = async {
+        let subject = subject(&surfaces, Cloud::Aws).await?;
+        let grant = surfaces.broker.request(&subject, &request).await?;
+        aws_credentials(&grant).map(body)
     }
+    .await;
+    result.unwrap_or_else(|e| render_error(&e))
 }

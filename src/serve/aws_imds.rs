@@ -19,10 +19,10 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use serde_json::json;
 
-use super::aws_container::rfc3339;
-use super::{is_forwarded, Surfaces};
-use crate::broker::{role_name, BrokerError};
-use crate::cloud::{now_unix, Cloud, CloudError};
+use super::aws_container::{aws_credentials, rfc3339};
+use super::{is_forwarded, subject, with_retry_after, Surfaces};
+use crate::broker::{BrokerError, ErrorClass, Grant};
+use crate::cloud::{now_unix, Cloud, CloudError, Kind, Selector, Surface, TokenRequest};
 use crate::secret::ExposeSecret;
 
 const TTL_HEADER: &str = "x-aws-ec2-metadata-token-ttl-seconds";
@@ -111,17 +111,14 @@ fn check(surfaces: &Surfaces, headers: &HeaderMap) -> Option<Response> {
     }
 }
 
-fn broker_error(err: &BrokerError) -> Response {
-    match err {
-        BrokerError::NotBound { .. }
-        | BrokerError::IdentityNotFound
-        | BrokerError::CloudDisabled(_) => plain(StatusCode::NOT_FOUND, "Not Found"),
-        BrokerError::Upstream(CloudError::Throttled { .. }) => {
-            plain(StatusCode::TOO_MANY_REQUESTS, "Too Many Requests")
-        }
-        BrokerError::Upstream(CloudError::Rejected { code, message, .. }) => {
-            // IMDS reports a failed role assumption in the credentials document.
-            (
+/// Renders an error class as instance metadata does: plain bodies, and a
+/// failed role assumption in the credentials document itself.
+pub(crate) fn render_error(err: &BrokerError) -> Response {
+    match err.class() {
+        ErrorClass::NotFound => plain(StatusCode::NOT_FOUND, "Not Found"),
+        ErrorClass::BadRequest => plain(StatusCode::BAD_REQUEST, err.describe()),
+        ErrorClass::Forbidden => match err {
+            BrokerError::Upstream(CloudError::Rejected { code, message, .. }) => (
                 StatusCode::OK,
                 Json(json!({
                     "Code": code,
@@ -129,27 +126,32 @@ fn broker_error(err: &BrokerError) -> Response {
                     "LastUpdated": rfc3339(now_unix()),
                 })),
             )
-                .into_response()
-        }
-        BrokerError::Unauthenticated(e) if !e.is_transient() => plain(
-            StatusCode::FORBIDDEN,
-            format!("The pod's service account token was refused: {e}"),
+                .into_response(),
+            other => plain(StatusCode::FORBIDDEN, other.describe()),
+        },
+        ErrorClass::Throttled => with_retry_after(
+            plain(StatusCode::TOO_MANY_REQUESTS, "Too Many Requests"),
+            err,
         ),
-        _ => plain(StatusCode::SERVICE_UNAVAILABLE, "Service Unavailable"),
+        ErrorClass::Unavailable => plain(StatusCode::SERVICE_UNAVAILABLE, "Service Unavailable"),
     }
+}
+
+/// Asks the broker for `kind` naming `role` (when given).
+async fn ask(surfaces: &Surfaces, kind: Kind, role: Option<String>) -> Result<Grant, BrokerError> {
+    let subject = subject(surfaces, Cloud::Aws).await?;
+    let request = TokenRequest::new(Cloud::Aws, kind, Surface::AwsImds)
+        .with_selector(role.map(Selector::RoleName));
+    surfaces.broker.request(&subject, &request).await
 }
 
 pub async fn list_roles(State(surfaces): State<Arc<Surfaces>>, headers: HeaderMap) -> Response {
     if let Some(refused) = check(&surfaces, &headers) {
         return refused;
     }
-    let subject = match surfaces.subjects.token(Cloud::Aws).await {
-        Ok(t) => t,
-        Err(e) => return broker_error(&BrokerError::Unavailable(e)),
-    };
-    match surfaces.broker.aws_role(&subject).await {
-        Ok(arn) => plain(StatusCode::OK, role_name(&arn).to_string()),
-        Err(e) => broker_error(&e),
+    match ask(&surfaces, Kind::Identity, None).await {
+        Ok(grant) => plain(StatusCode::OK, grant.identity.short_name().to_string()),
+        Err(e) => render_error(&e),
     }
 }
 
@@ -161,18 +163,10 @@ pub async fn role_credentials(
     if let Some(refused) = check(&surfaces, &headers) {
         return refused;
     }
-    let subject = match surfaces.subjects.token(Cloud::Aws).await {
-        Ok(t) => t,
-        Err(e) => return broker_error(&BrokerError::Unavailable(e)),
-    };
-    match surfaces.broker.aws_role(&subject).await {
-        Ok(arn) if role_name(&arn) == role => {}
-        Ok(_) => return plain(StatusCode::NOT_FOUND, "Not Found"),
-        Err(e) => return broker_error(&e),
-    }
-    match surfaces.broker.aws_credentials(&subject).await {
-        Ok(grant) => {
-            let c = &grant.credentials;
+    let result = async {
+        let grant = ask(&surfaces, Kind::AwsCredentials, Some(role)).await?;
+        let c = aws_credentials(&grant)?;
+        Ok::<_, BrokerError>(
             (
                 StatusCode::OK,
                 Json(json!({
@@ -185,10 +179,11 @@ pub async fn role_credentials(
                     "Expiration": rfc3339(c.expires_at),
                 })),
             )
-                .into_response()
-        }
-        Err(e) => broker_error(&e),
+                .into_response(),
+        )
     }
+    .await;
+    result.unwrap_or_else(|e| render_error(&e))
 }
 
 /// `placement/region`, which the SDKs read for a default region.

@@ -11,9 +11,11 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use super::{is_forwarded, seconds_until, Query, Surfaces};
-use crate::broker::{AzureGrant, AzureSelector, AzureTokenRequest, BrokerError};
-use crate::cloud::Cloud;
+use super::{
+    is_forwarded, seconds_until, subject, with_retry_after, wrong_credential, Query, Surfaces,
+};
+use crate::broker::{BrokerError, ErrorClass};
+use crate::cloud::{AccessToken, Cloud, Credential, Kind, Selector, Surface, TokenRequest};
 use crate::secret::ExposeSecret;
 
 fn error(status: StatusCode, error: &str, description: impl Into<String>) -> Response {
@@ -31,37 +33,33 @@ fn bad_request(description: impl Into<String>) -> Response {
 /// Reads the identity selector; at most one may be given. Names accepted
 /// are those of IMDS (`client_id`, `object_id`, `msi_res_id`) and App
 /// Service (`principal_id`, `mi_res_id`), since SDKs mix them.
-pub(crate) fn selector(query: &Query) -> Result<Option<AzureSelector>, String> {
+pub(crate) fn selector(query: &Query) -> Result<Option<Selector>, String> {
     let candidates = [
         (
             "client_id",
-            query
-                .get("client_id")
-                .map(|v| AzureSelector::ClientId(v.into())),
+            query.get("client_id").map(|v| Selector::ClientId(v.into())),
         ),
         (
             "object_id",
-            query
-                .get("object_id")
-                .map(|v| AzureSelector::ObjectId(v.into())),
+            query.get("object_id").map(|v| Selector::ObjectId(v.into())),
         ),
         (
             "principal_id",
             query
                 .get("principal_id")
-                .map(|v| AzureSelector::ObjectId(v.into())),
+                .map(|v| Selector::ObjectId(v.into())),
         ),
         (
             "msi_res_id",
             query
                 .get("msi_res_id")
-                .map(|v| AzureSelector::ResourceId(v.into())),
+                .map(|v| Selector::ResourceId(v.into())),
         ),
         (
             "mi_res_id",
             query
                 .get("mi_res_id")
-                .map(|v| AzureSelector::ResourceId(v.into())),
+                .map(|v| Selector::ResourceId(v.into())),
         ),
     ];
     let mut given = candidates
@@ -76,56 +74,81 @@ pub(crate) fn selector(query: &Query) -> Result<Option<AzureSelector>, String> {
     Ok(first.map(|(_, s)| s))
 }
 
-/// Renders a grant as IMDS does: all values strings.
-pub(crate) fn grant_body(grant: &AzureGrant) -> serde_json::Value {
-    let expires_in = seconds_until(grant.token.expires_at).to_string();
+/// Renders a token as IMDS does: all values strings.
+pub(crate) fn grant_body(
+    token: &AccessToken,
+    client_id: &str,
+    resource: &str,
+) -> serde_json::Value {
+    let expires_in = seconds_until(token.expires_at).to_string();
     json!({
-        "access_token": grant.token.token.expose_secret(),
-        "client_id": grant.client_id,
+        "access_token": token.token.expose_secret(),
+        "client_id": client_id,
         "expires_in": expires_in,
-        "expires_on": grant.token.expires_at.to_string(),
+        "expires_on": token.expires_at.to_string(),
         "ext_expires_in": expires_in,
-        "not_before": grant.token.issued_at.to_string(),
-        "resource": grant.resource,
+        "not_before": token.issued_at.to_string(),
+        "resource": resource,
         "token_type": "Bearer",
     })
 }
 
-/// Maps a broker error to IMDS's status and error body.
-fn broker_error(err: &BrokerError) -> Response {
-    match err {
-        BrokerError::IdentityNotFound | BrokerError::NotBound { .. } => {
-            bad_request("Identity not found")
+/// Renders an error class as IMDS does.
+pub(crate) fn render_error(err: &BrokerError) -> Response {
+    let resp = match err.class() {
+        ErrorClass::NotFound => bad_request("Identity not found"),
+        ErrorClass::BadRequest => bad_request(err.describe()),
+        ErrorClass::Forbidden => {
+            error(StatusCode::FORBIDDEN, "unauthorized_client", err.describe())
         }
-        BrokerError::BadRequest(msg) => bad_request(msg.clone()),
-        BrokerError::Unauthenticated(e) if !e.is_transient() => error(
-            StatusCode::FORBIDDEN,
-            "unauthorized_client",
-            format!("The pod's service account token was refused: {e}"),
+        ErrorClass::Throttled => error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_requests",
+            err.describe(),
         ),
-        BrokerError::Upstream(crate::cloud::CloudError::Rejected { code, message, .. }) => error(
-            StatusCode::FORBIDDEN,
-            "unauthorized_client",
-            format!("Entra ID refused the token exchange: {code}: {message}"),
-        ),
-        BrokerError::Upstream(crate::cloud::CloudError::Throttled { retry_after, .. }) => {
-            let mut resp = error(
-                StatusCode::TOO_MANY_REQUESTS,
-                "too_many_requests",
-                "Entra ID is throttling token requests; retry later",
-            );
-            if let Some(after) = retry_after {
-                if let Ok(v) = after.as_secs().to_string().parse() {
-                    resp.headers_mut().insert("retry-after", v);
-                }
-            }
-            resp
-        }
-        other => error(
+        ErrorClass::Unavailable => error(
             StatusCode::SERVICE_UNAVAILABLE,
             "temporarily_unavailable",
-            format!("Token service temporarily unavailable: {other}"),
+            err.describe(),
         ),
+    };
+    with_retry_after(resp, err)
+}
+
+/// The request an IMDS or App Service query makes, or the reason it is
+/// malformed.
+pub(crate) fn token_request(query: &Query, surface: Surface) -> Result<TokenRequest, String> {
+    let resource = query
+        .get("resource")
+        .ok_or("Required audience parameter not specified")?;
+    Ok(TokenRequest::new(Cloud::Azure, Kind::AccessToken, surface)
+        .with_selector(selector(query)?)
+        .with_scopes(vec![resource.trim().to_string()]))
+}
+
+/// Asks the broker and renders the token with `render`, or the error with
+/// `render_error`.
+pub(crate) async fn issue(
+    surfaces: &Surfaces,
+    request: TokenRequest,
+    render: fn(&AccessToken, &str, &str) -> serde_json::Value,
+    render_error: fn(&BrokerError) -> Response,
+) -> Response {
+    let result = async {
+        let subject = subject(surfaces, Cloud::Azure).await?;
+        let grant = surfaces.broker.request(&subject, &request).await?;
+        let token = grant
+            .credential
+            .as_ref()
+            .and_then(Credential::bearer)
+            .ok_or_else(wrong_credential)?;
+        let resource = request.scopes.first().map_or("", String::as_str);
+        Ok::<_, BrokerError>(render(token, &grant.identity.id, resource))
+    }
+    .await;
+    match result {
+        Ok(body) => (StatusCode::OK, Json(body)).into_response(),
+        Err(err) => render_error(&err),
     }
 }
 
@@ -153,30 +176,8 @@ pub async fn token(
     if query.get("api-version").is_none() {
         return bad_request("Required query variable 'api-version' is missing");
     }
-    let Some(resource) = query.get("resource") else {
-        return bad_request("Required audience parameter not specified");
-    };
-    let selector = match selector(&query) {
-        Ok(s) => s,
-        Err(msg) => return bad_request(msg),
-    };
-    let subject = match surfaces.subjects.token(Cloud::Azure).await {
-        Ok(t) => t,
-        Err(e) => {
-            tracing::warn!(error = %e, "no projected token for Azure");
-            return error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "temporarily_unavailable",
-                "The pod's projected service account token is not available yet",
-            );
-        }
-    };
-    let request = AzureTokenRequest {
-        resource: resource.to_string(),
-        selector,
-    };
-    match surfaces.broker.azure_token(&subject, &request).await {
-        Ok(grant) => (StatusCode::OK, Json(grant_body(&grant))).into_response(),
-        Err(err) => broker_error(&err),
+    match token_request(&query, Surface::AzureImds) {
+        Ok(request) => issue(&surfaces, request, grant_body, render_error).await,
+        Err(msg) => bad_request(msg),
     }
 }

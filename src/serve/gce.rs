@@ -11,9 +11,13 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
-use super::{is_forwarded, seconds_until, Query, Surfaces};
-use crate::broker::{BrokerError, GcpIdTokenRequest, GcpIdentity, GcpTokenRequest};
-use crate::cloud::{Cloud, CloudError};
+use super::{
+    is_forwarded, seconds_until, subject, with_retry_after, wrong_credential, Query, Surfaces,
+};
+use crate::broker::{BrokerError, ErrorClass, Grant};
+use crate::cloud::{
+    AccessToken, Cloud, Credential, Identity, Kind, Selector, Surface, TokenRequest,
+};
 use crate::secret::ExposeSecret;
 
 const FLAVOR: &str = "metadata-flavor";
@@ -69,45 +73,22 @@ fn redirect(uri: &Uri) -> Response {
     resp
 }
 
-fn broker_error(err: &BrokerError) -> Response {
-    match err {
-        BrokerError::IdentityNotFound | BrokerError::NotBound { .. } => not_found(),
-        BrokerError::BadRequest(msg) => text(StatusCode::BAD_REQUEST, msg.clone()),
-        BrokerError::CloudDisabled(_) => text(
-            StatusCode::NOT_FOUND,
-            "Google workload identity is not configured on this node",
-        ),
-        BrokerError::Unauthenticated(e) if !e.is_transient() => text(
-            StatusCode::FORBIDDEN,
-            format!("The pod's service account token was refused: {e}"),
-        ),
-        BrokerError::Upstream(CloudError::Rejected { code, message, .. }) => text(
-            StatusCode::FORBIDDEN,
-            format!("Google refused the token exchange: {code}: {message}"),
-        ),
-        BrokerError::Upstream(CloudError::Throttled { retry_after, .. }) => {
-            let mut resp = text(
-                StatusCode::TOO_MANY_REQUESTS,
-                "Google is throttling token requests; retry later",
-            );
-            if let Some(after) = retry_after {
-                if let Ok(v) = HeaderValue::from_str(&after.as_secs().to_string()) {
-                    resp.headers_mut().insert("retry-after", v);
-                }
-            }
-            resp
-        }
-        other => text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("Token service temporarily unavailable: {other}"),
-        ),
-    }
+/// Renders an error class as the metadata server does (text bodies).
+pub(crate) fn render_error(err: &BrokerError) -> Response {
+    let resp = match err.class() {
+        ErrorClass::NotFound => return not_found(),
+        ErrorClass::BadRequest => text(StatusCode::BAD_REQUEST, err.describe()),
+        ErrorClass::Forbidden => text(StatusCode::FORBIDDEN, err.describe()),
+        ErrorClass::Throttled => text(StatusCode::TOO_MANY_REQUESTS, err.describe()),
+        ErrorClass::Unavailable => text(StatusCode::SERVICE_UNAVAILABLE, err.describe()),
+    };
+    with_retry_after(resp, err)
 }
 
-fn account_info(identity: &GcpIdentity) -> Value {
+fn account_info(identity: &Identity) -> Value {
     json!({
         "aliases": ["default"],
-        "email": identity.email,
+        "email": identity.id,
         "scopes": DEFAULT_SCOPES,
     })
 }
@@ -178,12 +159,12 @@ pub async fn handle(
         ([], true) => {
             if recursive {
                 return match identity_for_account(&surfaces, "default").await {
-                    Ok((_, id)) => json_body(json!({
+                    Ok(id) => json_body(json!({
                         "instance": { "serviceAccounts": accounts_json(&id) },
-                        "project": { "numericProjectId": number(&id.project_number), "projectId": id.project_id },
+                        "project": { "numericProjectId": number(id.account_number.as_deref().unwrap_or_default()), "projectId": id.account },
                         "universe": { "universeDomain": UNIVERSE_DOMAIN },
                     })),
-                    Err(e) => broker_error(&e),
+                    Err(e) => render_error(&e),
                 };
             }
             listing(&["instance/", "project/", "universe/"])
@@ -197,38 +178,38 @@ pub async fn handle(
         }
         (["universe", "universe-domain"], false) => text(StatusCode::OK, UNIVERSE_DOMAIN),
         (["project"], true) => match identity_for_account(&surfaces, "default").await {
-            Ok((_, id)) if recursive => json_body(json!({
-                "numericProjectId": number(&id.project_number),
-                "projectId": id.project_id,
+            Ok(id) if recursive => json_body(json!({
+                "numericProjectId": number(id.account_number.as_deref().unwrap_or_default()),
+                "projectId": id.account,
             })),
             Ok(_) => listing(&["numeric-project-id", "project-id"]),
-            Err(e) => broker_error(&e),
+            Err(e) => render_error(&e),
         },
         (["project", "project-id"], false) => {
             match identity_for_account(&surfaces, "default").await {
-                Ok((_, id)) => text(StatusCode::OK, id.project_id),
-                Err(e) => broker_error(&e),
+                Ok(id) => text(StatusCode::OK, id.account),
+                Err(e) => render_error(&e),
             }
         }
         (["project", "numeric-project-id"], false) => {
             match identity_for_account(&surfaces, "default").await {
-                Ok((_, id)) => text(StatusCode::OK, id.project_number),
-                Err(e) => broker_error(&e),
+                Ok(id) => text(StatusCode::OK, id.account_number.unwrap_or_default()),
+                Err(e) => render_error(&e),
             }
         }
         (["instance"], true) => match identity_for_account(&surfaces, "default").await {
-            Ok((_, id)) if recursive => json_body(json!({ "serviceAccounts": accounts_json(&id) })),
+            Ok(id) if recursive => json_body(json!({ "serviceAccounts": accounts_json(&id) })),
             Ok(_) => listing(&["service-accounts/"]),
-            Err(e) => broker_error(&e),
+            Err(e) => render_error(&e),
         },
         (["instance", "service-accounts"], true) => {
             match identity_for_account(&surfaces, "default").await {
-                Ok((_, id)) if recursive => json_body(accounts_json(&id)),
-                Ok((_, id)) => {
-                    let email_dir = format!("{}/", id.email);
+                Ok(id) if recursive => json_body(accounts_json(&id)),
+                Ok(id) => {
+                    let email_dir = format!("{}/", id.id);
                     listing(&["default/", &email_dir])
                 }
-                Err(e) => broker_error(&e),
+                Err(e) => render_error(&e),
             }
         }
         (["instance", "service-accounts", account, rest @ ..], _) => {
@@ -243,21 +224,34 @@ pub async fn handle(
     }
 }
 
-/// Resolves the caller's identity and checks `account` names it.
-async fn identity_for_account(
-    surfaces: &Surfaces,
-    account: &str,
-) -> Result<(crate::secret::SecretString, GcpIdentity), BrokerError> {
-    let subject = surfaces
-        .subjects
-        .token(Cloud::Gcp)
-        .await
-        .map_err(BrokerError::Unavailable)?;
-    let identity = surfaces.broker.gcp_identity(&subject).await?;
-    if account != "default" && !account.eq_ignore_ascii_case(&identity.email) {
-        return Err(BrokerError::IdentityNotFound);
-    }
-    Ok((subject, identity))
+/// The selector a metadata path's account segment makes: `default` names
+/// whatever identity is bound, anything else must be its email.
+fn account_selector(account: &str) -> Option<Selector> {
+    (account != "default").then(|| Selector::Email(account.to_string()))
+}
+
+/// Asks the broker for `request` with the pod's Google token.
+async fn ask(surfaces: &Surfaces, request: TokenRequest) -> Result<Grant, BrokerError> {
+    let subject = subject(surfaces, Cloud::Gcp).await?;
+    surfaces.broker.request(&subject, &request).await
+}
+
+/// The caller's Google identity, checked against `account`.
+async fn identity_for_account(surfaces: &Surfaces, account: &str) -> Result<Identity, BrokerError> {
+    let request = TokenRequest::new(Cloud::Gcp, Kind::Identity, Surface::Gce)
+        .with_selector(account_selector(account));
+    Ok(ask(surfaces, request).await?.identity)
+}
+
+/// The bearer token of a grant of `kind`.
+async fn bearer(surfaces: &Surfaces, request: TokenRequest) -> Result<AccessToken, BrokerError> {
+    ask(surfaces, request)
+        .await?
+        .credential
+        .as_ref()
+        .and_then(Credential::bearer)
+        .cloned()
+        .ok_or_else(wrong_credential)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -270,22 +264,10 @@ async fn service_account(
     query: &Query,
     uri: &Uri,
 ) -> Response {
-    let (subject, id) = match identity_for_account(&surfaces, account).await {
-        Ok(v) => v,
-        Err(e) => return broker_error(&e),
+    let request = |kind| {
+        TokenRequest::new(Cloud::Gcp, kind, Surface::Gce).with_selector(account_selector(account))
     };
     match (rest, is_dir) {
-        ([], true) => {
-            if recursive {
-                json_body(account_info(&id))
-            } else {
-                listing(&["aliases", "email", "identity", "scopes", "token"])
-            }
-        }
-        ([], false) => redirect(uri),
-        (["aliases"], false) => listing(&["default"]),
-        (["email"], false) => text(StatusCode::OK, id.email),
-        (["scopes"], false) => listing(&DEFAULT_SCOPES),
         (["token"], false) => {
             let scopes: Vec<String> = query
                 .get("scopes")
@@ -297,17 +279,13 @@ async fn service_account(
                         .collect()
                 })
                 .unwrap_or_default();
-            let request = GcpTokenRequest {
-                account: account.to_string(),
-                scopes,
-            };
-            match surfaces.broker.gcp_token(&subject, &request).await {
-                Ok(grant) => json_body(json!({
-                    "access_token": grant.token.token.expose_secret(),
-                    "expires_in": seconds_until(grant.token.expires_at),
+            match bearer(&surfaces, request(Kind::AccessToken).with_scopes(scopes)).await {
+                Ok(token) => json_body(json!({
+                    "access_token": token.token.expose_secret(),
+                    "expires_in": seconds_until(token.expires_at),
                     "token_type": "Bearer",
                 })),
-                Err(e) => broker_error(&e),
+                Err(e) => render_error(&e),
             }
         }
         (["identity"], false) => {
@@ -323,28 +301,43 @@ async fn service_account(
                 other => {
                     return text(
                         StatusCode::BAD_REQUEST,
-                        format!("invalid format {other:?}: expected standard or full"),
+                        format!(
+                            "invalid format {:?}: expected standard or full",
+                            crate::audit::bounded(other)
+                        ),
                     )
                 }
             };
-            let request = GcpIdTokenRequest {
-                account: account.to_string(),
-                audience: audience.to_string(),
-                include_email,
-            };
-            match surfaces.broker.gcp_id_token(&subject, &request).await {
+            let mut req = request(Kind::IdToken);
+            req.audience = Some(audience.to_string());
+            req.include_email = include_email;
+            match bearer(&surfaces, req).await {
                 Ok(token) => text(StatusCode::OK, token.token.expose_secret().to_string()),
-                Err(e) => broker_error(&e),
+                Err(e) => render_error(&e),
             }
         }
-        _ => not_found(),
+        _ => {
+            let id = match identity_for_account(&surfaces, account).await {
+                Ok(id) => id,
+                Err(e) => return render_error(&e),
+            };
+            match (rest, is_dir) {
+                ([], true) if recursive => json_body(account_info(&id)),
+                ([], true) => listing(&["aliases", "email", "identity", "scopes", "token"]),
+                ([], false) => redirect(uri),
+                (["aliases"], false) => listing(&["default"]),
+                (["email"], false) => text(StatusCode::OK, id.id),
+                (["scopes"], false) => listing(&DEFAULT_SCOPES),
+                _ => not_found(),
+            }
+        }
     }
 }
 
 /// `{"default": {...}, "EMAIL": {...}}`, as `service-accounts/?recursive=true` answers.
-fn accounts_json(id: &GcpIdentity) -> Value {
+fn accounts_json(id: &Identity) -> Value {
     let info = account_info(id);
-    json!({ "default": info.clone(), id.email.clone(): info })
+    json!({ "default": info.clone(), id.id.clone(): info })
 }
 
 /// The numeric project id as a JSON number when it is one.

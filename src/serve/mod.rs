@@ -14,10 +14,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use axum::Router;
 
-use crate::broker::TokenBroker;
+use crate::broker::{BrokerError, TokenBroker};
 use crate::cloud::Cloud;
 use crate::secret::SecretString;
 
@@ -92,6 +92,36 @@ async fn not_found() -> impl IntoResponse {
 /// refuse them so that an SSRF through a proxy in the pod cannot reach us.
 pub(crate) fn is_forwarded(headers: &HeaderMap) -> bool {
     headers.contains_key("x-forwarded-for") || headers.contains_key("forwarded")
+}
+
+/// The pod's current projected token for `cloud`; its absence is a
+/// retryable error (the kubelet has not written it yet).
+pub(crate) async fn subject(
+    surfaces: &Surfaces,
+    cloud: Cloud,
+) -> Result<SecretString, BrokerError> {
+    surfaces.subjects.token(cloud).await.map_err(|e| {
+        tracing::warn!(%cloud, error = %e, "no projected token");
+        BrokerError::Unavailable(
+            "the pod's projected service account token is not available yet".into(),
+        )
+    })
+}
+
+/// Adds `Retry-After` (seconds) when the error says how long to wait.
+pub(crate) fn with_retry_after(mut resp: Response, err: &BrokerError) -> Response {
+    if let Some(after) = err.retry_after() {
+        if let Ok(v) = axum::http::HeaderValue::from_str(&after.as_secs().to_string()) {
+            resp.headers_mut().insert("retry-after", v);
+        }
+    }
+    resp
+}
+
+/// A grant whose credential is not of the kind asked for: a broker bug,
+/// answered as retryable rather than a panic or a wrong body.
+pub(crate) fn wrong_credential() -> BrokerError {
+    BrokerError::Unavailable("the broker answered another kind of credential".into())
 }
 
 /// Seconds from now until `at` (Unix seconds), never negative.

@@ -20,6 +20,16 @@ pub struct UpstreamLabel {
     pub outcome: &'static str,
 }
 
+/// A credential request's decision.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabel {
+    pub cloud: &'static str,
+    /// `allow` or `deny`.
+    pub decision: &'static str,
+    /// `granted`, or why it was refused (`BrokerError::reason`).
+    pub reason: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
     pub reason: &'static str,
@@ -28,11 +38,7 @@ pub struct ReasonLabel {
 /// Label value of a cloud, without allocating.
 pub fn cloud_label(cloud: Cloud) -> CloudLabel {
     CloudLabel {
-        cloud: match cloud {
-            Cloud::Azure => "azure",
-            Cloud::Gcp => "gcp",
-            Cloud::Aws => "aws",
-        },
+        cloud: cloud.name(),
     }
 }
 
@@ -57,6 +63,7 @@ pub struct Metrics {
     pub upstream_latency: Family<CloudLabel, Histogram, fn() -> Histogram>,
     pub admissions: Family<DecisionLabel, Counter>,
     pub admission_latency: Histogram,
+    pub decisions: Family<RequestLabel, Counter>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -90,6 +97,7 @@ impl Metrics {
             admission_latency: Histogram::new([
                 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
             ]),
+            decisions: Family::default(),
         };
         registry.register(
             "cache_hits",
@@ -150,6 +158,11 @@ impl Metrics {
             "admission_latency_seconds",
             "Time to answer an admission review",
             m.admission_latency.clone(),
+        );
+        registry.register(
+            "decisions",
+            "Credential requests decided, by cloud, decision and reason",
+            m.decisions.clone(),
         );
         Metrics { registry, ..m }
     }

@@ -7,11 +7,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lanyard::broker::{AwsSettings, AzureSettings, Broker, GcpSettings};
-use lanyard::cloud::aws::AwsExchanger;
-use lanyard::cloud::azure::AzureExchanger;
-use lanyard::cloud::gcp::GcpExchanger;
+use lanyard::broker::assemble::{self, Parts};
 use lanyard::cloud::Cloud;
+use lanyard::config::{AwsConfig, AzureConfig, Config, GcpConfig};
 use lanyard::dev::MintedTokens;
 use lanyard::directory::file::{ServiceAccountEntry, StaticDirectory};
 use lanyard::emulator::aws::{AwsEmulatorConfig, AwsRole, AwsSts, OidcProvider};
@@ -133,6 +131,33 @@ pub async fn upstreams(subject: &str, lifetime: Duration) -> Upstreams {
     }
 }
 
+impl Upstreams {
+    /// A configuration whose clouds are these emulators, as an operator
+    /// would point Lanyard at private endpoints.
+    pub fn config(&self) -> Config {
+        Config {
+            azure: AzureConfig {
+                authority_host: Some(self.entra_url.clone()),
+                tenant_id: Some(TENANT.into()),
+                ..Default::default()
+            },
+            gcp: GcpConfig {
+                workload_identity_provider: Some(PROVIDER.into()),
+                project_id: Some("lanyard-test".into()),
+                project_number: Some("123456789012".into()),
+                sts_endpoint: Some(self.gcp_url.clone()),
+                iamcredentials_endpoint: Some(self.gcp_url.clone()),
+                ..Default::default()
+            },
+            aws: AwsConfig {
+                sts_endpoint: Some(self.aws_url.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+}
+
 /// A ServiceAccount entry with annotations.
 pub fn service_account(ns: &str, name: &str, annotations: &[(&str, &str)]) -> ServiceAccountEntry {
     ServiceAccountEntry {
@@ -186,27 +211,9 @@ pub async fn surfaces_with_issuer(
             http.clone(),
         ),
     );
-    let broker = Arc::new(
-        Broker::new(verifier, Arc::new(StaticDirectory::new(accounts)))
-            .with_azure(AzureSettings {
-                exchanger: AzureExchanger::new(http.clone(), up.entra_url.clone()),
-                default_tenant: Some(TENANT.into()),
-                audience: FEDERATION_AUDIENCE.into(),
-            })
-            .with_gcp(GcpSettings {
-                exchanger: GcpExchanger::new(http.clone(), up.gcp_url.clone(), up.gcp_url.clone()),
-                provider: PROVIDER.into(),
-                audience: PROVIDER.into(),
-                project_id: "lanyard-test".into(),
-                project_number: "123456789012".into(),
-                token_lifetime: Duration::from_secs(3600),
-            })
-            .with_aws(AwsSettings {
-                exchanger: AwsExchanger::new(http, up.aws_url.clone()),
-                audience: "sts.amazonaws.com".into(),
-                session_duration: Duration::from_secs(3600),
-            }),
-    );
+    let config = up.config();
+    let parts = Parts::new(&config, verifier, Arc::new(StaticDirectory::new(accounts)));
+    let broker = Arc::new(assemble::broker(&config, parts, http).unwrap());
     let subjects = Arc::new(MintedTokens::new(
         minting_issuer,
         pod,

@@ -1,0 +1,212 @@
+//! Why a request was not granted, and the one classification every surface
+//! renders from.
+//!
+//! The pipeline decides *what* went wrong ([`BrokerError`]); what that means
+//! for a caller — not found, bad request, forbidden, throttled (with a
+//! retry-after), retryable unavailable — is decided here, once
+//! ([`BrokerError::class`]), so the five surfaces cannot disagree. Each
+//! surface only chooses its SDK's status code and body shape per class.
+
+use std::time::Duration;
+
+use crate::cloud::{Cloud, CloudError};
+use crate::token::VerifyError;
+
+/// Why a request was not granted.
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    #[error("caller token refused: {0}")]
+    Unauthenticated(#[from] VerifyError),
+    #[error("service account {namespace}/{name} has no {cloud} binding")]
+    NotBound {
+        cloud: Cloud,
+        namespace: String,
+        name: String,
+    },
+    #[error("the requested identity is not bound to this service account")]
+    IdentityNotFound,
+    #[error("{0} is not configured on this broker")]
+    CloudDisabled(Cloud),
+    #[error("{0}")]
+    BadRequest(String),
+    /// The authorization policy refused the request.
+    #[error("denied by policy: {reason}")]
+    Denied {
+        reason: String,
+        /// Ids of the policies that decided.
+        policies: Vec<String>,
+    },
+    #[error(transparent)]
+    Upstream(#[from] CloudError),
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// What an error means for the caller; each surface renders each class in
+/// its SDK's format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorClass {
+    /// No such identity for this caller (unbound, unselected, cloud off).
+    NotFound,
+    /// The request itself is wrong; retrying it unchanged cannot help.
+    BadRequest,
+    /// Refused: the caller's token, the policy, or the cloud said no.
+    Forbidden,
+    /// Slow down; retry after the error's [`BrokerError::retry_after`].
+    Throttled,
+    /// Failed for now; retrying can succeed.
+    Unavailable,
+}
+
+impl ErrorClass {
+    /// Every class, for tests that walk them through every surface.
+    pub const ALL: [ErrorClass; 5] = [
+        ErrorClass::NotFound,
+        ErrorClass::BadRequest,
+        ErrorClass::Forbidden,
+        ErrorClass::Throttled,
+        ErrorClass::Unavailable,
+    ];
+
+    /// Whether an SDK should retry (they retry 429 and 5xx).
+    pub fn is_retryable(self) -> bool {
+        matches!(self, ErrorClass::Throttled | ErrorClass::Unavailable)
+    }
+}
+
+impl BrokerError {
+    /// The one classification of this error.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            BrokerError::Unauthenticated(e) if e.is_transient() => ErrorClass::Unavailable,
+            BrokerError::Unauthenticated(_) => ErrorClass::Forbidden,
+            BrokerError::NotBound { .. }
+            | BrokerError::IdentityNotFound
+            | BrokerError::CloudDisabled(_) => ErrorClass::NotFound,
+            BrokerError::BadRequest(_) => ErrorClass::BadRequest,
+            BrokerError::Denied { .. } => ErrorClass::Forbidden,
+            BrokerError::Upstream(CloudError::Rejected { .. }) => ErrorClass::Forbidden,
+            BrokerError::Upstream(CloudError::Throttled { .. }) => ErrorClass::Throttled,
+            BrokerError::Upstream(_) | BrokerError::Unavailable(_) => ErrorClass::Unavailable,
+        }
+    }
+
+    /// Whether the client should retry.
+    pub fn is_retryable(&self) -> bool {
+        self.class().is_retryable()
+    }
+
+    /// How long a throttled caller should wait, when known.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            BrokerError::Upstream(CloudError::Throttled { retry_after, .. }) => *retry_after,
+            _ => None,
+        }
+    }
+
+    /// The code that decided: the upstream's (AADSTS…, PERMISSION_DENIED,
+    /// AccessDenied) or, for a refused token, which check failed.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            BrokerError::Upstream(e) => e.code(),
+            // As relayed by the agent, the check's name travels as text.
+            BrokerError::Unauthenticated(VerifyError::Refused { reason, .. }) => Some(reason),
+            BrokerError::Unauthenticated(e) => Some(e.reason()),
+            _ => None,
+        }
+    }
+
+    /// Short reason for audit and metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            BrokerError::Unauthenticated(e) => e.reason(),
+            BrokerError::NotBound { .. } => "not_bound",
+            BrokerError::IdentityNotFound => "identity_not_found",
+            BrokerError::CloudDisabled(_) => "cloud_disabled",
+            BrokerError::BadRequest(_) => "bad_request",
+            BrokerError::Denied { .. } => "policy_denied",
+            BrokerError::Upstream(CloudError::Rejected { .. }) => "upstream_rejected",
+            BrokerError::Upstream(CloudError::Throttled { .. }) => "upstream_throttled",
+            BrokerError::Upstream(_) => "upstream_unavailable",
+            BrokerError::Unavailable(_) => "unavailable",
+        }
+    }
+
+    /// What the caller is told: who refused and why, never a secret.
+    pub fn describe(&self) -> String {
+        match self {
+            BrokerError::Unauthenticated(e) if !e.is_transient() => {
+                format!("The pod's service account token was refused: {e}")
+            }
+            BrokerError::Denied { reason, policies } if policies.is_empty() => {
+                format!("Denied by Lanyard policy: {reason}")
+            }
+            BrokerError::Denied { reason, policies } => {
+                format!(
+                    "Denied by Lanyard policy: {reason} (policies: {})",
+                    policies.join(", ")
+                )
+            }
+            BrokerError::Upstream(CloudError::Rejected {
+                cloud,
+                code,
+                message,
+            }) => format!(
+                "{} refused the token exchange: {code}: {message}",
+                upstream_name(*cloud)
+            ),
+            BrokerError::Upstream(CloudError::Throttled { cloud, .. }) => format!(
+                "{} is throttling token requests; retry later",
+                upstream_name(*cloud)
+            ),
+            other if other.class() == ErrorClass::Unavailable => {
+                format!("Token service temporarily unavailable: {other}")
+            }
+            other => other.to_string(),
+        }
+    }
+}
+
+/// The upstream service's name as users know it.
+fn upstream_name(cloud: Cloud) -> &'static str {
+    match cloud {
+        Cloud::Azure => "Entra ID",
+        Cloud::Gcp => "Google",
+        Cloud::Aws => "AWS STS",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_agree_with_retryability() {
+        let disabled = BrokerError::CloudDisabled(Cloud::Azure);
+        assert_eq!(disabled.class(), ErrorClass::NotFound);
+        assert!(!disabled.is_retryable());
+        let keys =
+            BrokerError::Unauthenticated(VerifyError::Keys(crate::token::KeysError::Fetch {
+                url: "http://issuer/jwks".into(),
+                reason: "down".into(),
+            }));
+        assert_eq!(keys.class(), ErrorClass::Unavailable);
+        assert!(keys.is_retryable());
+        let expired = BrokerError::Unauthenticated(VerifyError::Expired);
+        assert_eq!(expired.class(), ErrorClass::Forbidden);
+        assert_eq!(expired.code(), Some("expired"));
+        let throttled = BrokerError::Upstream(CloudError::Throttled {
+            cloud: Cloud::Aws,
+            code: "Throttling".into(),
+            retry_after: Some(Duration::from_secs(7)),
+        });
+        assert_eq!(throttled.class(), ErrorClass::Throttled);
+        assert_eq!(throttled.retry_after(), Some(Duration::from_secs(7)));
+        let denied = BrokerError::Denied {
+            reason: "forbidden scope".into(),
+            policies: vec!["p1".into(), "p2".into()],
+        };
+        assert_eq!(denied.class(), ErrorClass::Forbidden);
+        assert!(denied.describe().contains("p1, p2"));
+    }
+}

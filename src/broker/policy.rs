@@ -1,0 +1,54 @@
+//! The policy seam: the one place where the pipeline asks "may this caller
+//! have this identity, for this, from here?".
+//!
+//! It is consulted exactly once per credential request, after the caller is
+//! authenticated, its binding resolved and its selector matched, and before
+//! the cache, so a changed policy bites on the very next request, cached
+//! credential or not. Cloud-side trust (federated credentials, IAM trust
+//! policies) says whether a service account *can* become an identity; a
+//! policy says whether it *may*. The default, [`AllowBound`], allows what
+//! the bindings allow.
+
+use crate::cloud::{Identity, TokenRequest};
+use crate::token::Caller;
+
+/// Everything a decision may look at.
+pub struct PolicyInput<'a> {
+    pub caller: &'a Caller,
+    pub identity: &'a Identity,
+    pub request: &'a TokenRequest,
+}
+
+/// A policy's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Allow {
+        /// Ids of the policies that permitted (empty for the default).
+        policies: Vec<String>,
+    },
+    Deny {
+        /// What users are told.
+        reason: String,
+        /// Ids of the policies that decided.
+        policies: Vec<String>,
+    },
+}
+
+/// An authorization policy.
+pub trait Policy: Send + Sync {
+    /// Decides one request. Called on the request path, cache hits included:
+    /// it must not block.
+    fn decide(&self, input: &PolicyInput<'_>) -> Decision;
+}
+
+/// Allows what the ServiceAccount's bindings allow: the behaviour with no
+/// policy configured.
+pub struct AllowBound;
+
+impl Policy for AllowBound {
+    fn decide(&self, _: &PolicyInput<'_>) -> Decision {
+        Decision::Allow {
+            policies: Vec::new(),
+        }
+    }
+}
