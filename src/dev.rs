@@ -20,6 +20,7 @@ use crate::emulator::gcp::{Gcp, GcpEmulatorConfig, GcpServiceAccount, WorkloadId
 use crate::emulator::{Issuer, PodIdentity, SigningKey};
 use crate::http::{bind, spawn_server, Shutdown, ShutdownTrigger};
 use crate::secret::{random_token, SecretString};
+use crate::serve::sdk_env::{AwsEnv, AzureEnv, SdkEnv};
 use crate::serve::{self, SubjectTokens, Surfaces};
 use crate::token::{KeySet, KeySource, Verifier};
 
@@ -339,36 +340,25 @@ impl DevStack {
             shutdown.clone(),
         ));
 
-        let base = format!("http://{surfaces_addr}");
-        let exports = vec![
-            (
-                "AZURE_POD_IDENTITY_AUTHORITY_HOST".to_string(),
-                base.clone(),
-            ),
-            (
-                "IDENTITY_ENDPOINT".to_string(),
-                format!("{base}{}", serve::APP_SERVICE_PATH),
-            ),
-            ("IDENTITY_HEADER".to_string(), identity_header),
-            ("AZURE_CLIENT_ID".to_string(), dev.azure_client_id.clone()),
-            ("AZURE_TENANT_ID".to_string(), dev.azure_tenant_id.clone()),
-            ("GCE_METADATA_HOST".to_string(), surfaces_addr.to_string()),
-            ("GCE_METADATA_IP".to_string(), surfaces_addr.to_string()),
-            ("GCE_METADATA_ROOT".to_string(), surfaces_addr.to_string()),
-            (
-                "AWS_CONTAINER_CREDENTIALS_FULL_URI".to_string(),
-                format!("{base}{}", serve::AWS_CONTAINER_PATH),
-            ),
-            (
-                "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE".to_string(),
-                aws_token_file.display().to_string(),
-            ),
-            (
-                "AWS_EC2_METADATA_SERVICE_ENDPOINT".to_string(),
-                format!("{base}/"),
-            ),
-            ("AWS_REGION".to_string(), config.aws.region.clone()),
-        ];
+        let host_port = surfaces_addr.to_string();
+        let aws_token_file = aws_token_file.display().to_string();
+        let exports = SdkEnv {
+            host_port: &host_port,
+            azure: Some(AzureEnv {
+                client_id: &dev.azure_client_id,
+                tenant_id: Some(&dev.azure_tenant_id),
+                identity_header: &identity_header,
+            }),
+            gcp: true,
+            aws: Some(AwsEnv {
+                token_file: &aws_token_file,
+                region: Some(&config.aws.region),
+            }),
+        }
+        .vars()
+        .into_iter()
+        .map(|(name, value)| (name.to_string(), value))
+        .collect();
         Ok(DevStack {
             exports,
             surfaces_addr,

@@ -534,6 +534,12 @@ fn kuberay_worker_with_wait_gcs_ready_and_irsa_leftovers() {
             "Google is not configured"
         );
         assert_eq!(env(c, "AWS_REGION").unwrap(), "us-east-1");
+        assert!(
+            env(c, "AWS_EC2_METADATA_SERVICE_ENDPOINT")
+                .unwrap()
+                .starts_with("http://127.0.0.1:"),
+            "instance metadata goes to the sidecar, never the node's role"
+        );
         assert_eq!(
             env(c, "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE").unwrap(),
             APP_TOKEN_FILE

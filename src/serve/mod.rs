@@ -9,6 +9,7 @@ pub mod aws_imds;
 pub mod azure_imds;
 pub mod gce;
 mod query;
+pub mod sdk_env;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -127,4 +128,153 @@ pub(crate) fn wrong_credential() -> BrokerError {
 /// Seconds from now until `at` (Unix seconds), never negative.
 pub(crate) fn seconds_until(at: u64) -> u64 {
     at.saturating_sub(crate::cloud::now_unix())
+}
+
+#[cfg(test)]
+mod tests {
+    //! Every error class through every surface: the status each SDK
+    //! expects, a body in the surface's own shape, and `Retry-After` when
+    //! the class says how long to wait.
+
+    use std::time::Duration;
+
+    use axum::body::to_bytes;
+
+    use super::*;
+    use crate::broker::ErrorClass;
+    use crate::cloud::CloudError;
+    use crate::token::VerifyError;
+
+    /// One error of each variant, covering every class.
+    fn errors() -> Vec<BrokerError> {
+        vec![
+            BrokerError::NotBound {
+                cloud: Cloud::Aws,
+                namespace: "ml".into(),
+                name: "ray".into(),
+            },
+            BrokerError::IdentityNotFound,
+            BrokerError::CloudDisabled(Cloud::Gcp),
+            BrokerError::BadRequest("resource is empty".into()),
+            BrokerError::Unauthenticated(VerifyError::Expired),
+            BrokerError::Denied {
+                reason: "no control-plane scopes".into(),
+                policies: vec!["no-management".into()],
+            },
+            BrokerError::Upstream(CloudError::Rejected {
+                cloud: Cloud::Azure,
+                code: "AADSTS70021".into(),
+                message: "No matching federated identity record found".into(),
+            }),
+            BrokerError::Upstream(CloudError::Throttled {
+                cloud: Cloud::Aws,
+                code: "Throttling".into(),
+                retry_after: Some(Duration::from_secs(7)),
+            }),
+            BrokerError::Upstream(CloudError::Unavailable {
+                cloud: Cloud::Gcp,
+                reason: "connection reset".into(),
+            }),
+            BrokerError::Unavailable("node agent unreachable".into()),
+        ]
+    }
+
+    type Render = fn(&BrokerError) -> Response;
+
+    /// Each surface's renderer, the status it gives each class, and a check
+    /// of its body's shape.
+    fn surfaces() -> Vec<(
+        &'static str,
+        Render,
+        fn(ErrorClass, &BrokerError) -> u16,
+        fn(&[u8], &HeaderMap),
+    )> {
+        fn azure_status(class: ErrorClass, _: &BrokerError) -> u16 {
+            match class {
+                ErrorClass::NotFound | ErrorClass::BadRequest => 400,
+                ErrorClass::Forbidden => 403,
+                ErrorClass::Throttled => 429,
+                ErrorClass::Unavailable => 503,
+            }
+        }
+        fn plain_status(class: ErrorClass, _: &BrokerError) -> u16 {
+            match class {
+                ErrorClass::NotFound => 404,
+                ErrorClass::BadRequest => 400,
+                ErrorClass::Forbidden => 403,
+                ErrorClass::Throttled => 429,
+                ErrorClass::Unavailable => 503,
+            }
+        }
+        fn imds_status(class: ErrorClass, err: &BrokerError) -> u16 {
+            match (class, err) {
+                // A failed role assumption is reported in the document.
+                (_, BrokerError::Upstream(CloudError::Rejected { .. })) => 200,
+                _ => plain_status(class, err),
+            }
+        }
+        fn json_with(body: &[u8], fields: &[&str]) {
+            let v: serde_json::Value = serde_json::from_slice(body).expect("a JSON body");
+            for f in fields {
+                assert!(v.get(f).is_some(), "{f} missing in {v}");
+            }
+        }
+        vec![
+            (
+                "azure_imds",
+                azure_imds::render_error,
+                azure_status,
+                |b, _| json_with(b, &["error", "error_description"]),
+            ),
+            (
+                "app_service",
+                app_service::render_error,
+                azure_status,
+                |b, _| json_with(b, &["statusCode", "message", "correlationId"]),
+            ),
+            ("gce", gce::render_error, plain_status, |b, h| {
+                assert_eq!(h.get("metadata-flavor").unwrap(), "Google");
+                assert!(!b.is_empty());
+            }),
+            (
+                "aws_container",
+                aws_container::render_error,
+                plain_status,
+                |b, _| json_with(b, &["code", "message"]),
+            ),
+            ("aws_imds", aws_imds::render_error, imds_status, |b, _| {
+                assert!(!b.is_empty());
+            }),
+        ]
+    }
+
+    #[tokio::test]
+    async fn every_class_renders_on_every_surface() {
+        let mut seen = std::collections::HashSet::new();
+        for (name, render, status_of, shape) in surfaces() {
+            for err in errors() {
+                let class = err.class();
+                seen.insert(class);
+                let resp = render(&err);
+                let status = resp.status().as_u16();
+                assert_eq!(status, status_of(class, &err), "{name}: {err:?}");
+                let retry = resp.headers().get("retry-after").cloned();
+                let headers = resp.headers().clone();
+                let body = to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+                shape(&body, &headers);
+                if class == ErrorClass::Throttled {
+                    assert_eq!(retry.unwrap(), "7", "{name}: Retry-After");
+                }
+                // Refusals say who refused; nothing says more than it should.
+                let text = String::from_utf8_lossy(&body);
+                if let BrokerError::Upstream(CloudError::Rejected { code, .. }) = &err {
+                    assert!(text.contains(code.as_str()), "{name}: {text}");
+                }
+                if matches!(err, BrokerError::Denied { .. }) {
+                    assert!(text.contains("no-management"), "{name}: {text}");
+                }
+            }
+        }
+        assert_eq!(seen.len(), ErrorClass::ALL.len(), "every class walked");
+    }
 }

@@ -22,6 +22,7 @@ use serde_json::Value;
 
 use crate::cloud::Cloud;
 use crate::directory::Bindings;
+use crate::serve::sdk_env::{AwsEnv, AzureEnv, SdkEnv};
 
 /// Pod label that opts a pod in; only the value `"true"` counts. The chart's
 /// objectSelector filters on it too, but the webhook must not depend on the
@@ -394,39 +395,24 @@ fn mutate_with(
         .unwrap_or_else(new_identity_header);
 
     // The variables every targeted container gets, unless it sets them.
-    let base = format!("http://{LOOPBACK}:{}", config.port);
     let host_port = format!("{LOOPBACK}:{}", config.port);
-    let mut wanted: Vec<(&str, String)> = Vec::new();
-    if let Some(az) = azure {
-        wanted.push(("AZURE_POD_IDENTITY_AUTHORITY_HOST", base.clone()));
-        wanted.push((
-            "IDENTITY_ENDPOINT",
-            format!("{base}{}", crate::serve::APP_SERVICE_PATH),
-        ));
-        wanted.push(("IDENTITY_HEADER", identity_header.clone()));
-        wanted.push(("AZURE_CLIENT_ID", az.client_id.clone()));
-        if let Some(tenant) = az.tenant_id.as_ref().or(config.azure_tenant_id.as_ref()) {
-            wanted.push(("AZURE_TENANT_ID", tenant.clone()));
-        }
+    let wanted = SdkEnv {
+        host_port: &host_port,
+        azure: azure.map(|az| AzureEnv {
+            client_id: &az.client_id,
+            tenant_id: az
+                .tenant_id
+                .as_deref()
+                .or(config.azure_tenant_id.as_deref()),
+            identity_header: &identity_header,
+        }),
+        gcp: gcp.is_some(),
+        aws: aws.then(|| AwsEnv {
+            token_file: APP_TOKEN_FILE,
+            region: config.aws_region.as_deref(),
+        }),
     }
-    if gcp.is_some() {
-        for name in ["GCE_METADATA_HOST", "GCE_METADATA_IP", "GCE_METADATA_ROOT"] {
-            wanted.push((name, host_port.clone()));
-        }
-    }
-    if aws {
-        wanted.push((
-            "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-            format!("{base}{}", crate::serve::AWS_CONTAINER_PATH),
-        ));
-        wanted.push((
-            "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
-            APP_TOKEN_FILE.into(),
-        ));
-        if let Some(region) = &config.aws_region {
-            wanted.push(("AWS_REGION", region.clone()));
-        }
-    }
+    .vars();
 
     let mut ops = Vec::new();
     let mut touched = Vec::new();
