@@ -225,42 +225,16 @@ pub struct WebhookConfig {
 
 impl Default for WebhookConfig {
     fn default() -> Self {
-        let d = crate::webhook::InjectionConfig::default();
         WebhookConfig {
             tls_cert: None,
             tls_key: None,
             reload_seconds: 10,
-            sidecar_image: d.sidecar_image,
-            image_pull_policy: d.image_pull_policy,
-            agent_url: d.agent_url,
-            sidecar_port: d.port,
-            probe_port: d.probe_port,
-            app_audience: d.app_audience,
-        }
-    }
-}
-
-impl Config {
-    /// What the webhook injects, from the webhook and cloud sections.
-    pub fn injection(&self) -> crate::webhook::InjectionConfig {
-        let w = &self.webhook;
-        crate::webhook::InjectionConfig {
-            sidecar_image: w.sidecar_image.clone(),
-            image_pull_policy: w.image_pull_policy.clone(),
-            agent_url: w.agent_url.clone(),
-            port: w.sidecar_port,
-            probe_port: w.probe_port,
-            azure_audience: self.azure.audience.clone(),
-            gcp_audience: self
-                .gcp
-                .audience
-                .clone()
-                .or_else(|| self.gcp.workload_identity_provider.clone()),
-            aws_audience: self.aws.audience.clone(),
-            app_audience: w.app_audience.clone(),
-            aws_region: Some(self.aws.region.clone()),
-            azure_tenant_id: self.azure.tenant_id.clone(),
-            ..Default::default()
+            sidecar_image: format!("lanyard:{}", env!("CARGO_PKG_VERSION")),
+            image_pull_policy: None,
+            agent_url: "http://$(LANYARD_HOST_IP):8700".into(),
+            sidecar_port: 8642,
+            probe_port: 8643,
+            app_audience: "lanyard".into(),
         }
     }
 }

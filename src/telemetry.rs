@@ -1,20 +1,12 @@
 //! Logging setup and the decision record.
 //!
 //! Logs go to stderr (stdout is reserved for `lanyard dev`'s exports), as
-//! text for people or JSON for collectors. Every broker decision emits one
-//! record on the `lanyard::audit` target carrying a token fingerprint,
-//! never a token.
+//! text for people or JSON for collectors. (Decision records are the
+//! `audit` module's; its default sink writes them to this log.)
 
 pub mod metrics;
 
-use std::time::Duration;
-
 use tracing_subscriber::{fmt, EnvFilter};
-
-use crate::broker::BrokerError;
-use crate::cloud::Cloud;
-use crate::secret::{fingerprint, ExposeSecret, SecretString};
-use crate::token::Caller;
 
 /// Log line format.
 #[derive(
@@ -34,44 +26,6 @@ pub fn init(format: LogFormat, level: &str) {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
-}
-
-/// Emits the decision record for one token request.
-pub fn audit_decision(
-    cloud: Cloud,
-    caller: Option<&Caller>,
-    subject: &SecretString,
-    resource: &str,
-    outcome: Result<&str, &BrokerError>,
-    latency: Duration,
-) {
-    let token_fp = caller
-        .map(|c| c.token_fingerprint.clone())
-        .unwrap_or_else(|| fingerprint(subject.expose_secret()));
-    let namespace = caller.map(|c| c.namespace.as_str()).unwrap_or("");
-    let service_account = caller.map(|c| c.service_account.as_str()).unwrap_or("");
-    let pod = caller
-        .and_then(|c| c.pod.as_ref())
-        .map(|p| p.name.as_str())
-        .unwrap_or("");
-    let latency_ms = latency.as_secs_f64() * 1000.0;
-    match outcome {
-        Ok(identity) => tracing::info!(
-            target: "lanyard::audit",
-            decision = "allow",
-            %cloud, namespace, service_account, pod, identity, resource,
-            token_fingerprint = %token_fp, latency_ms,
-            "credential issued"
-        ),
-        Err(err) => tracing::warn!(
-            target: "lanyard::audit",
-            decision = "deny",
-            %cloud, namespace, service_account, pod, resource,
-            reason = err.reason(), error = %err,
-            token_fingerprint = %token_fp, latency_ms,
-            "credential refused"
-        ),
-    }
 }
 
 /// The admin endpoints: `/metrics` (Prometheus text), `/healthz` (the

@@ -21,6 +21,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::Value;
 
 use crate::cloud::Cloud;
+use crate::config::Config;
 use crate::directory::Bindings;
 use crate::serve::sdk_env::{AwsEnv, AzureEnv, SdkEnv};
 
@@ -157,18 +158,30 @@ pub struct InjectionConfig {
 
 impl Default for InjectionConfig {
     fn default() -> Self {
+        InjectionConfig::from_config(&Config::default())
+    }
+}
+
+impl InjectionConfig {
+    /// What the webhook injects, from the webhook and cloud sections.
+    pub fn from_config(config: &Config) -> Self {
+        let w = &config.webhook;
         InjectionConfig {
-            sidecar_image: format!("lanyard:{}", env!("CARGO_PKG_VERSION")),
-            image_pull_policy: None,
-            agent_url: "http://$(LANYARD_HOST_IP):8700".into(),
-            port: 8642,
-            probe_port: 8643,
-            azure_audience: "api://AzureADTokenExchange".into(),
-            gcp_audience: None,
-            aws_audience: "sts.amazonaws.com".into(),
-            app_audience: "lanyard".into(),
-            aws_region: None,
-            azure_tenant_id: None,
+            sidecar_image: w.sidecar_image.clone(),
+            image_pull_policy: w.image_pull_policy.clone(),
+            agent_url: w.agent_url.clone(),
+            port: w.sidecar_port,
+            probe_port: w.probe_port,
+            azure_audience: config.azure.audience.clone(),
+            gcp_audience: config
+                .gcp
+                .audience
+                .clone()
+                .or_else(|| config.gcp.workload_identity_provider.clone()),
+            aws_audience: config.aws.audience.clone(),
+            app_audience: w.app_audience.clone(),
+            aws_region: Some(config.aws.region.clone()),
+            azure_tenant_id: config.azure.tenant_id.clone(),
             resources: SidecarResources::default(),
         }
     }

@@ -310,7 +310,7 @@ pub async fn run(config: crate::config::Config) -> anyhow::Result<()> {
             key,
             reload_every: Duration::from_secs(w.reload_seconds.max(1)),
         },
-        config.injection(),
+        crate::webhook::InjectionConfig::from_config(&config),
         directory,
         metrics.clone(),
     )
