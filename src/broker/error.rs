@@ -153,26 +153,17 @@ impl BrokerError {
                 message,
             }) => format!(
                 "{} refused the token exchange: {code}: {message}",
-                upstream_name(*cloud)
+                cloud.upstream()
             ),
             BrokerError::Upstream(CloudError::Throttled { cloud, .. }) => format!(
                 "{} is throttling token requests; retry later",
-                upstream_name(*cloud)
+                cloud.upstream()
             ),
             other if other.class() == ErrorClass::Unavailable => {
                 format!("Token service temporarily unavailable: {other}")
             }
             other => other.to_string(),
         }
-    }
-}
-
-/// The upstream service's name as users know it.
-fn upstream_name(cloud: Cloud) -> &'static str {
-    match cloud {
-        Cloud::Azure => "Entra ID",
-        Cloud::Gcp => "Google",
-        Cloud::Aws => "AWS STS",
     }
 }
 

@@ -46,6 +46,8 @@ pub enum Cloud {
 struct Row {
     cloud: Cloud,
     name: &'static str,
+    /// The upstream token service as users know it, for error messages.
+    upstream: &'static str,
     /// Least remaining lifetime with which a cached credential is served:
     /// what keeps the cloud's SDKs from refreshing on every call (botocore
     /// refreshes under 15 min; MSAL treats under 5 min as expired).
@@ -60,6 +62,7 @@ const TABLE: [Row; Cloud::COUNT] = [
     Row {
         cloud: Cloud::Azure,
         name: "azure",
+        upstream: "Entra ID",
         min_remaining: Duration::from_secs(5 * 60),
         refresh_window: Duration::from_secs(10 * 60),
         default_rate: 50.0,
@@ -67,6 +70,7 @@ const TABLE: [Row; Cloud::COUNT] = [
     Row {
         cloud: Cloud::Gcp,
         name: "gcp",
+        upstream: "Google",
         min_remaining: Duration::from_secs(5 * 60),
         refresh_window: Duration::from_secs(10 * 60),
         // Google STS: 6,000 a minute per project.
@@ -75,6 +79,7 @@ const TABLE: [Row; Cloud::COUNT] = [
     Row {
         cloud: Cloud::Aws,
         name: "aws",
+        upstream: "AWS STS",
         min_remaining: Duration::from_secs(15 * 60),
         refresh_window: Duration::from_secs(20 * 60),
         default_rate: 50.0,
@@ -97,6 +102,11 @@ impl Cloud {
     /// The cloud's name in configuration, metrics, audit and file names.
     pub fn name(self) -> &'static str {
         self.row().name
+    }
+
+    /// The upstream token service's name as users know it ("Entra ID").
+    pub fn upstream(self) -> &'static str {
+        self.row().upstream
     }
 
     /// The cloud named `name`, if any.
