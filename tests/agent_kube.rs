@@ -3,6 +3,8 @@
 //! bindings from the ServiceAccount watch (changes take effect without a
 //! restart), a ServiceAccount created a moment ago, tokens of deleted pods
 //! refused, and nothing asked of the API beyond get/list/watch.
+// Needs the `dev` feature (built-in issuer, emulators, `lanyard dev`).
+#![cfg(feature = "dev")]
 
 mod support;
 

@@ -3,6 +3,8 @@
 //! wire shapes a client depends on. If a client would misbehave against a
 //! real API server in a way these tests cannot see, the fake is not
 //! faithful enough; so the tests go through the clients, not around them.
+// Needs the `dev` feature (built-in issuer, emulators, `lanyard dev`).
+#![cfg(feature = "dev")]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;

@@ -5,6 +5,8 @@
 //! and answers in the real service's error format. An emulator that accepted
 //! anything would prove nothing.
 //!
+//! Only `lanyard dev` and the tests use them, so they are compiled only with
+//! the `dev` feature: the agent, sidecar and webhook never reach for them.
 //! The fake Kubernetes API server, which only tests use, is not here but in
 //! the `lanyard-fake-kube` test-support crate (`tests/fake-kube`).
 

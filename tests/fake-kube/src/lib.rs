@@ -28,7 +28,9 @@
 //!
 //! It is a test-support crate of its own, not a module of `lanyard`,
 //! because only tests use it: the product crate ships no fake cluster. It
-//! takes only the issuer's URL and public key, not the built-in issuer.
+//! needs nothing of Lanyard's emulators, only the issuer's URL and public
+//! key, so it depends on `lanyard` without the `dev` feature and Lanyard's
+//! tests can still be built with `--no-default-features`.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::convert::Infallible;
