@@ -118,7 +118,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         ),
     ];
     tracing::info!(api = %api_addr, admin = %admin_addr, node = ?config.cluster.node_name, "lanyard agent serving");
-    crate::dev::wait_for_signal().await;
+    crate::http::wait_for_signal().await;
     tracing::info!("shutting down");
     trigger.trigger();
     for server in servers {

@@ -46,10 +46,17 @@ impl Default for AzureConfig {
             cloud: "public".into(),
             authority_host: None,
             tenant_id: None,
-            audience: crate::emulator::entra::FEDERATION_AUDIENCE.into(),
+            audience: FEDERATION_AUDIENCE.into(),
         }
     }
 }
+
+// Interim, until the audience has a home outside the emulators: without
+// the `dev` feature there is no `emulator` module to take it from.
+#[cfg(feature = "dev")]
+use crate::emulator::entra::FEDERATION_AUDIENCE;
+#[cfg(not(feature = "dev"))]
+const FEDERATION_AUDIENCE: &str = "api://AzureADTokenExchange";
 
 /// Settings for Google workload identity federation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -602,6 +609,9 @@ impl Config {
                 &d.gcp_service_account,
             ));
         }
+        // Interim: the only role-ARN parser is the emulator's, absent without
+        // the `dev` feature (and then there is no `lanyard dev` to use it).
+        #[cfg(feature = "dev")]
         if crate::emulator::aws::parse_role_arn(&d.aws_role_arn).is_none() {
             return Err(invalid(
                 "dev.aws_role_arn",

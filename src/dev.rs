@@ -18,7 +18,7 @@ use crate::emulator::aws::{AwsEmulatorConfig, AwsRole, AwsSts, OidcProvider};
 use crate::emulator::entra::{App, Entra, FederatedCredential};
 use crate::emulator::gcp::{Gcp, GcpEmulatorConfig, GcpServiceAccount, WorkloadIdentityProvider};
 use crate::emulator::{Issuer, PodIdentity, SigningKey};
-use crate::http::{bind, spawn_server, Shutdown, ShutdownTrigger};
+use crate::http::{bind, spawn_server, wait_for_signal, Shutdown, ShutdownTrigger};
 use crate::secret::{random_token, SecretString};
 use crate::serve::sdk_env::{AwsEnv, AzureEnv, SdkEnv};
 use crate::serve::{self, SubjectTokens, Surfaces};
@@ -484,28 +484,6 @@ fn shell_quote(value: &str) -> String {
         value.to_string()
     } else {
         format!("'{}'", value.replace('\'', r"'\''"))
-    }
-}
-
-/// Resolves on SIGINT or SIGTERM.
-pub async fn wait_for_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term => {}
     }
 }
 

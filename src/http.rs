@@ -1,6 +1,6 @@
 //! Shared HTTP plumbing: the outbound client every exchanger and JWKS fetch
-//! uses, and a helper to run an axum router on a bound listener with
-//! graceful shutdown.
+//! uses, a helper to run an axum router on a bound listener with graceful
+//! shutdown, and the process signals that start it.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -21,6 +21,28 @@ pub fn client() -> reqwest::Client {
         // Building fails only if the TLS backend cannot initialise, which is
         // a broken installation rather than a runtime condition.
         .expect("failed to initialise the HTTP client (TLS backend)")
+}
+
+/// Resolves on SIGINT or SIGTERM: how every role is asked to stop.
+pub async fn wait_for_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
 }
 
 /// A signal that fires once when the process is asked to stop.

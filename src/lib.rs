@@ -3,6 +3,11 @@
 //! A pod's projected Kubernetes service-account token goes in; short-lived
 //! cloud credentials come out on the metadata-style endpoints each cloud's
 //! SDKs already speak. See `docs/architecture.md` for the module map.
+//!
+//! The default-on `dev` feature adds `lanyard dev` ([`dev`]) and what only
+//! it needs ([`emulator`]: the built-in issuer and the cloud emulators).
+//! The agent, sidecar and webhook do not depend on it, so the product
+//! builds, and ships, without it (`--no-default-features`).
 
 pub mod agent;
 pub mod audit;
@@ -11,8 +16,10 @@ pub mod cache;
 pub mod cli;
 pub mod cloud;
 pub mod config;
+#[cfg(feature = "dev")]
 pub mod dev;
 pub mod directory;
+#[cfg(feature = "dev")]
 pub mod emulator;
 pub mod http;
 pub mod secret;

@@ -24,6 +24,7 @@ struct Cli {
 enum Command {
     /// Run issuer, cloud emulators, broker and SDK endpoints on loopback, and
     /// print the environment an SDK needs to use them.
+    #[cfg(feature = "dev")]
     Dev(DevArgs),
     /// Run the node agent (one per node): verify pods' projected tokens,
     /// decide, exchange through the cache, and answer sidecars.
@@ -104,6 +105,7 @@ impl AgentArgs {
     }
 }
 
+#[cfg(feature = "dev")]
 #[derive(Args)]
 struct DevArgs {
     /// Address of the SDK-facing endpoints.
@@ -123,6 +125,7 @@ struct DevArgs {
     service_account: Option<String>,
 }
 
+#[cfg(feature = "dev")]
 impl DevArgs {
     fn overrides(&self, global: &GlobalArgs) -> Overrides {
         let section = Some("dev");
@@ -140,6 +143,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let global = &cli.global;
     match cli.command {
+        #[cfg(feature = "dev")]
         Command::Dev(args) => cli::run(global, args.overrides(global), lanyard::dev::run),
         Command::Agent(args) => cli::run(global, args.overrides(global), lanyard::agent::run),
         Command::Sidecar(args) => cli::run(global, args.overrides(global), lanyard::sidecar::run),

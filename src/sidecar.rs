@@ -212,7 +212,7 @@ fn standalone_broker(config: &Config) -> anyhow::Result<crate::broker::Broker> {
 /// Runs the sidecar until SIGINT/SIGTERM.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let sidecar = Sidecar::start(&config).await?;
-    crate::dev::wait_for_signal().await;
+    crate::http::wait_for_signal().await;
     tracing::info!("shutting down");
     sidecar.stop().await;
     Ok(())

@@ -3,6 +3,8 @@
 //! bindings from the ServiceAccount watch (changes take effect without a
 //! restart), a ServiceAccount created a moment ago, tokens of deleted pods
 //! refused, and nothing asked of the API beyond get/list/watch.
+// Needs the `dev` feature (built-in issuer, emulators, `lanyard dev`).
+#![cfg(feature = "dev")]
 
 mod support;
 
@@ -16,8 +18,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, PodSpec, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use lanyard::emulator::kube_api::FakeKube;
 use lanyard::emulator::PodIdentity;
+use lanyard_fake_kube::FakeKube;
 use serde_json::{json, Value};
 use support::*;
 
@@ -132,7 +134,7 @@ const BOUND: [(&str, &str); 1] = [("azure.workload.identity/client-id", CLIENT)]
 
 async fn cluster(pod: &PodIdentity) -> Cluster {
     let up = upstreams(&pod.subject(), Duration::from_secs(3600)).await;
-    let kube = FakeKube::new(up.issuer.clone(), KUBE_TOKEN);
+    let kube = FakeKube::new(up.issuer.url(), up.issuer.key().jwk(), KUBE_TOKEN);
     let listener = lanyard::http::bind("127.0.0.1:0".parse().unwrap(), "fake kube")
         .await
         .unwrap();

@@ -2,6 +2,8 @@
 //! the SDK surfaces from the pod's token files, the agent verifies each
 //! token (issuer, expiry, pod binding, node) and exchanges against the
 //! emulators; the sidecar survives the agent going away and coming back.
+// Needs the `dev` feature (built-in issuer, emulators, `lanyard dev`).
+#![cfg(feature = "dev")]
 
 mod support;
 

@@ -1,5 +1,7 @@
 //! The AWS exchanger against the validating STS emulator: success and every
 //! refusal, each surfacing as the typed error and STS code that AWS gives.
+// Needs the `dev` feature (built-in issuer, emulators, `lanyard dev`).
+#![cfg(feature = "dev")]
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;

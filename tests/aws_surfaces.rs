@@ -1,5 +1,7 @@
 //! AWS container-credentials and IMDSv2 surfaces over real HTTP against a
 //! full in-process dev stack.
+// Needs the `dev` feature (built-in issuer, emulators, `lanyard dev`).
+#![cfg(feature = "dev")]
 
 use std::sync::atomic::Ordering;
 

@@ -1,6 +1,8 @@
 //! Azure IMDS and App Service surfaces over real HTTP: success bodies in
 //! the exact shape the SDKs parse, and every refusal with the right status
 //! and the surface's own error format.
+// Needs the `dev` feature (built-in issuer, emulators, `lanyard dev`).
+#![cfg(feature = "dev")]
 
 mod support;
 

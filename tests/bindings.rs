@@ -2,6 +2,8 @@
 //! no AWS role → not found; no Google service account → the federated
 //! principal is served directly and ID tokens are refused; a Google
 //! service account → impersonation.
+// Needs the `dev` feature (built-in issuer, emulators, `lanyard dev`).
+#![cfg(feature = "dev")]
 
 mod support;
 

@@ -1,6 +1,8 @@
 //! The cache through real HTTP against the emulators: herds of concurrent
 //! SDK-style requests cost one upstream exchange per identity, and the
 //! admin port's metrics say so.
+// Needs the `dev` feature (built-in issuer, emulators, `lanyard dev`).
+#![cfg(feature = "dev")]
 
 use std::sync::atomic::Ordering;
 

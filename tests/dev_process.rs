@@ -2,6 +2,8 @@
 //! exports, serves tokens, shuts down cleanly on SIGTERM, and never logs a
 //! token. Also the Rust azure_identity ManagedIdentityCredential through
 //! `IDENTITY_ENDPOINT`, unmodified.
+// Needs the `dev` feature (built-in issuer, emulators, `lanyard dev`).
+#![cfg(feature = "dev")]
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read};

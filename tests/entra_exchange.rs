@@ -1,5 +1,7 @@
 //! The Azure exchanger against the validating Entra emulator: success and
 //! every refusal, each surfacing as a typed error with its AADSTS code.
+// Needs the `dev` feature (built-in issuer, emulators, `lanyard dev`).
+#![cfg(feature = "dev")]
 
 mod support;
 

@@ -3,6 +3,8 @@
 //! wire shapes a client depends on. If a client would misbehave against a
 //! real API server in a way these tests cannot see, the fake is not
 //! faithful enough; so the tests go through the clients, not around them.
+// Needs the `dev` feature (built-in issuer, emulators, `lanyard dev`).
+#![cfg(feature = "dev")]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
@@ -18,9 +20,9 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
-use lanyard::emulator::kube_api::{FakeKube, FAKE_USER};
 use lanyard::emulator::{Issuer, PodIdentity, SigningKey};
 use lanyard::http::{bind, spawn_server, Shutdown, ShutdownTrigger};
+use lanyard_fake_kube::{FakeKube, FAKE_USER};
 use serde_json::Value;
 
 const TOKEN: &str = "fake-kube-static-token-0123456789";
@@ -36,7 +38,7 @@ struct Env {
 
 async fn start() -> Env {
     let issuer = Arc::new(Issuer::new(ISSUER, SigningKey::generate_rs256().unwrap()));
-    let fake = FakeKube::new(issuer.clone(), TOKEN);
+    let fake = FakeKube::new(issuer.url(), issuer.key().jwk(), TOKEN);
     let listener = bind("127.0.0.1:0".parse().unwrap(), "fake kube-apiserver")
         .await
         .unwrap();

@@ -1,6 +1,8 @@
 //! The GCE metadata surface over real HTTP against a full in-process dev
 //! stack: Google's header rules, text/JSON bodies, directories, redirects,
 //! tokens and ID tokens, and refusals.
+// Needs the `dev` feature (built-in issuer, emulators, `lanyard dev`).
+#![cfg(feature = "dev")]
 
 use std::sync::atomic::Ordering;
 

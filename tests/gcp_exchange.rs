@@ -1,6 +1,8 @@
 //! The Google exchanger against the Google emulator, with the built-in
 //! issuer as the workload identity provider's OIDC issuer: STS exchange,
 //! service-account impersonation, and each way Google says no.
+// Needs the `dev` feature (built-in issuer, emulators, `lanyard dev`).
+#![cfg(feature = "dev")]
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -4,13 +4,17 @@
 //! the issuer's published keys, issuer/subject/audience matching, expiry)
 //! and answers in the real service's error format. An emulator that accepted
 //! anything would prove nothing.
+//!
+//! Only `lanyard dev` and the tests use them, so they are compiled only with
+//! the `dev` feature: the agent, sidecar and webhook never reach for them.
+//! The fake Kubernetes API server, which only tests use, is not here but in
+//! the `lanyard-fake-kube` test-support crate (`tests/fake-kube`).
 
 pub mod aws;
 pub mod entra;
 pub mod gcp;
 pub mod issuer;
 pub mod keys;
-pub mod kube_api;
 
 pub use issuer::{Issuer, PodIdentity};
 pub use keys::SigningKey;

@@ -180,15 +180,12 @@ mod tests {
     }
 
     type Render = fn(&BrokerError) -> Response;
+    type StatusOf = fn(ErrorClass, &BrokerError) -> u16;
+    type Shape = fn(&[u8], &HeaderMap);
 
     /// Each surface's renderer, the status it gives each class, and a check
     /// of its body's shape.
-    fn surfaces() -> Vec<(
-        &'static str,
-        Render,
-        fn(ErrorClass, &BrokerError) -> u16,
-        fn(&[u8], &HeaderMap),
-    )> {
+    fn surfaces() -> Vec<(&'static str, Render, StatusOf, Shape)> {
         fn azure_status(class: ErrorClass, _: &BrokerError) -> u16 {
             match class {
                 ErrorClass::NotFound | ErrorClass::BadRequest => 400,

@@ -420,7 +420,7 @@ fn mutate_with(
             identity_header: &identity_header,
         }),
         gcp: gcp.is_some(),
-        aws: aws.then(|| AwsEnv {
+        aws: aws.then_some(AwsEnv {
             token_file: APP_TOKEN_FILE,
             region: config.aws_region.as_deref(),
         }),

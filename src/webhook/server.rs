@@ -325,7 +325,7 @@ pub async fn run(config: crate::config::Config) -> anyhow::Result<()> {
         shutdown,
     );
     tracing::info!(addr = %server.addr, admin = %admin_addr, "lanyard webhook serving");
-    crate::dev::wait_for_signal().await;
+    crate::http::wait_for_signal().await;
     tracing::info!("shutting down");
     trigger.trigger();
     server.stop().await;

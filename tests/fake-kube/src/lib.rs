@@ -25,6 +25,12 @@
 //!
 //! State changes only through the mutators (`apply_*`, `delete_*`); the API
 //! itself is read-only for the caller's RBAC, as it is for Lanyard.
+//!
+//! It is a test-support crate of its own, not a module of `lanyard`,
+//! because only tests use it: the product crate ships no fake cluster. It
+//! needs nothing of Lanyard's emulators, only the issuer's URL and public
+//! key, so it depends on `lanyard` without the `dev` feature and Lanyard's
+//! tests can still be built with `--no-default-features`.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::convert::Infallible;
@@ -48,9 +54,8 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use tokio::sync::{broadcast, mpsc, watch};
 
-use super::Issuer;
-use crate::secret::{constant_time_eq, ExposeSecret, SecretString};
-use crate::token::{parse_subject, ServiceAccountClaims};
+use lanyard::secret::{constant_time_eq, ExposeSecret, SecretString};
+use lanyard::token::{parse_subject, ServiceAccountClaims};
 
 /// The user the static token authenticates as; it appears in `Forbidden`
 /// messages exactly where kube-apiserver puts the caller's name.
@@ -211,7 +216,10 @@ struct Control {
 /// The fake API server. Create with [`FakeKube::new`], serve
 /// [`FakeKube::router`], change state with the mutators.
 pub struct FakeKube {
-    issuer: Arc<Issuer>,
+    /// The cluster's service-account issuer URL (`iss` of its tokens).
+    issuer_url: String,
+    /// The issuer's public signing key, as served in its JWKS.
+    issuer_jwk: Value,
     token: SecretString,
     decoding: Option<(DecodingKey, Algorithm)>,
     store: Mutex<Store>,
@@ -225,9 +233,11 @@ pub struct FakeKube {
 
 impl FakeKube {
     /// A fake API server whose callers must present `token` as a bearer
-    /// token, and whose TokenReview and OIDC documents are `issuer`'s.
-    pub fn new(issuer: Arc<Issuer>, token: &str) -> Arc<Self> {
-        let jwk = issuer.key().jwk();
+    /// token, and whose TokenReview and OIDC documents are those of the
+    /// issuer at `issuer_url` with the public key `issuer_jwk` (for the
+    /// built-in issuer: `issuer.url()` and `issuer.key().jwk()`).
+    pub fn new(issuer_url: &str, issuer_jwk: &Value, token: &str) -> Arc<Self> {
+        let jwk = issuer_jwk;
         let decoding = serde_json::from_value::<jsonwebtoken::jwk::Jwk>(jwk.clone())
             .ok()
             .and_then(|jwk| DecodingKey::from_jwk(&jwk).ok())
@@ -237,7 +247,8 @@ impl FakeKube {
                     .and_then(|alg| alg.parse::<Algorithm>().ok()),
             );
         Arc::new(FakeKube {
-            issuer,
+            issuer_url: issuer_url.to_string(),
+            issuer_jwk: jwk.clone(),
             token: SecretString::from(token.to_string()),
             decoding,
             store: Mutex::new(Store {
@@ -494,7 +505,6 @@ impl FakeKube {
 
     fn note(&self, method: &Method, uri: &Uri, status: StatusCode) {
         tracing::debug!(
-            target: "lanyard::emulator::kube_api",
             %method, uri = %uri, status = status.as_u16(), "fake kube-apiserver request"
         );
         {
@@ -631,15 +641,15 @@ impl FakeKube {
             "/.well-known/openid-configuration" => json_response(
                 StatusCode::OK,
                 &json!({
-                    "issuer": self.issuer.url(),
-                    "jwks_uri": format!("{}/openid/v1/jwks", self.issuer.url()),
+                    "issuer": self.issuer_url.as_str(),
+                    "jwks_uri": format!("{}/openid/v1/jwks", self.issuer_url),
                     "response_types_supported": ["id_token"],
                     "subject_types_supported": ["public"],
                     "id_token_signing_alg_values_supported": ["RS256", "ES256"],
                 }),
             ),
             "/openid/v1/jwks" => {
-                let jwks = json!({"keys": [self.issuer.key().jwk()]});
+                let jwks = json!({"keys": [self.issuer_jwk]});
                 (
                     StatusCode::OK,
                     [(header::CONTENT_TYPE, "application/jwk-set+json")],
@@ -863,7 +873,7 @@ impl FakeKube {
         let audiences = match review.spec.audiences.clone().filter(|a| !a.is_empty()) {
             Some(audiences) => audiences,
             // kube-apiserver's --api-audiences default to the issuer.
-            None => vec![self.issuer.url().to_string()],
+            None => vec![self.issuer_url.clone()],
         };
         review.status = Some(match self.authenticate(&token, &audiences) {
             Ok((user, audiences)) => TokenReviewStatus {
@@ -903,14 +913,14 @@ impl FakeKube {
         let Some((key, alg)) = &self.decoding else {
             return Err("issuer key unavailable".into());
         };
-        if crate::token::unverified_issuer(token).as_deref() != Some(self.issuer.url()) {
+        if lanyard::token::unverified_issuer(token).as_deref() != Some(self.issuer_url.as_str()) {
             return Err("token is not a service account token of this cluster's issuer".into());
         }
         let mut validation = Validation::new(*alg);
         validation.leeway = TOKEN_LEEWAY_SECS;
         validation.validate_nbf = true;
         validation.validate_aud = false;
-        validation.set_issuer(&[self.issuer.url()]);
+        validation.set_issuer(&[self.issuer_url.as_str()]);
         validation.set_required_spec_claims(&["exp", "iss", "sub"]);
         let claims = jsonwebtoken::decode::<ServiceAccountClaims>(token, key, &validation)
             .map_err(|e| {
@@ -1675,6 +1685,7 @@ fn authentication_v1_resources() -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lanyard::emulator::{Issuer, SigningKey};
 
     fn query(q: &str) -> Query {
         Query::parse(&format!("/x?{q}").parse::<Uri>().unwrap())
@@ -1913,11 +1924,8 @@ mod tests {
     }
 
     fn fake() -> Arc<FakeKube> {
-        let issuer = Arc::new(Issuer::new(
-            "https://issuer.test",
-            crate::emulator::SigningKey::generate_es256().unwrap(),
-        ));
-        FakeKube::new(issuer, "t")
+        let issuer = Issuer::new("https://issuer.test", SigningKey::generate_es256().unwrap());
+        FakeKube::new(issuer.url(), issuer.key().jwk(), "t")
     }
 
     fn sa(name: &str) -> ServiceAccount {
