@@ -16,7 +16,7 @@ use crate::config::Config;
 use crate::directory::file::StaticDirectory;
 use crate::directory::kube::{Invalidate, KubeDirectory};
 use crate::directory::Directory;
-use crate::http::{bind, spawn_server, Shutdown};
+use crate::http::{bind, drain, spawn_server, wait_for_signal, Shutdown, DRAIN_TIMEOUT};
 use crate::telemetry::metrics::Metrics;
 use crate::token::{kube_get, Discovery, KeySet, KeySource, Lookup, Verifier};
 
@@ -185,11 +185,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         ),
     ];
     tracing::info!(api = %api_addr, admin = %admin_addr, node = ?config.cluster.node_name, "lanyard agent serving");
-    crate::dev::wait_for_signal().await;
+    wait_for_signal().await;
     tracing::info!("shutting down");
     trigger.trigger();
-    for server in servers {
-        let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
-    }
+    drain(servers, DRAIN_TIMEOUT).await;
     Ok(())
 }

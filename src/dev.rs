@@ -21,7 +21,9 @@ use crate::emulator::aws::{AwsEmulatorConfig, AwsRole, AwsSts, OidcProvider};
 use crate::emulator::entra::{App, Entra, FederatedCredential};
 use crate::emulator::gcp::{Gcp, GcpEmulatorConfig, GcpServiceAccount, WorkloadIdentityProvider};
 use crate::emulator::{Issuer, PodIdentity, SigningKey};
-use crate::http::{bind, spawn_server, Shutdown, ShutdownTrigger};
+use crate::http::{
+    bind, drain, spawn_server, wait_for_signal, Shutdown, ShutdownTrigger, DRAIN_TIMEOUT,
+};
 use crate::secret::{random_token, SecretString};
 use crate::serve::{self, SubjectTokens, Surfaces};
 use crate::token::{KeySet, KeySource, Verifier};
@@ -411,14 +413,7 @@ impl DevStack {
     /// Stops accepting, drains in-flight requests (bounded), and returns.
     pub async fn stop(self) {
         self.trigger.trigger();
-        for server in self.servers {
-            match tokio::time::timeout(Duration::from_secs(10), server).await {
-                Ok(Ok(Ok(()))) => {}
-                Ok(Ok(Err(e))) => tracing::warn!(error = %e, "server ended with an error"),
-                Ok(Err(e)) => tracing::warn!(error = %e, "server task failed"),
-                Err(_) => tracing::warn!("server did not drain within 10s"),
-            }
-        }
+        drain(self.servers, DRAIN_TIMEOUT).await;
     }
 }
 
@@ -517,28 +512,6 @@ fn shell_quote(value: &str) -> String {
         value.to_string()
     } else {
         format!("'{}'", value.replace('\'', r"'\''"))
-    }
-}
-
-/// Resolves on SIGINT or SIGTERM.
-pub async fn wait_for_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term => {}
     }
 }
 

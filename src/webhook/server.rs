@@ -325,10 +325,10 @@ pub async fn run(config: crate::config::Config) -> anyhow::Result<()> {
         shutdown,
     );
     tracing::info!(addr = %server.addr, admin = %admin_addr, "lanyard webhook serving");
-    crate::dev::wait_for_signal().await;
+    crate::http::wait_for_signal().await;
     tracing::info!("shutting down");
     trigger.trigger();
     server.stop().await;
-    let _ = tokio::time::timeout(Duration::from_secs(10), admin_task).await;
+    crate::http::drain([admin_task], crate::http::DRAIN_TIMEOUT).await;
     Ok(())
 }
