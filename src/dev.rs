@@ -26,6 +26,7 @@ use crate::http::{
 };
 use crate::secret::{random_token, SecretString};
 use crate::serve::{self, SubjectTokens, Surfaces};
+use crate::telemetry::Readiness;
 use crate::token::{KeySet, KeySource, Verifier};
 
 /// Projected tokens for the dev pod, minted by the built-in issuer and
@@ -355,12 +356,13 @@ impl DevStack {
             shutdown.clone(),
         ));
 
-        let ready = Arc::new(std::sync::atomic::AtomicBool::new(true));
         let admin_listener = bind(config.admin_listen, "admin endpoints").await?;
         let admin_addr = admin_listener.local_addr()?;
         servers.push(spawn_server(
             admin_listener,
-            crate::telemetry::admin_router(metrics.clone(), ready),
+            // Ready at once: issuer, bindings and emulators are all in this
+            // process and already serving.
+            crate::telemetry::admin_router(metrics.clone(), Readiness::ready()),
             shutdown.clone(),
         ));
 
