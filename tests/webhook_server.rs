@@ -1,8 +1,8 @@
 //! The webhook's HTTPS server: real AdmissionReviews over TLS, the
 //! ServiceAccount looked up (with a retry for one created a moment after
 //! the review arrives), malformed input answered, the certificate
-//! reloaded when its files are replaced, and `lanyard webhook` unready until
-//! its ServiceAccount list arrives.
+//! reloaded when its files are replaced, in-flight reviews drained on stop,
+//! and `lanyard webhook` unready until its ServiceAccount list arrives.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -314,6 +314,57 @@ async fn unreadable_service_account_denies_rather_than_admitting_without_credent
     let answer = review(&client(&pki.ca_pem), server.addr, body.into_bytes()).await;
     assert_eq!(answer["response"]["allowed"], true, "{answer}");
     server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_drains_a_review_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki();
+    // The ServiceAccount appears only after 800 ms, so the review is still
+    // retrying its lookup when `stop` is called.
+    let metrics = Arc::new(lanyard::telemetry::metrics::Metrics::new());
+    let server = start_with_metrics(
+        dir.path(),
+        &pki,
+        Duration::from_millis(800),
+        metrics.clone(),
+    )
+    .await;
+    let addr = server.addr;
+    let http = client(&pki.ca_pem);
+    let in_flight = tokio::spawn({
+        let http = http.clone();
+        async move {
+            http.post(format!("https://127.0.0.1:{}/mutate", addr.port()))
+                .header("content-type", "application/json")
+                .body(fixture("kuberay_head_create.json"))
+                .send()
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!in_flight.is_finished(), "the review is in flight");
+    server.stop().await;
+    // `stop` returned only once the review was answered (the process may
+    // exit right after it, which would cut off anything still running).
+    let text = metrics.render();
+    assert!(
+        text.contains("lanyard_admissions_total{decision=\"inject\"} 1"),
+        "answered before stop returned: {text}"
+    );
+
+    let resp = in_flight.await.unwrap().expect("answered, not cut off");
+    assert_eq!(resp.status(), 200);
+    let answer: Value = resp.json().await.unwrap();
+    assert_eq!(answer["response"]["allowed"], true);
+    assert_eq!(answer["response"]["patchType"], "JSONPatch", "{answer}");
+    // Stopped: nothing new is accepted.
+    assert!(client(&pki.ca_pem)
+        .post(format!("https://127.0.0.1:{}/mutate", addr.port()))
+        .body(fixture("pod_delete.json"))
+        .send()
+        .await
+        .is_err());
 }
 
 /// A process that is killed when dropped.

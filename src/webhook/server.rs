@@ -44,8 +44,14 @@ pub struct TlsFiles {
 pub struct WebhookServer {
     pub addr: SocketAddr,
     handle: axum_server::Handle<SocketAddr>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    server: tokio::task::JoinHandle<()>,
+    reload: tokio::task::JoinHandle<()>,
 }
+
+/// How long in-flight reviews get to finish once [`WebhookServer::stop`] is
+/// called; kube-apiserver's own webhook timeout is at most 30 s, 10 s by
+/// default.
+const DRAIN: Duration = Duration::from_secs(10);
 
 fn mtime(path: &Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
@@ -88,12 +94,12 @@ impl WebhookServer {
         let server = axum_server::bind_rustls(listen, rustls.clone())
             .handle(handle.clone())
             .serve(router.into_make_service());
-        let mut tasks = vec![tokio::spawn(async move {
+        let server = tokio::spawn(async move {
             if let Err(e) = server.await {
                 tracing::error!(error = %e, "webhook server failed");
             }
-        })];
-        tasks.push(tokio::spawn(reload_loop(rustls, tls)));
+        });
+        let reload = tokio::spawn(reload_loop(rustls, tls));
         let addr = handle
             .listening()
             .await
@@ -101,17 +107,32 @@ impl WebhookServer {
         Ok(WebhookServer {
             addr,
             handle,
-            tasks,
+            server,
+            reload,
         })
     }
 
-    /// Stops accepting and drains in-flight reviews (bounded).
+    /// Stops accepting, waits for in-flight reviews to be answered (at most
+    /// [`DRAIN`], after which their connections are closed), and returns.
     pub async fn stop(self) {
-        self.handle.graceful_shutdown(Some(Duration::from_secs(10)));
-        for task in self.tasks {
-            task.abort();
-            let _ = task.await;
+        self.reload.abort();
+        // INVARIANT: the server task is awaited, never aborted, before the
+        // drain ends: aborting it drops the connections of reviews still in
+        // flight, which kube-apiserver sees as a failed call (and, failing
+        // closed, a refused pod).
+        self.handle.graceful_shutdown(Some(DRAIN));
+        let mut server = self.server;
+        // axum-server closes what is left after DRAIN; the margin covers
+        // that and is the last resort should it not.
+        match tokio::time::timeout(DRAIN + Duration::from_secs(1), &mut server).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "webhook server task failed"),
+            Err(_) => {
+                tracing::warn!("webhook server did not drain within {}s", DRAIN.as_secs());
+                server.abort();
+            }
         }
+        let _ = self.reload.await;
     }
 }
 
