@@ -3,9 +3,7 @@
 //! through the cache, and answers sidecars on `POST /v1/token`; admin
 //! endpoints on a separate port.
 
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::broker::assemble::Parts;
 use crate::broker::Broker;
@@ -14,8 +12,9 @@ use crate::config::Config;
 use crate::directory::file::StaticDirectory;
 use crate::directory::kube::{Invalidate, KubeDirectory};
 use crate::directory::Directory;
-use crate::http::{bind, spawn_server, Shutdown};
+use crate::http::{bind, drain, spawn_server, wait_for_signal, Shutdown, DRAIN_TIMEOUT};
 use crate::telemetry::metrics::Metrics;
+use crate::telemetry::{Condition, Readiness};
 use crate::token::{kube_get, Discovery, KeySet, KeySource, Lookup, Verifier};
 
 /// Builds the agent's broker from configuration.
@@ -96,33 +95,58 @@ pub async fn broker(config: &Config, metrics: Arc<Metrics>) -> anyhow::Result<Br
 }
 
 /// Runs the agent until SIGINT/SIGTERM.
+///
+/// `/readyz` answers from the start, 503 until the issuer's keys are loaded
+/// and (with Kubernetes bindings) the ServiceAccount and pod reflectors hold
+/// their first lists; then the agent API starts listening.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new());
-    let broker = Arc::new(broker(&config, metrics.clone()).await?);
+    let (readiness, conditions) = readiness(&config);
     let (trigger, shutdown) = Shutdown::new();
-    let api = bind(config.listen, "agent API").await?;
+    // INVARIANT: the admin port serves before the broker is assembled, so a
+    // probe sees 503 (not a refused connection) while keys load and lists
+    // sync; the API port is bound only once `broker` returns, so no request
+    // reaches a half-built broker; and the conditions are set only once the
+    // API listens, so "ready" means a request would be served.
     let admin = bind(config.admin_listen, "admin endpoints").await?;
-    let api_addr = api.local_addr()?;
     let admin_addr = admin.local_addr()?;
-    let ready = Arc::new(AtomicBool::new(true));
+    let admin_server = spawn_server(
+        admin,
+        crate::telemetry::admin_router(metrics.clone(), readiness),
+        shutdown.clone(),
+    );
+    let broker = Arc::new(broker(&config, metrics).await?);
+    let api = bind(config.listen, "agent API").await?;
+    let api_addr = api.local_addr()?;
     let servers = [
-        spawn_server(
-            api,
-            crate::serve::agent_api::router(broker),
-            shutdown.clone(),
-        ),
-        spawn_server(
-            admin,
-            crate::telemetry::admin_router(metrics, ready),
-            shutdown,
-        ),
+        spawn_server(api, crate::serve::agent_api::router(broker), shutdown),
+        admin_server,
     ];
+    // `broker` returned only after its start-up probe found the issuer's
+    // keys and `KubeDirectory::start` saw the first ServiceAccount (and pod)
+    // list, so every condition holds; and the API is listening.
+    for condition in &conditions {
+        condition.set();
+    }
     tracing::info!(api = %api_addr, admin = %admin_addr, node = ?config.cluster.node_name, "lanyard agent serving");
-    crate::http::wait_for_signal().await;
+    wait_for_signal().await;
     tracing::info!("shutting down");
     trigger.trigger();
-    for server in servers {
-        let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
-    }
+    drain(servers, DRAIN_TIMEOUT).await;
     Ok(())
+}
+
+/// What the agent waits for before it is ready: the issuer's keys, and with
+/// Kubernetes bindings the first ServiceAccount list (and, when it knows its
+/// node, the first list of that node's pods). Static bindings need no list.
+fn readiness(config: &Config) -> (Readiness, Vec<Condition>) {
+    let mut builder = Readiness::builder();
+    let mut conditions = vec![builder.condition("issuer keys loaded")];
+    if config.cluster.service_accounts.is_empty() {
+        conditions.push(builder.condition("ServiceAccount list synced"));
+        if config.cluster.node_name.is_some() {
+            conditions.push(builder.condition("pod list synced"));
+        }
+    }
+    (builder.build(), conditions)
 }

@@ -18,10 +18,13 @@ use crate::emulator::aws::{AwsEmulatorConfig, AwsRole, AwsSts, OidcProvider};
 use crate::emulator::entra::{App, Entra, FederatedCredential};
 use crate::emulator::gcp::{Gcp, GcpEmulatorConfig, GcpServiceAccount, WorkloadIdentityProvider};
 use crate::emulator::{Issuer, PodIdentity, SigningKey};
-use crate::http::{bind, spawn_server, wait_for_signal, Shutdown, ShutdownTrigger};
+use crate::http::{
+    bind, drain, spawn_server, wait_for_signal, Shutdown, ShutdownTrigger, DRAIN_TIMEOUT,
+};
 use crate::secret::{random_token, SecretString};
 use crate::serve::sdk_env::{AwsEnv, AzureEnv, SdkEnv};
 use crate::serve::{self, SubjectTokens, Surfaces};
+use crate::telemetry::Readiness;
 use crate::token::{KeySet, KeySource, Verifier};
 
 /// Projected tokens for the dev pod, minted by the built-in issuer and
@@ -331,12 +334,13 @@ impl DevStack {
             shutdown.clone(),
         ));
 
-        let ready = Arc::new(std::sync::atomic::AtomicBool::new(true));
         let admin_listener = bind(config.admin_listen, "admin endpoints").await?;
         let admin_addr = admin_listener.local_addr()?;
         servers.push(spawn_server(
             admin_listener,
-            crate::telemetry::admin_router(metrics.clone(), ready),
+            // Ready at once: issuer, bindings and emulators are all in this
+            // process and already serving.
+            crate::telemetry::admin_router(metrics.clone(), Readiness::ready()),
             shutdown.clone(),
         ));
 
@@ -378,14 +382,7 @@ impl DevStack {
     /// Stops accepting, drains in-flight requests (bounded), and returns.
     pub async fn stop(self) {
         self.trigger.trigger();
-        for server in self.servers {
-            match tokio::time::timeout(Duration::from_secs(10), server).await {
-                Ok(Ok(Ok(()))) => {}
-                Ok(Ok(Err(e))) => tracing::warn!(error = %e, "server ended with an error"),
-                Ok(Err(e)) => tracing::warn!(error = %e, "server task failed"),
-                Err(_) => tracing::warn!("server did not drain within 10s"),
-            }
-        }
+        drain(self.servers, DRAIN_TIMEOUT).await;
     }
 }
 

@@ -1,6 +1,9 @@
-//! Shared HTTP plumbing: the outbound client every exchanger and JWKS fetch
-//! uses, a helper to run an axum router on a bound listener with graceful
-//! shutdown, and the process signals that start it.
+//! Shared plumbing of every role (agent, sidecar, webhook, `lanyard dev`):
+//! the outbound client every exchanger and JWKS fetch uses, binding and
+//! serving an axum router with graceful shutdown, the process's stop signal
+//! and the bounded drain of server tasks. It lives here rather than in any
+//! one role so that each role can be built without the others (`dev`, for
+//! one, is meant to become an optional feature).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -105,4 +108,26 @@ pub fn spawn_server(
         .with_graceful_shutdown(shutdown.wait())
         .await
     })
+}
+
+/// How long each server task gets to finish its in-flight requests once
+/// shutdown has been triggered.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Waits for each server task in turn, up to `timeout` each, logging any
+/// that ends with an error or does not finish in time. Call it after the
+/// servers' [`ShutdownTrigger`] fired: the tasks then drain concurrently,
+/// so the total wait is about one `timeout`, not one per server.
+pub async fn drain(
+    servers: impl IntoIterator<Item = tokio::task::JoinHandle<std::io::Result<()>>>,
+    timeout: Duration,
+) {
+    for server in servers {
+        match tokio::time::timeout(timeout, server).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "server ended with an error"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "server task failed"),
+            Err(_) => tracing::warn!("server did not drain within {}s", timeout.as_secs()),
+        }
+    }
 }

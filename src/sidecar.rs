@@ -15,7 +15,7 @@ use tokio::sync::Mutex;
 use crate::broker::remote::RemoteBroker;
 use crate::cloud::Cloud;
 use crate::config::Config;
-use crate::http::{bind, spawn_server, Shutdown};
+use crate::http::{bind, drain, spawn_server, wait_for_signal, Shutdown, DRAIN_TIMEOUT};
 use crate::secret::{random_token, SecretString};
 use crate::serve::{self, SubjectTokens, Surfaces};
 
@@ -185,10 +185,11 @@ impl Sidecar {
 
     pub async fn stop(self) {
         self.trigger.trigger();
-        let _ = tokio::time::timeout(Duration::from_secs(10), self.server).await;
-        if let Some(probes) = self.probe_server {
-            let _ = tokio::time::timeout(Duration::from_secs(10), probes).await;
-        }
+        drain(
+            std::iter::once(self.server).chain(self.probe_server),
+            DRAIN_TIMEOUT,
+        )
+        .await;
     }
 }
 
@@ -212,7 +213,7 @@ fn standalone_broker(config: &Config) -> anyhow::Result<crate::broker::Broker> {
 /// Runs the sidecar until SIGINT/SIGTERM.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let sidecar = Sidecar::start(&config).await?;
-    crate::http::wait_for_signal().await;
+    wait_for_signal().await;
     tracing::info!("shutting down");
     sidecar.stop().await;
     Ok(())

@@ -5,6 +5,9 @@
 //! `audit` module's; its default sink writes them to this log.)
 
 pub mod metrics;
+mod readiness;
+
+pub use readiness::{Condition, Readiness, ReadinessBuilder};
 
 use tracing_subscriber::{fmt, EnvFilter};
 
@@ -29,12 +32,12 @@ pub fn init(format: LogFormat, level: &str) {
 }
 
 /// The admin endpoints: `/metrics` (Prometheus text), `/healthz` (the
-/// process serves) and `/readyz` (it is ready to serve credentials).
+/// process serves) and `/readyz` (it is ready to serve credentials: 200
+/// `ready`, or 503 naming each condition still awaited).
 pub fn admin_router(
     metrics: std::sync::Arc<metrics::Metrics>,
-    ready: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    readiness: Readiness,
 ) -> axum::Router {
-    use axum::http::StatusCode;
     use axum::routing::get;
     axum::Router::new()
         .route(
@@ -56,14 +59,23 @@ pub fn admin_router(
         .route(
             "/readyz",
             get(move || {
-                let ready = ready.load(std::sync::atomic::Ordering::Acquire);
-                async move {
-                    if ready {
-                        (StatusCode::OK, "ready")
-                    } else {
-                        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
-                    }
-                }
+                let answer = readyz(&readiness);
+                async move { answer }
             }),
         )
+}
+
+/// The `/readyz` answer for `readiness`.
+fn readyz(readiness: &Readiness) -> (axum::http::StatusCode, String) {
+    use axum::http::StatusCode;
+    // One read of the conditions, so the status and the list agree.
+    let unmet = readiness.unmet();
+    if unmet.is_empty() {
+        (StatusCode::OK, "ready".to_string())
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {}", unmet.join(", ")),
+        )
+    }
 }

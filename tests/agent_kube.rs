@@ -164,6 +164,11 @@ async fn cluster(pod: &PodIdentity) -> Cluster {
 impl Cluster {
     /// Starts `lanyard agent` with only a kubeconfig; returns it and its port.
     fn start_agent(&self, extra: &[&str]) -> (Agent, u16) {
+        self.start_agent_with_admin("127.0.0.1:0", extra)
+    }
+
+    /// [`Cluster::start_agent`] with the admin endpoints on `admin`.
+    fn start_agent_with_admin(&self, admin: &str, extra: &[&str]) -> (Agent, u16) {
         let port = free_port();
         let child = Command::new(env!("CARGO_BIN_EXE_lanyard"))
             .args([
@@ -175,7 +180,7 @@ impl Cluster {
                 "--listen",
                 &format!("127.0.0.1:{port}"),
                 "--admin-listen",
-                "127.0.0.1:0",
+                admin,
             ])
             .args(extra)
             .env("KUBECONFIG", self.dir.path().join("kubeconfig"))
@@ -255,6 +260,61 @@ async fn agent_follows_the_cluster() {
     let log = agent.stop();
     assert!(log.contains("bindings changed"), "{log}");
     assert!(!log.contains("eyJ"), "no JWT in the log");
+}
+
+/// `/readyz` on `admin`: status and body, or `None` while not listening.
+async fn readyz(admin: u16) -> Option<(u16, String)> {
+    let resp = reqwest::get(format!("http://127.0.0.1:{admin}/readyz"))
+        .await
+        .ok()?;
+    let status = resp.status().as_u16();
+    Some((status, resp.text().await.unwrap_or_default()))
+}
+
+/// Polls `/readyz` until it answers `want`; returns the body.
+async fn eventually_ready_status(admin: u16, want: u16) -> String {
+    for _ in 0..200 {
+        if let Some((status, body)) = readyz(admin).await {
+            if status == want {
+                return body;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("/readyz never answered {want}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn not_ready_until_the_first_lists_arrive() {
+    let pod = PodIdentity::new("default", "ray-worker", "ray-worker-0", NODE);
+    let c = cluster(&pod).await;
+    c.kube.hold_lists(true);
+    let admin = free_port();
+    let (_agent, port) =
+        c.start_agent_with_admin(&format!("127.0.0.1:{admin}"), &["--node-name", NODE]);
+
+    // The admin port answers while the ServiceAccount and pod lists are
+    // held, and says what it waits for; the API does not listen yet.
+    let body = eventually_ready_status(admin, 503).await;
+    assert!(body.contains("ServiceAccount list synced"), "{body}");
+    assert!(body.contains("pod list synced"), "{body}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(readyz(admin).await.map(|(s, _)| s), Some(503), "still held");
+    let token =
+        c.up.issuer
+            .mint(
+                &pod,
+                &["api://AzureADTokenExchange"],
+                Duration::from_secs(3600),
+            )
+            .unwrap();
+    assert_eq!(ask(port, &token).await.0, 0, "no API before ready");
+
+    // Lists released: ready, and serving.
+    c.kube.hold_lists(false);
+    assert_eq!(eventually_ready_status(admin, 200).await, "ready");
+    let (status, body) = ask(port, &token).await;
+    assert_eq!(status, 200, "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

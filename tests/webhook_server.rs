@@ -1,7 +1,8 @@
 //! The webhook's HTTPS server: real AdmissionReviews over TLS, the
 //! ServiceAccount looked up (with a retry for one created a moment after
-//! the review arrives), malformed input answered, and the certificate
-//! reloaded when its files are replaced.
+//! the review arrives), malformed input answered, the certificate
+//! reloaded when its files are replaced, in-flight reviews drained on stop,
+//! and `lanyard webhook` unready until its ServiceAccount list arrives.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -313,4 +314,155 @@ async fn unreadable_service_account_denies_rather_than_admitting_without_credent
     let answer = review(&client(&pki.ca_pem), server.addr, body.into_bytes()).await;
     assert_eq!(answer["response"]["allowed"], true, "{answer}");
     server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_drains_a_review_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki();
+    // The ServiceAccount appears only after 800 ms, so the review is still
+    // retrying its lookup when `stop` is called.
+    let metrics = Arc::new(lanyard::telemetry::metrics::Metrics::new());
+    let server = start_with_metrics(
+        dir.path(),
+        &pki,
+        Duration::from_millis(800),
+        metrics.clone(),
+    )
+    .await;
+    let addr = server.addr;
+    let http = client(&pki.ca_pem);
+    let in_flight = tokio::spawn({
+        let http = http.clone();
+        async move {
+            http.post(format!("https://127.0.0.1:{}/mutate", addr.port()))
+                .header("content-type", "application/json")
+                .body(fixture("kuberay_head_create.json"))
+                .send()
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!in_flight.is_finished(), "the review is in flight");
+    server.stop().await;
+    // `stop` returned only once the review was answered (the process may
+    // exit right after it, which would cut off anything still running).
+    let text = metrics.render();
+    assert!(
+        text.contains("lanyard_admissions_total{decision=\"inject\"} 1"),
+        "answered before stop returned: {text}"
+    );
+
+    let resp = in_flight.await.unwrap().expect("answered, not cut off");
+    assert_eq!(resp.status(), 200);
+    let answer: Value = resp.json().await.unwrap();
+    assert_eq!(answer["response"]["allowed"], true);
+    assert_eq!(answer["response"]["patchType"], "JSONPatch", "{answer}");
+    // Stopped: nothing new is accepted.
+    assert!(client(&pki.ca_pem)
+        .post(format!("https://127.0.0.1:{}/mutate", addr.port()))
+        .body(fixture("pod_delete.json"))
+        .send()
+        .await
+        .is_err());
+}
+
+/// A process that is killed when dropped.
+struct Proc(std::process::Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[cfg(feature = "dev")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn not_ready_until_the_service_account_list_arrives() {
+    use lanyard::emulator::{Issuer, SigningKey};
+    use lanyard_fake_kube::FakeKube;
+
+    let issuer = Arc::new(Issuer::new(
+        "https://issuer.lanyard.test",
+        SigningKey::generate_rs256().unwrap(),
+    ));
+    let kube = FakeKube::new(issuer.url(), issuer.key().jwk(), "webhook-kube-token");
+    let listener = lanyard::http::bind("127.0.0.1:0".parse().unwrap(), "fake kube")
+        .await
+        .unwrap();
+    let kube_url = format!("http://{}", listener.local_addr().unwrap());
+    let (_trigger, shutdown) = lanyard::http::Shutdown::new();
+    lanyard::http::spawn_server(listener, kube.router(), shutdown);
+    kube.hold_lists(true);
+
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki();
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    std::fs::write(&cert, &pki.cert_pem).unwrap();
+    std::fs::write(&key, &pki.key_pem).unwrap();
+    std::fs::write(dir.path().join("kubeconfig"), kube.kubeconfig(&kube_url)).unwrap();
+    let (port, admin) = (free_port(), free_port());
+    let _webhook = Proc(
+        std::process::Command::new(env!("CARGO_BIN_EXE_lanyard"))
+            .arg("webhook")
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+            .args(["--sidecar-image", "registry.example/lanyard:test"])
+            .arg("--tls-cert")
+            .arg(&cert)
+            .arg("--tls-key")
+            .arg(&key)
+            .env("KUBECONFIG", dir.path().join("kubeconfig"))
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("LANYARD_CONFIG")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let readyz = || async move {
+        let resp = reqwest::get(format!("http://127.0.0.1:{admin}/readyz"))
+            .await
+            .ok()?;
+        let status = resp.status().as_u16();
+        Some((status, resp.text().await.unwrap_or_default()))
+    };
+    let eventually = |want: u16| async move {
+        for _ in 0..200 {
+            if let Some((status, body)) = readyz().await {
+                if status == want {
+                    return body;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("/readyz never answered {want}");
+    };
+
+    // Held: the admin port says what is awaited.
+    let body = eventually(503).await;
+    assert!(body.contains("ServiceAccount list synced"), "{body}");
+    assert!(body.contains("TLS certificate loaded"), "{body}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(readyz().await.map(|(s, _)| s), Some(503), "still held");
+
+    // Released: ready, and reviews are answered.
+    kube.hold_lists(false);
+    assert_eq!(eventually(200).await, "ready");
+    let answer = review(
+        &client(&pki.ca_pem),
+        format!("127.0.0.1:{port}").parse().unwrap(),
+        fixture("pod_delete.json"),
+    )
+    .await;
+    assert_eq!(answer["response"]["allowed"], true);
 }

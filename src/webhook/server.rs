@@ -19,6 +19,7 @@ use super::review::{self, Action};
 use super::{mutate, respond, InjectionConfig};
 use crate::directory::{Bindings, Directory};
 use crate::telemetry::metrics::{DecisionLabel, Metrics};
+use crate::telemetry::Readiness;
 
 /// How often and how many times a missing ServiceAccount is looked up again
 /// before the pod is admitted without injection.
@@ -43,8 +44,14 @@ pub struct TlsFiles {
 pub struct WebhookServer {
     pub addr: SocketAddr,
     handle: axum_server::Handle<SocketAddr>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    server: tokio::task::JoinHandle<()>,
+    reload: tokio::task::JoinHandle<()>,
 }
+
+/// How long in-flight reviews get to finish once [`WebhookServer::stop`] is
+/// called; kube-apiserver's own webhook timeout is at most 30 s, 10 s by
+/// default.
+const DRAIN: Duration = Duration::from_secs(10);
 
 fn mtime(path: &Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
@@ -87,12 +94,12 @@ impl WebhookServer {
         let server = axum_server::bind_rustls(listen, rustls.clone())
             .handle(handle.clone())
             .serve(router.into_make_service());
-        let mut tasks = vec![tokio::spawn(async move {
+        let server = tokio::spawn(async move {
             if let Err(e) = server.await {
                 tracing::error!(error = %e, "webhook server failed");
             }
-        })];
-        tasks.push(tokio::spawn(reload_loop(rustls, tls)));
+        });
+        let reload = tokio::spawn(reload_loop(rustls, tls));
         let addr = handle
             .listening()
             .await
@@ -100,17 +107,32 @@ impl WebhookServer {
         Ok(WebhookServer {
             addr,
             handle,
-            tasks,
+            server,
+            reload,
         })
     }
 
-    /// Stops accepting and drains in-flight reviews (bounded).
+    /// Stops accepting, waits for in-flight reviews to be answered (at most
+    /// [`DRAIN`], after which their connections are closed), and returns.
     pub async fn stop(self) {
-        self.handle.graceful_shutdown(Some(Duration::from_secs(10)));
-        for task in self.tasks {
-            task.abort();
-            let _ = task.await;
+        self.reload.abort();
+        // INVARIANT: the server task is awaited, never aborted, before the
+        // drain ends: aborting it drops the connections of reviews still in
+        // flight, which kube-apiserver sees as a failed call (and, failing
+        // closed, a refused pod).
+        self.handle.graceful_shutdown(Some(DRAIN));
+        let mut server = self.server;
+        // axum-server closes what is left after DRAIN; the margin covers
+        // that and is the last resort should it not.
+        match tokio::time::timeout(DRAIN + Duration::from_secs(1), &mut server).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "webhook server task failed"),
+            Err(_) => {
+                tracing::warn!("webhook server did not drain within {}s", DRAIN.as_secs());
+                server.abort();
+            }
         }
+        let _ = self.reload.await;
     }
 }
 
@@ -281,14 +303,35 @@ async fn decide(webhook: &Webhook, body: &[u8]) -> (&'static str, Json<Value>) {
 
 /// Runs `lanyard webhook` until SIGINT/SIGTERM: ServiceAccounts from the
 /// Kubernetes API, HTTPS on `listen`, health and metrics on `admin_listen`.
+///
+/// `/readyz` answers from the start, 503 until the ServiceAccount reflector
+/// holds its first list (with Kubernetes ServiceAccounts) and the TLS
+/// certificate is loaded.
 pub async fn run(config: crate::config::Config) -> anyhow::Result<()> {
     let w = &config.webhook;
     let (Some(cert), Some(key)) = (w.tls_cert.clone(), w.tls_key.clone()) else {
         anyhow::bail!("the webhook serves HTTPS only: set --tls-cert FILE and --tls-key FILE");
     };
+    let from_kube = config.cluster.service_accounts.is_empty();
+    let mut conditions = Readiness::builder();
+    let synced = from_kube.then(|| conditions.condition("ServiceAccount list synced"));
+    let certificate = conditions.condition("TLS certificate loaded");
+    let readiness = conditions.build();
+    let metrics = Arc::new(Metrics::new());
+    // INVARIANT: the admin port serves before the ServiceAccount list and
+    // the certificate are loaded, so a probe sees 503 while they are, and
+    // every condition was declared (above) before it answers at all.
+    let (trigger, shutdown) = crate::http::Shutdown::new();
+    let admin = crate::http::bind(config.admin_listen, "admin endpoints").await?;
+    let admin_addr = admin.local_addr()?;
+    let admin_task = crate::http::spawn_server(
+        admin,
+        crate::telemetry::admin_router(metrics.clone(), readiness),
+        shutdown,
+    );
     // Static ServiceAccounts when configured (non-Kubernetes tests and
     // benchmarks); otherwise a ServiceAccount watch through the API.
-    let directory: Arc<dyn Directory> = if config.cluster.service_accounts.is_empty() {
+    let directory: Arc<dyn Directory> = if from_kube {
         let client = kube::Client::try_default().await.map_err(|e| {
             anyhow::anyhow!("no Kubernetes API: {e} (run in a cluster or set KUBECONFIG)")
         })?;
@@ -296,13 +339,19 @@ pub async fn run(config: crate::config::Config) -> anyhow::Result<()> {
             service_account: Box::new(|_, _| {}),
             pod: Box::new(|_| {}),
         });
-        Arc::new(crate::directory::kube::KubeDirectory::start(client, None, invalidate).await?)
+        // `start` returns once the reflector holds its first list.
+        let directory =
+            crate::directory::kube::KubeDirectory::start(client, None, invalidate).await?;
+        if let Some(synced) = &synced {
+            synced.set();
+        }
+        Arc::new(directory)
     } else {
         Arc::new(crate::directory::file::StaticDirectory::new(
             &config.cluster.service_accounts,
         ))
     };
-    let metrics = Arc::new(Metrics::new());
+    // `start` returns only with the certificate and key loaded.
     let server = WebhookServer::start(
         config.listen,
         TlsFiles {
@@ -312,23 +361,15 @@ pub async fn run(config: crate::config::Config) -> anyhow::Result<()> {
         },
         crate::webhook::InjectionConfig::from_config(&config),
         directory,
-        metrics.clone(),
+        metrics,
     )
     .await?;
-    let ready = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let (trigger, shutdown) = crate::http::Shutdown::new();
-    let admin = crate::http::bind(config.admin_listen, "admin endpoints").await?;
-    let admin_addr = admin.local_addr()?;
-    let admin_task = crate::http::spawn_server(
-        admin,
-        crate::telemetry::admin_router(metrics, ready),
-        shutdown,
-    );
+    certificate.set();
     tracing::info!(addr = %server.addr, admin = %admin_addr, "lanyard webhook serving");
     crate::http::wait_for_signal().await;
     tracing::info!("shutting down");
     trigger.trigger();
     server.stop().await;
-    let _ = tokio::time::timeout(Duration::from_secs(10), admin_task).await;
+    crate::http::drain([admin_task], crate::http::DRAIN_TIMEOUT).await;
     Ok(())
 }

@@ -31,6 +31,8 @@
 //! needs nothing of Lanyard's emulators, only the issuer's URL and public
 //! key, so it depends on `lanyard` without the `dev` feature and Lanyard's
 //! tests can still be built with `--no-default-features`.
+//! [`FakeKube::hold_lists`] delays LIST answers, as a slow or overloaded
+//! API server does, for tests of what a client does before its first list.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::convert::Infallible;
@@ -228,6 +230,8 @@ pub struct FakeKube {
     bookmark_interval_ms: AtomicU64,
     path_counts: Mutex<HashMap<String, u64>>,
     log: Mutex<VecDeque<String>>,
+    /// While `true`, LIST requests wait (see [`FakeKube::hold_lists`]).
+    lists_held: watch::Sender<bool>,
     pub stats: KubeStats,
 }
 
@@ -262,6 +266,7 @@ impl FakeKube {
             bookmark_interval_ms: AtomicU64::new(DEFAULT_BOOKMARK_INTERVAL.as_millis() as u64),
             path_counts: Mutex::new(HashMap::new()),
             log: Mutex::new(VecDeque::new()),
+            lists_held: watch::channel(false).0,
             stats: KubeStats::default(),
         })
     }
@@ -306,6 +311,13 @@ impl FakeKube {
     pub fn set_bookmark_interval(&self, interval: Duration) {
         let ms = interval.as_millis().clamp(10, u128::from(u32::MAX)) as u64;
         self.bookmark_interval_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Holds LIST requests (`true`) until released (`false`): a held list
+    /// is answered, from the state at release, only once released. GETs,
+    /// watches and everything else are served as usual.
+    pub fn hold_lists(&self, held: bool) {
+        self.lists_held.send_replace(held);
     }
 
     /// Creates or replaces a ServiceAccount (ADDED, or MODIFIED when one of
@@ -1038,6 +1050,12 @@ async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    let is_list = RequestInfo::parse(&method, uri.path(), &Query::parse(&uri))
+        .is_some_and(|r| r.verb == Verb::List);
+    if is_list {
+        // Never fails: `fake` owns the sender.
+        let _ = fake.lists_held.subscribe().wait_for(|held| !*held).await;
+    }
     let response = fake.serve(&method, &uri, &headers, &body);
     fake.note(&method, &uri, response.status());
     response
