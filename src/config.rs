@@ -10,6 +10,10 @@ use figment::providers::{Env, Format, Serialized};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
+pub mod names;
+use names::{is_dns_label, is_dns_subdomain};
+
+use crate::cloud::aws::{Region, RoleArn};
 use crate::directory::file::ServiceAccountEntry;
 use crate::telemetry::LogFormat;
 
@@ -45,7 +49,7 @@ impl Default for AzureConfig {
             cloud: "public".into(),
             authority_host: None,
             tenant_id: None,
-            audience: crate::emulator::entra::FEDERATION_AUDIENCE.into(),
+            audience: crate::cloud::azure::FEDERATION_AUDIENCE.into(),
         }
     }
 }
@@ -488,7 +492,7 @@ impl Config {
             ));
         }
         let a = &self.aws;
-        if !is_region(&a.region) {
+        if Region::parse(a.region.as_str()).is_err() {
             return Err(invalid(
                 "aws.region",
                 "an AWS region such as us-east-1",
@@ -623,7 +627,7 @@ impl Config {
                 &d.gcp_service_account,
             ));
         }
-        if crate::emulator::aws::parse_role_arn(&d.aws_role_arn).is_none() {
+        if RoleArn::parse(d.aws_role_arn.as_str()).is_err() {
             return Err(invalid(
                 "dev.aws_role_arn",
                 "arn:aws:iam::ACCOUNT:role/NAME",
@@ -731,19 +735,6 @@ fn check_endpoint(value: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
-fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
-fn is_dns_subdomain(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
-}
-
 fn is_provider_name(s: &str) -> bool {
     let Some(rest) = s.strip_prefix("//iam.googleapis.com/projects/") else {
         return false;
@@ -762,16 +753,6 @@ fn is_project_id(s: &str) -> bool {
         && s.bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && s.starts_with(|c: char| c.is_ascii_lowercase())
-}
-
-fn is_region(s: &str) -> bool {
-    let parts: Vec<&str> = s.split('-').collect();
-    parts.len() >= 3
-        && parts.iter().all(|p| {
-            !p.is_empty()
-                && p.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-        })
 }
 
 fn is_tenant(s: &str) -> bool {

@@ -13,6 +13,10 @@ use serde::Deserialize;
 use super::{now_unix, retry_after, AccessToken, Cloud, CloudError};
 use crate::secret::{ExposeSecret, SecretString};
 
+/// The audience Entra requires in federated client assertions, and so the
+/// audience of the projected tokens the Azure exchange sends.
+pub const FEDERATION_AUDIENCE: &str = "api://AzureADTokenExchange";
+
 /// Well-known Entra authority hosts.
 pub const PUBLIC_CLOUD: &str = "https://login.microsoftonline.com";
 pub const US_GOVERNMENT: &str = "https://login.microsoftonline.us";
