@@ -13,15 +13,11 @@ use std::time::Duration;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use super::{now_unix, retry_after, Cloud, CloudError};
+use super::{now_unix, retry_after, scrub_message, Cloud, CloudError};
 use crate::config::names::{is_dns_label, is_dns_subdomain};
 use crate::secret::{ExposeSecret, SecretString};
 
 const STS_VERSION: &str = "2011-06-15";
-
-/// Longest error message kept from STS; longer ones are cut so that a
-/// misbehaving endpoint cannot flood logs and audit records.
-const MAX_MESSAGE: usize = 1024;
 
 /// STS codes that mean "slow down".
 const THROTTLE_CODES: [&str; 5] = [
@@ -544,22 +540,7 @@ fn parse_error(body: &[u8]) -> Option<(String, String)> {
 /// failures are retryable, refusals of the token or the role are not. The
 /// subject token is scrubbed from the message in case an endpoint echoes it.
 fn classify(status: u16, retry: Option<Duration>, body: &[u8], token: &str) -> CloudError {
-    let parsed = parse_error(body).map(|(code, message)| {
-        let mut message = if token.len() >= 4 {
-            message.replace(token, "[redacted]")
-        } else {
-            message
-        };
-        if message.len() > MAX_MESSAGE {
-            let mut cut = MAX_MESSAGE;
-            while !message.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            message.truncate(cut);
-            message.push('…');
-        }
-        (code, message)
-    });
+    let parsed = parse_error(body).map(|(code, message)| (code, scrub_message(&message, token)));
     let code = parsed.as_ref().map(|(c, _)| c.as_str());
 
     if status == 429 || code.is_some_and(|c| THROTTLE_CODES.contains(&c)) {
@@ -811,7 +792,9 @@ mod tests {
     fn aws_long_messages_are_cut() {
         let long = "é".repeat(2000);
         match classify(400, None, &error_body("ValidationError", &long), "tok.en") {
-            CloudError::Rejected { message, .. } => assert!(message.len() <= MAX_MESSAGE + 3),
+            CloudError::Rejected { message, .. } => {
+                assert!(message.len() <= crate::cloud::MAX_MESSAGE_BYTES + 3)
+            }
             other => panic!("{other:?}"),
         }
     }

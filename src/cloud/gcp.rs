@@ -20,7 +20,7 @@ use reqwest::StatusCode;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{now_unix, retry_after, AccessToken, Cloud, CloudError};
+use super::{now_unix, retry_after, scrub_message, AccessToken, Cloud, CloudError};
 use crate::secret::{ExposeSecret, SecretString};
 
 /// Google's public endpoints.
@@ -35,8 +35,6 @@ const ACCESS_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:access_token";
 const JWT_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:jwt";
 /// Federated tokens never outlive an hour.
 const MAX_FEDERATED_SECS: u64 = 3600;
-/// Upstream messages are for humans; keep them to a log line.
-const MAX_MESSAGE_CHARS: usize = 512;
 
 /// A Google-signed OIDC ID token of a service account.
 #[derive(Debug, Clone)]
@@ -187,7 +185,7 @@ impl GcpExchanger {
             cloud: Cloud::Gcp,
             reason: format!(
                 "generateAccessToken expireTime {:?} is not an RFC 3339 time",
-                truncate(&ok.expire_time)
+                scrub_message(&ok.expire_time, "")
             ),
         })?;
         Ok(AccessToken {
@@ -319,7 +317,8 @@ fn is_transient(code: &str) -> bool {
 
 /// Maps a non-2xx answer to a [`CloudError`].
 fn classify(status: StatusCode, retry: Option<Duration>, body: &[u8], secret: &str) -> CloudError {
-    let failure = parse_failure(body).map(|(code, message)| (code, scrub(&message, secret)));
+    let failure =
+        parse_failure(body).map(|(code, message)| (code, scrub_message(&message, secret)));
     if status == StatusCode::TOO_MANY_REQUESTS
         || failure.as_ref().is_some_and(|(code, _)| is_throttle(code))
     {
@@ -352,23 +351,6 @@ fn classify(status: StatusCode, retry: Option<Duration>, body: &[u8], secret: &s
             cloud: Cloud::Gcp,
             reason: format!("HTTP {} without a Google error body", status.as_u16()),
         },
-    }
-}
-
-/// Removes `secret` from an upstream message and bounds its length.
-fn scrub(message: &str, secret: &str) -> String {
-    let cleaned = if secret.len() >= 8 && message.contains(secret) {
-        message.replace(secret, "[redacted]")
-    } else {
-        message.to_string()
-    };
-    truncate(&cleaned)
-}
-
-fn truncate(text: &str) -> String {
-    match text.char_indices().nth(MAX_MESSAGE_CHARS) {
-        Some((cut, _)) => format!("{}…", &text[..cut]),
-        None => text.to_string(),
     }
 }
 
@@ -632,9 +614,16 @@ mod tests {
 
     #[test]
     fn long_messages_are_truncated() {
-        let long = "x".repeat(2000);
-        assert_eq!(truncate(&long).chars().count(), MAX_MESSAGE_CHARS + 1);
-        assert_eq!(truncate("short"), "short");
+        let body = format!(
+            r#"{{"error":"invalid_grant","error_description":"{}"}}"#,
+            "x".repeat(100_000)
+        );
+        match classify(StatusCode::BAD_REQUEST, None, body.as_bytes(), "") {
+            CloudError::Rejected { message, .. } => {
+                assert!(message.len() <= crate::cloud::MAX_MESSAGE_BYTES + 3)
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
