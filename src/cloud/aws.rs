@@ -578,47 +578,13 @@ fn classify(status: u16, retry: Option<Duration>, body: &[u8], token: &str) -> C
     }
 }
 
-/// Parses `YYYY-MM-DDTHH:MM:SS[.fff](Z|+00:00)` to Unix seconds. STS always
-/// answers in UTC with `Z`; other offsets are refused rather than guessed.
+/// Parses an RFC 3339 time in UTC (`2026-12-02T11:00:00Z`, optionally with
+/// a fraction, `+00:00` for `Z`) to Unix seconds. STS always answers in UTC
+/// with `Z`; other offsets are refused rather than guessed.
 fn parse_iso8601(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let rest = s.strip_suffix('Z').or_else(|| s.strip_suffix("+00:00"))?;
-    let (date, time_part) = rest.split_once('T')?;
-    let time_part = time_part.split_once('.').map_or(time_part, |(t, frac)| {
-        if frac.bytes().all(|b| b.is_ascii_digit()) {
-            t
-        } else {
-            ""
-        }
-    });
-    let num = |s: &str, len: usize| -> Option<u32> {
-        (s.len() == len && s.bytes().all(|b| b.is_ascii_digit()))
-            .then(|| s.parse().ok())
-            .flatten()
-    };
-    let mut d = date.split('-');
-    let (year, month, day) = (num(d.next()?, 4)?, num(d.next()?, 2)?, num(d.next()?, 2)?);
-    let mut t = time_part.split(':');
-    let (hour, minute, second) = (num(t.next()?, 2)?, num(t.next()?, 2)?, num(t.next()?, 2)?);
-    if d.next().is_some() || t.next().is_some() {
-        return None;
-    }
-    let month = time::Month::try_from(u8::try_from(month).ok()?).ok()?;
-    let date =
-        time::Date::from_calendar_date(i32::try_from(year).ok()?, month, u8::try_from(day).ok()?)
-            .ok()?;
-    let time = time::Time::from_hms(
-        u8::try_from(hour).ok()?,
-        u8::try_from(minute).ok()?,
-        u8::try_from(second).ok()?,
-    )
-    .ok()?;
-    u64::try_from(
-        time::PrimitiveDateTime::new(date, time)
-            .assume_utc()
-            .unix_timestamp(),
-    )
-    .ok()
+    super::parse_rfc3339(s.trim())
+        .filter(|at| at.offset().is_utc())
+        .and_then(super::unix_seconds)
 }
 
 #[cfg(test)]
@@ -813,7 +779,10 @@ mod tests {
         );
         assert_eq!(parse_iso8601("2026-12-02T11:00:00+01:00"), None);
         assert_eq!(parse_iso8601("2026-13-02T11:00:00Z"), None);
-        assert_eq!(parse_iso8601("2026-12-02 11:00:00Z"), None);
+        // RFC 3339 allows a space between date and time; nothing else.
+        assert_eq!(parse_iso8601("2026-12-02 11:00:00Z"), Some(1_796_209_200));
+        assert_eq!(parse_iso8601("2026-12-02X11:00:00Z"), None);
+        assert_eq!(parse_iso8601("2026-12-02T11:00:00-01:00"), None);
         assert_eq!(parse_iso8601("2026-12-02T11:00Z"), None);
         assert_eq!(parse_iso8601("2026-12-02T11:00:00.x1Z"), None);
     }

@@ -406,64 +406,7 @@ fn encode_path_segment(segment: &str) -> String {
 /// Parses the RFC 3339 times Google sends (`2026-12-02T10:00:00Z`, with an
 /// optional fraction and a `Z` or `±HH:MM` offset) into Unix seconds.
 fn parse_rfc3339(text: &str) -> Option<u64> {
-    let b = text.as_bytes();
-    let num = |range: std::ops::Range<usize>| -> Option<u32> {
-        let digits = b.get(range)?;
-        if !digits.iter().all(u8::is_ascii_digit) {
-            return None;
-        }
-        std::str::from_utf8(digits).ok()?.parse().ok()
-    };
-    if b.len() < 20
-        || b[4] != b'-'
-        || b[7] != b'-'
-        || !matches!(b[10], b'T' | b't' | b' ')
-        || b[13] != b':'
-        || b[16] != b':'
-    {
-        return None;
-    }
-    let year = i32::try_from(num(0..4)?).ok()?;
-    let month = time::Month::try_from(u8::try_from(num(5..7)?).ok()?).ok()?;
-    let day = u8::try_from(num(8..10)?).ok()?;
-    let hour = u8::try_from(num(11..13)?).ok()?;
-    let minute = u8::try_from(num(14..16)?).ok()?;
-    let second = u8::try_from(num(17..19)?).ok()?;
-
-    let mut rest = &text[19..];
-    if let Some(fraction) = rest.strip_prefix('.') {
-        let digits = fraction.bytes().take_while(u8::is_ascii_digit).count();
-        if digits == 0 {
-            return None;
-        }
-        rest = &fraction[digits..];
-    }
-    let offset = match rest {
-        "Z" | "z" => time::UtcOffset::UTC,
-        _ => {
-            let o = rest.as_bytes();
-            if o.len() != 6 || !matches!(o[0], b'+' | b'-') || o[3] != b':' {
-                return None;
-            }
-            let hours = i8::try_from(num_of(&rest[1..3])?).ok()?;
-            let minutes = i8::try_from(num_of(&rest[4..6])?).ok()?;
-            let sign = if o[0] == b'-' { -1 } else { 1 };
-            time::UtcOffset::from_hms(sign * hours, sign * minutes, 0).ok()?
-        }
-    };
-    let date = time::Date::from_calendar_date(year, month, day).ok()?;
-    let clock = time::Time::from_hms(hour, minute, second).ok()?;
-    let unix = time::PrimitiveDateTime::new(date, clock)
-        .assume_offset(offset)
-        .unix_timestamp();
-    u64::try_from(unix).ok()
-}
-
-fn num_of(text: &str) -> Option<u32> {
-    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    text.parse().ok()
+    super::parse_rfc3339(text).and_then(super::unix_seconds)
 }
 
 #[cfg(test)]
@@ -486,7 +429,13 @@ mod tests {
             Some(1_796_205_600)
         );
         assert_eq!(parse_rfc3339("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(parse_rfc3339("2026-12-02 10:00:00z"), Some(1_796_205_600));
+        // RFC 3339 allows leap seconds; `time` reads :60 as the last
+        // instant of :59.
+        assert_eq!(parse_rfc3339("2026-12-31T23:59:60Z"), Some(1_798_761_599));
         for bad in [
+            "2026-12-02X10:00:00Z",
+            "2026-12-02T10:00:00+24:00",
             "",
             "2026-12-02",
             "2026-12-02T10:00:00",

@@ -125,6 +125,23 @@ pub fn scrub_message(message: &str, secret: &str) -> String {
     text
 }
 
+/// Parses an RFC 3339 timestamp (what Google's `expireTime` and STS's
+/// `Expiration` are) with the `time` crate's parser. The date and time
+/// must be separated by `T`, `t` or a space, as RFC 3339 allows: `time`
+/// alone would take any byte there.
+pub(crate) fn parse_rfc3339(text: &str) -> Option<time::OffsetDateTime> {
+    use time::format_description::well_known::Rfc3339;
+    if !matches!(text.as_bytes().get(10), Some(b'T' | b't' | b' ')) {
+        return None;
+    }
+    time::OffsetDateTime::parse(text, &Rfc3339).ok()
+}
+
+/// Unix seconds of a time, `None` before 1970.
+pub(crate) fn unix_seconds(at: time::OffsetDateTime) -> Option<u64> {
+    u64::try_from(at.unix_timestamp()).ok()
+}
+
 pub(crate) fn now_unix() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
