@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{now_unix, retry_after, scrub_message, AccessToken, Cloud, CloudError};
+use super::{
+    encode_path_segment, now_unix, retry_after, scrub_message, AccessToken, Cloud, CloudError,
+};
 use crate::secret::{ExposeSecret, SecretString};
 
 /// The audience Entra requires in federated client assertions, and so the
@@ -94,10 +96,12 @@ impl AzureExchanger {
     }
 
     pub async fn exchange(&self, req: &AzureRequest<'_>) -> Result<AccessToken, CloudError> {
+        // Tenant ids are GUIDs or domain names; anything else is
+        // percent-encoded so that it cannot change the path.
         let url = format!(
             "{}/{}/oauth2/v2.0/token",
             self.authority_host,
-            urlencode_segment(req.tenant_id)
+            encode_path_segment(req.tenant_id)
         );
         let form = [
             ("grant_type", "client_credentials"),
@@ -209,12 +213,6 @@ fn classify(
     }
 }
 
-/// Tenant ids are GUIDs or domain names; anything else is percent-encoded so
-/// it cannot change the path.
-fn urlencode_segment(s: &str) -> String {
-    url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -305,6 +303,7 @@ mod tests {
 
     #[test]
     fn tenant_segment_cannot_escape_the_path() {
-        assert_eq!(urlencode_segment("../x?y"), "..%2Fx%3Fy");
+        assert_eq!(encode_path_segment("../x?y"), "..%2Fx%3Fy");
+        assert_eq!(encode_path_segment("a b"), "a%20b");
     }
 }

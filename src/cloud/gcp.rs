@@ -20,7 +20,9 @@ use reqwest::StatusCode;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{now_unix, retry_after, scrub_message, AccessToken, Cloud, CloudError};
+use super::{
+    encode_path_segment, now_unix, retry_after, scrub_message, AccessToken, Cloud, CloudError,
+};
 use crate::secret::{ExposeSecret, SecretString};
 
 /// Google's public endpoints.
@@ -386,21 +388,6 @@ fn jwt_exp(token: &str) -> Option<u64> {
     jsonwebtoken::dangerous::insecure_decode_claims::<Exp>(token)
         .ok()
         .map(|c| c.exp)
-}
-
-/// Percent-encodes a service-account email (or unique id) for one path
-/// segment, so that nothing in it can change the path or the method after
-/// the colon. `@` stays readable, as Google's own clients send it.
-fn encode_path_segment(segment: &str) -> String {
-    let mut out = String::with_capacity(segment.len());
-    for b in segment.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'@') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 /// Parses the RFC 3339 times Google sends (`2026-12-02T10:00:00Z`, with an

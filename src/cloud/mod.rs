@@ -125,6 +125,24 @@ pub fn scrub_message(message: &str, secret: &str) -> String {
     text
 }
 
+/// What stays readable in one URL path segment: RFC 3986's unreserved
+/// characters and `@` (a `pchar`, and what Google's clients leave in
+/// service-account emails). Everything else, `/`, `?`, `#`, `:`, `%` and
+/// non-ASCII included, is percent-encoded.
+const PATH_SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~')
+    .remove(b'@');
+
+/// Percent-encodes a caller- or configuration-derived value (a tenant, a
+/// service-account email) for one path segment, so that nothing in it can
+/// change the path, add a query or pick another method after a `:`.
+pub(crate) fn encode_path_segment(segment: &str) -> String {
+    percent_encoding::utf8_percent_encode(segment, PATH_SEGMENT).to_string()
+}
+
 /// Parses an RFC 3339 timestamp (what Google's `expireTime` and STS's
 /// `Expiration` are) with the `time` crate's parser. The date and time
 /// must be separated by `T`, `t` or a space, as RFC 3339 allows: `time`
@@ -154,6 +172,20 @@ mod tests {
     use super::*;
 
     const SECRET: &str = "eyJhbGciOiJSUzI1NiJ9.c2VjcmV0.c2ln";
+
+    #[test]
+    fn path_segments_cannot_escape() {
+        assert_eq!(
+            encode_path_segment("sa@p.iam.gserviceaccount.com"),
+            "sa@p.iam.gserviceaccount.com"
+        );
+        assert_eq!(encode_path_segment("../x?y"), "..%2Fx%3Fy");
+        assert_eq!(
+            encode_path_segment("a/../b:signJwt?x#f%2F é"),
+            "a%2F..%2Fb%3AsignJwt%3Fx%23f%252F%20%C3%A9"
+        );
+        assert_eq!(encode_path_segment("A-z_0.9~"), "A-z_0.9~");
+    }
 
     #[test]
     fn secrets_are_redacted() {
