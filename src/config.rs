@@ -407,8 +407,10 @@ impl Config {
             }
             figment = figment.merge(figment::providers::Data::<Yaml>::file(path));
         }
-        figment = figment.merge(env_provider()).merge(Flags(overrides));
-        let config: Config = figment.extract().map_err(describe)?;
+        figment = figment.merge(RawEnv::new()).merge(Flags(overrides));
+        // Lossy: the environment's raw strings become numbers and booleans
+        // where the key wants one (see `RawEnv`).
+        let config: Config = figment.extract_lossy().map_err(describe)?;
         config.validate()?;
         Ok(config)
     }
@@ -689,6 +691,103 @@ fn describe(errors: figment::Error) -> ConfigError {
         })
         .collect();
     ConfigError::Load(messages.join("; "))
+}
+
+/// `LANYARD_*` variables as a provider that keeps their values as written.
+///
+/// figment's `Env` parses every value (`123456789012` becomes a number,
+/// `true` a boolean, `[a]` a list), and a string-typed key then refuses it
+/// with "invalid type": a numeric project number, client id or header
+/// secret could not be set from the environment. Here every value stays a
+/// string, and `extract_lossy` turns strings into numbers and booleans only
+/// for keys whose type asks for one. Only the keys whose value is a list or
+/// map (known from the defaults: their default is an array or an empty
+/// object) are parsed with figment's value syntax.
+struct RawEnv {
+    env: Env,
+    structured: std::collections::BTreeSet<String>,
+}
+
+impl RawEnv {
+    fn new() -> Self {
+        let mut structured = std::collections::BTreeSet::new();
+        if let Ok(defaults) = serde_json::to_value(Config::default()) {
+            structured_keys(&defaults, "", &mut structured);
+        }
+        RawEnv {
+            env: env_provider(),
+            structured,
+        }
+    }
+}
+
+/// Dotted keys of `value`'s lists and maps: arrays and empty objects (a
+/// section is an object with fields; a map's default is empty).
+fn structured_keys(
+    value: &serde_json::Value,
+    prefix: &str,
+    out: &mut std::collections::BTreeSet<String>,
+) {
+    use serde_json::Value as J;
+    match value {
+        J::Object(fields) if !fields.is_empty() => {
+            for (key, v) in fields {
+                let path = if prefix.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{prefix}.{key}")
+                };
+                structured_keys(v, &path, out);
+            }
+        }
+        J::Object(_) | J::Array(_) if !prefix.is_empty() => {
+            out.insert(prefix.to_string());
+        }
+        _ => {}
+    }
+}
+
+impl figment::Provider for RawEnv {
+    fn metadata(&self) -> figment::Metadata {
+        self.env.metadata()
+    }
+
+    fn data(
+        &self,
+    ) -> Result<figment::value::Map<figment::Profile, figment::value::Dict>, figment::Error> {
+        use figment::value::{Dict, Value};
+        fn insert(dict: &mut Dict, path: &[&str], value: Value) {
+            match path {
+                [] => {}
+                [last] => {
+                    dict.insert((*last).to_string(), value);
+                }
+                [first, rest @ ..] => {
+                    let entry = dict
+                        .entry((*first).to_string())
+                        .or_insert_with(|| Dict::new().into());
+                    if !matches!(entry, Value::Dict(..)) {
+                        *entry = Dict::new().into();
+                    }
+                    if let Value::Dict(_, inner) = entry {
+                        insert(inner, rest, value);
+                    }
+                }
+            }
+        }
+        let mut dict = Dict::new();
+        for (key, raw) in self.env.iter() {
+            let key = key.as_str();
+            let value = if self.structured.contains(key) {
+                raw.parse::<Value>().unwrap_or_else(|never| match never {})
+            } else {
+                Value::from(raw)
+            };
+            let path: Vec<&str> = key.split('.').collect();
+            insert(&mut dict, &path, value);
+        }
+        Ok(figment::Profile::Default.collect(dict))
+    }
 }
 
 fn env_provider() -> Env {
