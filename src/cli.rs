@@ -47,7 +47,18 @@ impl GlobalArgs {
 #[derive(Default)]
 pub struct Overrides {
     map: Map<String, Value>,
-    error: Option<String>,
+    error: Option<UsageError>,
+}
+
+/// A flag that was given but cannot be used: a usage error (exit 2).
+#[derive(Debug, thiserror::Error)]
+pub enum UsageError {
+    /// The value cannot be represented as configuration (a non-UTF-8 path).
+    #[error("command-line flag for `{key}`: {reason}")]
+    Unrepresentable { key: String, reason: String },
+    /// `--annotation` (or `LANYARD_SIDECAR_ANNOTATIONS`) without `KEY=`.
+    #[error("--annotation {value:?}: expected KEY=VALUE with a non-empty KEY (from the flag or LANYARD_SIDECAR_ANNOTATIONS)")]
+    Annotation { value: String },
 }
 
 impl Overrides {
@@ -59,10 +70,11 @@ impl Overrides {
         let value = match serde_json::to_value(value) {
             Ok(v) => v,
             Err(e) => {
-                let name = section.map_or(key.to_string(), |s| format!("{s}.{key}"));
-                self.error
-                    .get_or_insert(format!("command-line flag for `{name}`: {e}"));
-                return self;
+                let key = section.map_or(key.to_string(), |s| format!("{s}.{key}"));
+                return self.fail(UsageError::Unrepresentable {
+                    key,
+                    reason: e.to_string(),
+                });
             }
         };
         let map = match section {
@@ -80,8 +92,14 @@ impl Overrides {
         self
     }
 
+    /// Records a flag that cannot be taken; the first one is reported.
+    pub fn fail(mut self, error: UsageError) -> Self {
+        self.error.get_or_insert(error);
+        self
+    }
+
     /// The map, or the first flag that could not be taken.
-    pub fn into_value(self) -> Result<Value, String> {
+    pub fn into_value(self) -> Result<Value, UsageError> {
         match self.error {
             Some(e) => Err(e),
             None => Ok(Value::Object(self.map)),
@@ -130,15 +148,24 @@ pub struct SidecarArgs {
 impl SidecarArgs {
     /// The sidecar's flags added to `global`'s (only those given).
     pub fn overrides(&self, global: &GlobalArgs) -> Overrides {
-        let annotations: Map<String, Value> = self
-            .annotations
-            .iter()
-            .filter_map(|a| a.split_once('='))
-            .map(|(k, v)| (k.trim().to_string(), Value::from(v.trim())))
-            .collect();
+        let mut annotations = Map::new();
+        let mut bad = None;
+        for a in &self.annotations {
+            match a.split_once('=') {
+                Some((k, v)) if !k.trim().is_empty() => {
+                    annotations.insert(k.trim().to_string(), Value::from(v.trim()));
+                }
+                _ => {
+                    bad.get_or_insert_with(|| UsageError::Annotation { value: a.clone() });
+                }
+            }
+        }
         let section = Some("sidecar");
-        global
-            .overrides()
+        let overrides = match bad {
+            Some(e) => global.overrides().fail(e),
+            None => global.overrides(),
+        };
+        overrides
             .set(None, "listen", self.listen.as_ref())
             .set(section, "agent_url", self.agent_url.as_ref())
             .set(section, "token_dir", self.token_dir.as_ref())
@@ -164,6 +191,7 @@ where
 {
     let loaded = overrides
         .into_value()
+        .map_err(|e| e.to_string())
         .and_then(|o| Config::load(global.config.as_deref(), o).map_err(|e| e.to_string()));
     let config = match loaded {
         Ok(c) => c,
@@ -189,6 +217,50 @@ where
             tracing::error!(error = %e, "lanyard failed");
             eprintln!("lanyard: {e:#}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        global: GlobalArgs,
+        #[command(flatten)]
+        sidecar: SidecarArgs,
+    }
+
+    fn overrides(args: &[&str]) -> Result<Value, UsageError> {
+        let cli =
+            Cli::try_parse_from(std::iter::once("lanyard-sidecar").chain(args.iter().copied()))
+                .expect("flags parse");
+        cli.sidecar.overrides(&cli.global).into_value()
+    }
+
+    #[test]
+    fn annotations_become_a_map() {
+        let v = overrides(&["--annotation", " a = b ", "--annotation", "c=d=e"]).unwrap();
+        assert_eq!(
+            v["sidecar"]["annotations"],
+            serde_json::json!({"a": "b", "c": "d=e"})
+        );
+        assert_eq!(overrides(&[]).unwrap(), serde_json::json!({}));
+    }
+
+    #[test]
+    fn an_annotation_without_a_key_is_a_usage_error() {
+        for bad in ["novalue", "=v", " =v"] {
+            let e = overrides(&["--annotation", "a=b", "--annotation", bad]).unwrap_err();
+            assert!(
+                matches!(&e, UsageError::Annotation { value } if value == bad),
+                "{e:?}"
+            );
+            let m = e.to_string();
+            assert!(m.contains("--annotation") && m.contains(bad.trim()), "{m}");
         }
     }
 }

@@ -10,8 +10,10 @@ use figment::providers::{Env, Format, Serialized};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
+use crate::cloud::aws::{Region, RoleArn};
 use crate::cloud::{Cloud, PerCloud};
 use crate::directory::file::ServiceAccountEntry;
+use crate::names::{is_dns_label, is_dns_subdomain};
 use crate::telemetry::LogFormat;
 
 /// YAML through serde_norway (the maintained serde_yaml fork).
@@ -46,17 +48,10 @@ impl Default for AzureConfig {
             cloud: "public".into(),
             authority_host: None,
             tenant_id: None,
-            audience: FEDERATION_AUDIENCE.into(),
+            audience: crate::cloud::azure::FEDERATION_AUDIENCE.into(),
         }
     }
 }
-
-// Interim, until the audience has a home outside the emulators: without
-// the `dev` feature there is no `emulator` module to take it from.
-#[cfg(feature = "dev")]
-use crate::emulator::entra::FEDERATION_AUDIENCE;
-#[cfg(not(feature = "dev"))]
-const FEDERATION_AUDIENCE: &str = "api://AzureADTokenExchange";
 
 /// Settings for Google workload identity federation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -389,8 +384,10 @@ impl Config {
             }
             figment = figment.merge(figment::providers::Data::<Yaml>::file(path));
         }
-        figment = figment.merge(env_provider()).merge(Flags(overrides));
-        let config: Config = figment.extract().map_err(describe)?;
+        figment = figment.merge(RawEnv::new()).merge(Flags(overrides));
+        // Lossy: the environment's raw strings become numbers and booleans
+        // where the key wants one (see `RawEnv`).
+        let config: Config = figment.extract_lossy().map_err(describe)?;
         config.validate()?;
         Ok(config)
     }
@@ -474,7 +471,7 @@ impl Config {
             ));
         }
         let a = &self.aws;
-        if !is_region(&a.region) {
+        if Region::parse(a.region.as_str()).is_err() {
             return Err(invalid(
                 "aws.region",
                 "an AWS region such as us-east-1",
@@ -609,10 +606,7 @@ impl Config {
                 &d.gcp_service_account,
             ));
         }
-        // Interim: the only role-ARN parser is the emulator's, absent without
-        // the `dev` feature (and then there is no `lanyard dev` to use it).
-        #[cfg(feature = "dev")]
-        if crate::emulator::aws::parse_role_arn(&d.aws_role_arn).is_none() {
+        if RoleArn::parse(d.aws_role_arn.as_str()).is_err() {
             return Err(invalid(
                 "dev.aws_role_arn",
                 "arn:aws:iam::ACCOUNT:role/NAME",
@@ -676,6 +670,103 @@ fn describe(errors: figment::Error) -> ConfigError {
     ConfigError::Load(messages.join("; "))
 }
 
+/// `LANYARD_*` variables as a provider that keeps their values as written.
+///
+/// figment's `Env` parses every value (`123456789012` becomes a number,
+/// `true` a boolean, `[a]` a list), and a string-typed key then refuses it
+/// with "invalid type": a numeric project number, client id or header
+/// secret could not be set from the environment. Here every value stays a
+/// string, and `extract_lossy` turns strings into numbers and booleans only
+/// for keys whose type asks for one. Only the keys whose value is a list or
+/// map (known from the defaults: their default is an array or an empty
+/// object) are parsed with figment's value syntax.
+struct RawEnv {
+    env: Env,
+    structured: std::collections::BTreeSet<String>,
+}
+
+impl RawEnv {
+    fn new() -> Self {
+        let mut structured = std::collections::BTreeSet::new();
+        if let Ok(defaults) = serde_json::to_value(Config::default()) {
+            structured_keys(&defaults, "", &mut structured);
+        }
+        RawEnv {
+            env: env_provider(),
+            structured,
+        }
+    }
+}
+
+/// Dotted keys of `value`'s lists and maps: arrays and empty objects (a
+/// section is an object with fields; a map's default is empty).
+fn structured_keys(
+    value: &serde_json::Value,
+    prefix: &str,
+    out: &mut std::collections::BTreeSet<String>,
+) {
+    use serde_json::Value as J;
+    match value {
+        J::Object(fields) if !fields.is_empty() => {
+            for (key, v) in fields {
+                let path = if prefix.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{prefix}.{key}")
+                };
+                structured_keys(v, &path, out);
+            }
+        }
+        J::Object(_) | J::Array(_) if !prefix.is_empty() => {
+            out.insert(prefix.to_string());
+        }
+        _ => {}
+    }
+}
+
+impl figment::Provider for RawEnv {
+    fn metadata(&self) -> figment::Metadata {
+        self.env.metadata()
+    }
+
+    fn data(
+        &self,
+    ) -> Result<figment::value::Map<figment::Profile, figment::value::Dict>, figment::Error> {
+        use figment::value::{Dict, Value};
+        fn insert(dict: &mut Dict, path: &[&str], value: Value) {
+            match path {
+                [] => {}
+                [last] => {
+                    dict.insert((*last).to_string(), value);
+                }
+                [first, rest @ ..] => {
+                    let entry = dict
+                        .entry((*first).to_string())
+                        .or_insert_with(|| Dict::new().into());
+                    if !matches!(entry, Value::Dict(..)) {
+                        *entry = Dict::new().into();
+                    }
+                    if let Value::Dict(_, inner) = entry {
+                        insert(inner, rest, value);
+                    }
+                }
+            }
+        }
+        let mut dict = Dict::new();
+        for (key, raw) in self.env.iter() {
+            let key = key.as_str();
+            let value = if self.structured.contains(key) {
+                raw.parse::<Value>().unwrap_or_else(|never| match never {})
+            } else {
+                Value::from(raw)
+            };
+            let path: Vec<&str> = key.split('.').collect();
+            insert(&mut dict, &path, value);
+        }
+        Ok(figment::Profile::Default.collect(dict))
+    }
+}
+
 fn env_provider() -> Env {
     // Keys arrive with the prefix stripped but in the environment's case.
     fn section_key(key: &str) -> Option<String> {
@@ -720,19 +811,6 @@ fn check_endpoint(value: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
-fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
-fn is_dns_subdomain(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
-}
-
 fn is_provider_name(s: &str) -> bool {
     let Some(rest) = s.strip_prefix("//iam.googleapis.com/projects/") else {
         return false;
@@ -751,16 +829,6 @@ fn is_project_id(s: &str) -> bool {
         && s.bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && s.starts_with(|c: char| c.is_ascii_lowercase())
-}
-
-fn is_region(s: &str) -> bool {
-    let parts: Vec<&str> = s.split('-').collect();
-    parts.len() >= 3
-        && parts.iter().all(|p| {
-            !p.is_empty()
-                && p.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-        })
 }
 
 fn is_tenant(s: &str) -> bool {

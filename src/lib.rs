@@ -22,6 +22,7 @@ pub mod directory;
 #[cfg(feature = "dev")]
 pub mod emulator;
 pub mod http;
+pub mod names;
 pub mod secret;
 pub mod serve;
 pub mod sidecar;

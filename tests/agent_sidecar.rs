@@ -464,6 +464,43 @@ fn start_errors_say_what_to_fix() {
     assert!(err.contains("no Kubernetes API"), "{err}");
 }
 
+#[test]
+fn an_annotation_without_equals_is_a_usage_error() {
+    // Both binaries, from the flag and from the environment the flag reads.
+    let flag = [
+        "--standalone",
+        "--annotation",
+        "a=b",
+        "--annotation",
+        "role-arn",
+    ];
+    for (exe, role) in [
+        (env!("CARGO_BIN_EXE_lanyard-sidecar"), None),
+        (env!("CARGO_BIN_EXE_lanyard"), Some("sidecar")),
+    ] {
+        let mut cmd = Command::new(exe);
+        cmd.args(role);
+        let out = cmd.args(flag).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "a usage error");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--annotation") && err.contains("\"role-arn\""),
+            "{err}"
+        );
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_lanyard-sidecar"))
+        .arg("--standalone")
+        .env("LANYARD_SIDECAR_ANNOTATIONS", "a=b,oops")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--annotation") && err.contains("\"oops\""),
+        "{err}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standalone_sidecar_serves_all_three_clouds() {
     let pod = PodIdentity::new("default", "ray-worker", "ray-worker-0", NODE);

@@ -368,8 +368,10 @@ async fn stop_drains_a_review_in_flight() {
 }
 
 /// A process that is killed when dropped.
+#[cfg(feature = "dev")]
 struct Proc(std::process::Child);
 
+#[cfg(feature = "dev")]
 impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -377,6 +379,7 @@ impl Drop for Proc {
     }
 }
 
+#[cfg(feature = "dev")]
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

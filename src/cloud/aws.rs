@@ -14,18 +14,15 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use super::{
-    fetcher, now_unix, retry_after, Cloud, CloudError, CloudExchanger, Credential, Fetcher,
-    Identity, Kind, RequestError, Selector, TokenRequest,
+    fetcher, now_unix, retry_after, scrub_message, Cloud, CloudError, CloudExchanger, Credential,
+    Fetcher, Identity, Kind, RequestError, Selector, TokenRequest,
 };
 use crate::directory::Bindings;
+use crate::names::{is_dns_label, is_dns_subdomain};
 use crate::secret::{ExposeSecret, SecretString};
 use crate::token::Caller;
 
 const STS_VERSION: &str = "2011-06-15";
-
-/// Longest error message kept from STS; longer ones are cut so that a
-/// misbehaving endpoint cannot flood logs and audit records.
-const MAX_MESSAGE: usize = 1024;
 
 /// STS codes that mean "slow down".
 const THROTTLE_CODES: [&str; 5] = [
@@ -109,12 +106,11 @@ impl AwsExchanger {
     /// assumed to have been validated by configuration.
     pub fn regional_endpoint(region: &str) -> String {
         let region = region.trim().to_ascii_lowercase();
-        let suffix = if region.starts_with("cn-") {
-            "amazonaws.com.cn"
-        } else {
-            "amazonaws.com"
-        };
-        format!("https://sts.{region}.{suffix}")
+        match Region::parse(region.as_str()) {
+            Ok(region) => region.sts_endpoint(),
+            // Unvalidated input still yields the conventional host name.
+            Err(_) => format!("https://sts.{region}.amazonaws.com"),
+        }
     }
 
     /// The `RoleSessionName` for a service account. It shows in CloudTrail
@@ -132,18 +128,8 @@ impl AwsExchanger {
     pub fn session_name(namespace: &str, service_account: &str) -> String {
         const MAX: usize = 64;
         const HASH_HEX: usize = 12;
-        let label = |s: &str| {
-            !s.is_empty()
-                && s.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        };
-        let subdomain = |s: &str| {
-            !s.is_empty()
-                && s.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-        };
         let plain = format!("lanyard-{namespace}_{service_account}");
-        if label(namespace) && subdomain(service_account) && plain.len() <= MAX {
+        if is_dns_label(namespace) && is_dns_subdomain(service_account) && plain.len() <= MAX {
             return plain;
         }
         let mut hasher = Sha256::new();
@@ -158,8 +144,9 @@ impl AwsExchanger {
             .collect();
         let mut name: String = plain
             .chars()
+            // `+` is kept for the hash's separator, so it is replaced too.
             .map(|c| {
-                if c.is_ascii_alphanumeric() || matches!(c, '_' | '=' | ',' | '.' | '@' | '-') {
+                if session_name_char(c) && c != '+' {
                     c
                 } else {
                     '-'
@@ -184,15 +171,11 @@ impl AwsExchanger {
         token: &SecretString,
         duration: Duration,
     ) -> Result<AwsCredentials, CloudError> {
-        let Some(account_id) = account_of(role_arn) else {
-            return Err(CloudError::Rejected {
-                cloud: Cloud::Aws,
-                code: "InvalidRoleArn".into(),
-                message: format!(
-                    "{role_arn} is not an IAM role ARN (arn:PARTITION:iam::ACCOUNT:role/NAME)"
-                ),
-            });
-        };
+        let role = RoleArn::parse(role_arn).map_err(|e| CloudError::Rejected {
+            cloud: Cloud::Aws,
+            code: "InvalidRoleArn".into(),
+            message: e.to_string(),
+        })?;
         let seconds = duration.as_secs().to_string();
         let form = [
             ("Action", "AssumeRoleWithWebIdentity"),
@@ -235,14 +218,14 @@ impl AwsExchanger {
             }
             let assumed_role_arn = ok
                 .assumed_role_arn
-                .unwrap_or_else(|| assumed_role_arn(role_arn, session_name));
+                .unwrap_or_else(|| role.assumed_role_arn(session_name));
             return Ok(AwsCredentials {
                 access_key_id: ok.access_key_id,
                 secret_access_key: ok.secret_access_key,
                 session_token: ok.session_token,
                 expires_at: ok.expires_at,
                 issued_at,
-                account_id: account_id.to_string(),
+                account_id: role.account().to_string(),
                 assumed_role_arn,
             });
         }
@@ -301,7 +284,9 @@ impl CloudExchanger for AwsCloud {
         Identity {
             cloud: Cloud::Aws,
             id: role_arn.clone(),
-            account: account_of(role_arn).unwrap_or_default().to_string(),
+            account: RoleArn::parse(role_arn.as_str())
+                .map(|arn| arn.account().to_string())
+                .unwrap_or_default(),
             account_number: None,
         }
     }
@@ -334,38 +319,204 @@ impl CloudExchanger for AwsCloud {
     }
 }
 
-/// The account id of `arn:PARTITION:iam::ACCOUNT:role/NAME`.
-fn account_of(role_arn: &str) -> Option<&str> {
-    let mut parts = role_arn.splitn(6, ':');
-    match (
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-    ) {
-        (Some("arn"), Some(partition), Some("iam"), Some(""), Some(account), Some(resource))
-            if partition.starts_with("aws")
-                && account.len() == 12
-                && account.bytes().all(|b| b.is_ascii_digit())
-                && resource
-                    .strip_prefix("role/")
-                    .is_some_and(|r| !r.is_empty() && !r.ends_with('/')) =>
+/// Why a role ARN or region was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AwsNameError {
+    #[error("{0:?} is not an IAM role ARN (arn:PARTITION:iam::ACCOUNT:role/[PATH/]NAME)")]
+    NotRoleArn(String),
+    #[error("{0:?} has an unknown partition (aws, aws-cn, aws-us-gov, …)")]
+    Partition(String),
+    #[error("{0:?} does not name a 12-digit account")]
+    Account(String),
+    #[error("{0:?} has an invalid role name (1-64 of letters, digits and _+=,.@-) or path")]
+    RoleName(String),
+    #[error("{0:?} is not an AWS region such as us-east-1")]
+    Region(String),
+}
+
+/// An IAM role ARN, `arn:PARTITION:iam::ACCOUNT:role/[PATH/]NAME`, checked
+/// once so that its account, name and partition can be read without
+/// re-parsing. The rules are IAM's: a partition of lowercase letters and
+/// `-` starting with `aws`, a 12-digit account, a path of printable ASCII,
+/// and a name of 1–64 of `[\w+=,.@-]`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct RoleArn {
+    arn: String,
+    /// Byte ranges of the partition, account and name in `arn`.
+    partition: (usize, usize),
+    account: (usize, usize),
+    name: usize,
+}
+
+impl RoleArn {
+    pub fn parse(value: impl Into<String>) -> Result<Self, AwsNameError> {
+        let arn = value.into();
+        let fields: Vec<&str> = arn.splitn(6, ':').collect();
+        let ["arn", partition, "iam", "", account, resource] = fields.as_slice() else {
+            return Err(AwsNameError::NotRoleArn(arn));
+        };
+        let Some(path_and_name) = resource.strip_prefix("role/") else {
+            return Err(AwsNameError::NotRoleArn(arn));
+        };
+        if !partition.starts_with("aws")
+            || !partition
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b == b'-')
         {
-            Some(account)
+            return Err(AwsNameError::Partition(arn));
         }
-        _ => None,
+        if account.len() != 12 || !account.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(AwsNameError::Account(arn));
+        }
+        let (path, name) = path_and_name
+            .rsplit_once('/')
+            .unwrap_or(("", path_and_name));
+        let name_ok = (1..=64).contains(&name.len()) && name.chars().all(session_name_char);
+        let path_ok = path.len() <= 510 && path.bytes().all(|b| (0x21..=0x7e).contains(&b));
+        if !name_ok || !path_ok {
+            return Err(AwsNameError::RoleName(arn));
+        }
+        // "arn:" is 4 bytes; ":iam::" 6 more after the partition.
+        let p = (4, 4 + partition.len());
+        let a_start = p.1 + ":iam::".len();
+        let a = (a_start, a_start + account.len());
+        let name_start = arn.len() - name.len();
+        Ok(RoleArn {
+            arn,
+            partition: p,
+            account: a,
+            name: name_start,
+        })
+    }
+
+    /// The partition: `aws`, `aws-cn`, `aws-us-gov`, …
+    pub fn partition(&self) -> &str {
+        &self.arn[self.partition.0..self.partition.1]
+    }
+
+    /// The 12-digit account id.
+    pub fn account(&self) -> &str {
+        &self.arn[self.account.0..self.account.1]
+    }
+
+    /// The role name without its path (what assumed-role ARNs and IMDS show).
+    pub fn name(&self) -> &str {
+        &self.arn[self.name..]
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.arn
+    }
+
+    /// The ARN STS reports for a session of this role:
+    /// `arn:PARTITION:sts::ACCOUNT:assumed-role/NAME/SESSION`.
+    pub fn assumed_role_arn(&self, session_name: &str) -> String {
+        format!(
+            "arn:{}:sts::{}:assumed-role/{}/{session_name}",
+            self.partition(),
+            self.account(),
+            self.name()
+        )
     }
 }
 
-/// The assumed-role ARN STS would report, for answers that omit it.
-fn assumed_role_arn(role_arn: &str, session_name: &str) -> String {
-    let mut parts = role_arn.splitn(6, ':');
-    let partition = parts.nth(1).unwrap_or("aws");
-    let account = account_of(role_arn).unwrap_or_default();
-    let name = role_arn.rsplit('/').next().unwrap_or_default();
-    format!("arn:{partition}:sts::{account}:assumed-role/{name}/{session_name}")
+impl std::str::FromStr for RoleArn {
+    type Err = AwsNameError;
+    fn from_str(s: &str) -> Result<Self, AwsNameError> {
+        RoleArn::parse(s)
+    }
+}
+
+impl TryFrom<String> for RoleArn {
+    type Error = AwsNameError;
+    fn try_from(s: String) -> Result<Self, AwsNameError> {
+        RoleArn::parse(s)
+    }
+}
+
+impl From<RoleArn> for String {
+    fn from(r: RoleArn) -> String {
+        r.arn
+    }
+}
+
+impl fmt::Display for RoleArn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.arn)
+    }
+}
+
+/// `[\w+=,.@-]`: the characters IAM allows in role and session names
+/// (`\w` being ASCII letters, digits and underscore).
+pub fn session_name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '_' | '+' | '=' | ',' | '.' | '@' | '-')
+}
+
+/// An AWS region name: at least three `-`-separated parts of lowercase
+/// letters and digits (`us-east-1`, `us-gov-west-1`, `cn-northwest-1`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Region(String);
+
+impl Region {
+    pub fn parse(value: impl Into<String>) -> Result<Self, AwsNameError> {
+        let value = value.into();
+        let parts: Vec<&str> = value.split('-').collect();
+        let ok = parts.len() >= 3
+            && value.len() <= 64
+            && parts.iter().all(|p| {
+                !p.is_empty()
+                    && p.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+            });
+        if ok {
+            Ok(Region(value))
+        } else {
+            Err(AwsNameError::Region(value))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The regional STS endpoint, `https://sts.{region}.amazonaws.com`
+    /// (`.amazonaws.com.cn` in the China regions).
+    pub fn sts_endpoint(&self) -> String {
+        let suffix = if self.0.starts_with("cn-") {
+            "amazonaws.com.cn"
+        } else {
+            "amazonaws.com"
+        };
+        format!("https://sts.{}.{suffix}", self.0)
+    }
+}
+
+impl std::str::FromStr for Region {
+    type Err = AwsNameError;
+    fn from_str(s: &str) -> Result<Self, AwsNameError> {
+        Region::parse(s)
+    }
+}
+
+impl TryFrom<String> for Region {
+    type Error = AwsNameError;
+    fn try_from(s: String) -> Result<Self, AwsNameError> {
+        Region::parse(s)
+    }
+}
+
+impl From<Region> for String {
+    fn from(r: Region) -> String {
+        r.0
+    }
+}
+
+impl fmt::Display for Region {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 #[derive(Deserialize)]
@@ -475,22 +626,7 @@ fn parse_error(body: &[u8]) -> Option<(String, String)> {
 /// failures are retryable, refusals of the token or the role are not. The
 /// subject token is scrubbed from the message in case an endpoint echoes it.
 fn classify(status: u16, retry: Option<Duration>, body: &[u8], token: &str) -> CloudError {
-    let parsed = parse_error(body).map(|(code, message)| {
-        let mut message = if token.len() >= 4 {
-            message.replace(token, "[redacted]")
-        } else {
-            message
-        };
-        if message.len() > MAX_MESSAGE {
-            let mut cut = MAX_MESSAGE;
-            while !message.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            message.truncate(cut);
-            message.push('…');
-        }
-        (code, message)
-    });
+    let parsed = parse_error(body).map(|(code, message)| (code, scrub_message(&message, token)));
     let code = parsed.as_ref().map(|(c, _)| c.as_str());
 
     if status == 429 || code.is_some_and(|c| THROTTLE_CODES.contains(&c)) {
@@ -528,47 +664,13 @@ fn classify(status: u16, retry: Option<Duration>, body: &[u8], token: &str) -> C
     }
 }
 
-/// Parses `YYYY-MM-DDTHH:MM:SS[.fff](Z|+00:00)` to Unix seconds. STS always
-/// answers in UTC with `Z`; other offsets are refused rather than guessed.
+/// Parses an RFC 3339 time in UTC (`2026-12-02T11:00:00Z`, optionally with
+/// a fraction, `+00:00` for `Z`) to Unix seconds. STS always answers in UTC
+/// with `Z`; other offsets are refused rather than guessed.
 fn parse_iso8601(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let rest = s.strip_suffix('Z').or_else(|| s.strip_suffix("+00:00"))?;
-    let (date, time_part) = rest.split_once('T')?;
-    let time_part = time_part.split_once('.').map_or(time_part, |(t, frac)| {
-        if frac.bytes().all(|b| b.is_ascii_digit()) {
-            t
-        } else {
-            ""
-        }
-    });
-    let num = |s: &str, len: usize| -> Option<u32> {
-        (s.len() == len && s.bytes().all(|b| b.is_ascii_digit()))
-            .then(|| s.parse().ok())
-            .flatten()
-    };
-    let mut d = date.split('-');
-    let (year, month, day) = (num(d.next()?, 4)?, num(d.next()?, 2)?, num(d.next()?, 2)?);
-    let mut t = time_part.split(':');
-    let (hour, minute, second) = (num(t.next()?, 2)?, num(t.next()?, 2)?, num(t.next()?, 2)?);
-    if d.next().is_some() || t.next().is_some() {
-        return None;
-    }
-    let month = time::Month::try_from(u8::try_from(month).ok()?).ok()?;
-    let date =
-        time::Date::from_calendar_date(i32::try_from(year).ok()?, month, u8::try_from(day).ok()?)
-            .ok()?;
-    let time = time::Time::from_hms(
-        u8::try_from(hour).ok()?,
-        u8::try_from(minute).ok()?,
-        u8::try_from(second).ok()?,
-    )
-    .ok()?;
-    u64::try_from(
-        time::PrimitiveDateTime::new(date, time)
-            .assume_utc()
-            .unix_timestamp(),
-    )
-    .ok()
+    super::parse_rfc3339(s.trim())
+        .filter(|at| at.offset().is_utc())
+        .and_then(super::unix_seconds)
 }
 
 #[cfg(test)]
@@ -742,7 +844,9 @@ mod tests {
     fn aws_long_messages_are_cut() {
         let long = "é".repeat(2000);
         match classify(400, None, &error_body("ValidationError", &long), "tok.en") {
-            CloudError::Rejected { message, .. } => assert!(message.len() <= MAX_MESSAGE + 3),
+            CloudError::Rejected { message, .. } => {
+                assert!(message.len() <= crate::cloud::MAX_MESSAGE_BYTES + 3)
+            }
             other => panic!("{other:?}"),
         }
     }
@@ -761,7 +865,10 @@ mod tests {
         );
         assert_eq!(parse_iso8601("2026-12-02T11:00:00+01:00"), None);
         assert_eq!(parse_iso8601("2026-13-02T11:00:00Z"), None);
-        assert_eq!(parse_iso8601("2026-12-02 11:00:00Z"), None);
+        // RFC 3339 allows a space between date and time; nothing else.
+        assert_eq!(parse_iso8601("2026-12-02 11:00:00Z"), Some(1_796_209_200));
+        assert_eq!(parse_iso8601("2026-12-02X11:00:00Z"), None);
+        assert_eq!(parse_iso8601("2026-12-02T11:00:00-01:00"), None);
         assert_eq!(parse_iso8601("2026-12-02T11:00Z"), None);
         assert_eq!(parse_iso8601("2026-12-02T11:00:00.x1Z"), None);
     }
@@ -832,22 +939,119 @@ mod tests {
     }
 
     #[test]
-    fn aws_role_arn_account() {
+    fn aws_role_arns() {
+        let r = RoleArn::parse("arn:aws:iam::123456789012:role/ray-data").unwrap();
         assert_eq!(
-            account_of("arn:aws:iam::123456789012:role/ray-data"),
-            Some("123456789012")
+            (r.partition(), r.account(), r.name()),
+            ("aws", "123456789012", "ray-data")
+        );
+        assert_eq!(r.to_string(), "arn:aws:iam::123456789012:role/ray-data");
+        let r: RoleArn = "arn:aws-cn:iam::123456789012:role/team/a/ray"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            (r.partition(), r.account(), r.name()),
+            ("aws-cn", "123456789012", "ray")
         );
         assert_eq!(
-            account_of("arn:aws-cn:iam::123456789012:role/p/ray"),
-            Some("123456789012")
-        );
-        assert_eq!(account_of("arn:aws:iam::123456789012:user/x"), None);
-        assert_eq!(account_of("arn:aws:iam::1234:role/x"), None);
-        assert_eq!(account_of("ray-data"), None);
-        assert_eq!(
-            assumed_role_arn("arn:aws-us-gov:iam::123456789012:role/p/ray", "s1"),
+            RoleArn::parse("arn:aws-us-gov:iam::123456789012:role/p/ray")
+                .unwrap()
+                .assumed_role_arn("s1"),
             "arn:aws-us-gov:sts::123456789012:assumed-role/ray/s1"
         );
+        let bad = |arn: &str| RoleArn::parse(arn).unwrap_err();
+        assert!(matches!(bad("ray-data"), AwsNameError::NotRoleArn(_)));
+        assert!(matches!(
+            bad("arn:aws:iam::123456789012:user/x"),
+            AwsNameError::NotRoleArn(_)
+        ));
+        assert!(matches!(
+            bad("arn:aws:sts::123456789012:role/x"),
+            AwsNameError::NotRoleArn(_)
+        ));
+        assert!(matches!(
+            bad("arn:aws:iam:us-east-1:123456789012:role/x"),
+            AwsNameError::NotRoleArn(_)
+        ));
+        assert!(matches!(
+            bad("arn:gcp:iam::123456789012:role/x"),
+            AwsNameError::Partition(_)
+        ));
+        assert!(matches!(
+            bad("arn:AWS:iam::123456789012:role/x"),
+            AwsNameError::Partition(_)
+        ));
+        assert!(matches!(
+            bad("arn:aws:iam::1234:role/x"),
+            AwsNameError::Account(_)
+        ));
+        assert!(matches!(
+            bad("arn:aws:iam::12345678901a:role/x"),
+            AwsNameError::Account(_)
+        ));
+        for name in ["", "a b", "a/", &"x".repeat(65), "é"] {
+            let arn = format!("arn:aws:iam::123456789012:role/{name}");
+            assert!(matches!(bad(&arn), AwsNameError::RoleName(_)), "{arn}");
+        }
+        assert!(matches!(
+            bad("arn:aws:iam::123456789012:role/p q/x"),
+            AwsNameError::RoleName(_)
+        ));
+        let e = bad("arn:aws:iam::1:role/x").to_string();
+        assert!(
+            e.contains("arn:aws:iam::1:role/x") && e.contains("12-digit"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn aws_role_arn_serde_validates() {
+        let r: RoleArn = serde_json::from_str("\"arn:aws:iam::123456789012:role/x\"").unwrap();
+        assert_eq!(r.name(), "x");
+        assert_eq!(
+            serde_json::to_string(&r).unwrap(),
+            "\"arn:aws:iam::123456789012:role/x\""
+        );
+        assert!(serde_json::from_str::<RoleArn>("\"arn:aws:iam::1:role/x\"").is_err());
+        assert!(RoleArn::try_from("x".to_string()).is_err());
+    }
+
+    #[test]
+    fn aws_regions() {
+        for ok in [
+            "us-east-1",
+            "us-gov-west-1",
+            "cn-northwest-1",
+            "eu-central-2",
+            "ap-southeast-5",
+        ] {
+            let r: Region = ok.parse().unwrap();
+            assert_eq!(r.as_str(), ok);
+            assert_eq!(r.to_string(), ok);
+        }
+        for bad in [
+            "",
+            "us-east",
+            "US-EAST-1",
+            "us--1",
+            "us-east-1-",
+            "us_east_1",
+            "us-east-1 ",
+            "eu-ç-1",
+        ] {
+            assert_eq!(
+                Region::parse(bad),
+                Err(AwsNameError::Region(bad.into())),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            Region::parse("cn-north-1").unwrap().sts_endpoint(),
+            "https://sts.cn-north-1.amazonaws.com.cn"
+        );
+        let r: Region = serde_json::from_str("\"us-west-2\"").unwrap();
+        assert_eq!(String::from(r), "us-west-2");
+        assert!(serde_json::from_str::<Region>("\"mars\"").is_err());
     }
 
     #[test]

@@ -11,12 +11,17 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::{
-    fetcher, now_unix, retry_after, AccessToken, Cloud, CloudError, CloudExchanger, Credential,
-    Fetcher, Identity, Kind, RequestError, Selector, TokenRequest,
+    encode_path_segment, fetcher, now_unix, retry_after, scrub_message, AccessToken, Cloud,
+    CloudError, CloudExchanger, Credential, Fetcher, Identity, Kind, RequestError, Selector,
+    TokenRequest,
 };
 use crate::directory::{AzureBinding, Bindings};
 use crate::secret::{ExposeSecret, SecretString};
 use crate::token::Caller;
+
+/// The audience Entra requires in federated client assertions, and so the
+/// audience of the projected tokens the Azure exchange sends.
+pub const FEDERATION_AUDIENCE: &str = "api://AzureADTokenExchange";
 
 /// Well-known Entra authority hosts.
 pub const PUBLIC_CLOUD: &str = "https://login.microsoftonline.com";
@@ -95,10 +100,12 @@ impl AzureExchanger {
     }
 
     pub async fn exchange(&self, req: &AzureRequest<'_>) -> Result<AccessToken, CloudError> {
+        // Tenant ids are GUIDs or domain names; anything else is
+        // percent-encoded so that it cannot change the path.
         let url = format!(
             "{}/{}/oauth2/v2.0/token",
             self.authority_host,
-            urlencode_segment(req.tenant_id)
+            encode_path_segment(req.tenant_id)
         );
         let form = [
             ("grant_type", "client_credentials"),
@@ -150,43 +157,12 @@ impl AzureExchanger {
             });
         }
 
-        let failure: Option<Failure> = serde_json::from_slice(&body).ok();
-        let code = failure
-            .as_ref()
-            .and_then(|f| f.error_codes.first().copied())
-            .map(|c| format!("AADSTS{c}"));
-        let message = failure
-            .as_ref()
-            .and_then(|f| f.error_description.clone().or_else(|| f.error.clone()))
-            .unwrap_or_else(|| format!("HTTP {status}"));
-        let numeric = failure
-            .as_ref()
-            .and_then(|f| f.error_codes.first().copied());
-
-        if status.as_u16() == 429 || numeric.is_some_and(|c| TRANSIENT_CODES.contains(&c)) {
-            return Err(CloudError::Throttled {
-                cloud: Cloud::Azure,
-                code: code.unwrap_or_else(|| "HTTP429".into()),
-                retry_after: retry.or(Some(Duration::from_secs(5))),
-            });
-        }
-        if status.is_server_error() {
-            return Err(CloudError::Unavailable {
-                cloud: Cloud::Azure,
-                reason: format!("HTTP {status}: {message}"),
-            });
-        }
-        match code {
-            Some(code) => Err(CloudError::Rejected {
-                cloud: Cloud::Azure,
-                code,
-                message,
-            }),
-            None => Err(CloudError::Protocol {
-                cloud: Cloud::Azure,
-                reason: format!("HTTP {status} without an Entra error body"),
-            }),
-        }
+        Err(classify(
+            status,
+            retry,
+            &body,
+            req.assertion.expose_secret(),
+        ))
     }
 }
 
@@ -289,10 +265,55 @@ impl CloudExchanger for AzureCloud {
     }
 }
 
-/// Tenant ids are GUIDs or domain names; anything else is percent-encoded so
-/// it cannot change the path.
-fn urlencode_segment(s: &str) -> String {
-    url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
+/// Maps a non-success answer to a [`CloudError`]: throttling and transient
+/// AADSTS codes are retryable, other AADSTS refusals are not. `secret` (the
+/// client assertion) is scrubbed from the description in case it is echoed.
+fn classify(
+    status: reqwest::StatusCode,
+    retry: Option<Duration>,
+    body: &[u8],
+    secret: &str,
+) -> CloudError {
+    let failure: Option<Failure> = serde_json::from_slice(body).ok();
+    let code = failure
+        .as_ref()
+        .and_then(|f| f.error_codes.first().copied())
+        .map(|c| format!("AADSTS{c}"));
+    // Entra's descriptions are long (trace and correlation ids, a
+    // timestamp) and an endpoint may echo the assertion: scrub and bound.
+    let message = failure
+        .as_ref()
+        .and_then(|f| f.error_description.as_deref().or(f.error.as_deref()))
+        .map(|m| scrub_message(m, secret))
+        .unwrap_or_else(|| format!("HTTP {status}"));
+    let numeric = failure
+        .as_ref()
+        .and_then(|f| f.error_codes.first().copied());
+
+    if status.as_u16() == 429 || numeric.is_some_and(|c| TRANSIENT_CODES.contains(&c)) {
+        return CloudError::Throttled {
+            cloud: Cloud::Azure,
+            code: code.unwrap_or_else(|| "HTTP429".into()),
+            retry_after: retry.or(Some(Duration::from_secs(5))),
+        };
+    }
+    if status.is_server_error() {
+        return CloudError::Unavailable {
+            cloud: Cloud::Azure,
+            reason: format!("HTTP {status}: {message}"),
+        };
+    }
+    match code {
+        Some(code) => CloudError::Rejected {
+            cloud: Cloud::Azure,
+            code,
+            message,
+        },
+        None => CloudError::Protocol {
+            cloud: Cloud::Azure,
+            reason: format!("HTTP {status} without an Entra error body"),
+        },
+    }
 }
 
 #[cfg(test)]
@@ -332,6 +353,23 @@ mod tests {
                 resource_id: None,
             },
             tenant: "t".into(),
+        }
+    }
+
+    const ASSERTION: &str = "eyJhbGciOiJSUzI1NiJ9.YXNzZXJ0aW9u.c2ln";
+
+    fn rejected_message(body: &str) -> String {
+        match classify(
+            reqwest::StatusCode::BAD_REQUEST,
+            None,
+            body.as_bytes(),
+            ASSERTION,
+        ) {
+            CloudError::Rejected { code, message, .. } => {
+                assert_eq!(code, "AADSTS70021");
+                message
+            }
+            other => panic!("{other:?}"),
         }
     }
 
@@ -382,7 +420,51 @@ mod tests {
     }
 
     #[test]
+    fn descriptions_never_carry_the_assertion() {
+        let body = format!(
+            r#"{{"error":"invalid_client","error_description":"AADSTS70021: No matching federated identity record found for presented assertion {ASSERTION}.","error_codes":[70021]}}"#
+        );
+        let message = rejected_message(&body);
+        assert!(!message.contains(ASSERTION), "{message}");
+        assert!(message.contains("[redacted]"), "{message}");
+    }
+
+    #[test]
+    fn long_descriptions_are_bounded() {
+        let body = format!(
+            r#"{{"error":"invalid_client","error_description":"{}","error_codes":[70021]}}"#,
+            "x".repeat(100_000)
+        );
+        let message = rejected_message(&body);
+        assert!(message.len() <= crate::cloud::MAX_MESSAGE_BYTES + 3);
+        assert!(message.ends_with('…'));
+    }
+
+    #[test]
+    fn errors_are_classified() {
+        let status = reqwest::StatusCode::from_u16;
+        let e = classify(status(429).unwrap(), Some(Duration::from_secs(60)), b"", "");
+        assert!(
+            matches!(e, CloudError::Throttled { ref code, retry_after: Some(d), .. }
+            if code == "HTTP429" && d == Duration::from_secs(60))
+        );
+        let e = classify(
+            status(400).unwrap(),
+            None,
+            br#"{"error":"temporarily_unavailable","error_codes":[90033]}"#,
+            "",
+        );
+        assert_eq!(e.code(), Some("AADSTS90033"));
+        assert!(e.is_retryable());
+        let e = classify(status(503).unwrap(), None, b"<html/>", "");
+        assert!(matches!(e, CloudError::Unavailable { .. }), "{e:?}");
+        let e = classify(status(400).unwrap(), None, b"<html/>", "");
+        assert!(matches!(e, CloudError::Protocol { .. }), "{e:?}");
+    }
+
+    #[test]
     fn tenant_segment_cannot_escape_the_path() {
-        assert_eq!(urlencode_segment("../x?y"), "..%2Fx%3Fy");
+        assert_eq!(encode_path_segment("../x?y"), "..%2Fx%3Fy");
+        assert_eq!(encode_path_segment("a b"), "a%20b");
     }
 }

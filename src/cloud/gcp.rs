@@ -21,8 +21,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{
-    fetcher, now_unix, retry_after, AccessToken, Cloud, CloudError, CloudExchanger, Credential,
-    Fetcher, Identity, Kind, RequestError, Selector, TokenRequest,
+    encode_path_segment, fetcher, now_unix, retry_after, scrub_message, AccessToken, Cloud,
+    CloudError, CloudExchanger, Credential, Fetcher, Identity, Kind, RequestError, Selector,
+    TokenRequest,
 };
 use crate::directory::Bindings;
 use crate::secret::{ExposeSecret, SecretString};
@@ -40,8 +41,6 @@ const ACCESS_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:access_token";
 const JWT_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:jwt";
 /// Federated tokens never outlive an hour.
 const MAX_FEDERATED_SECS: u64 = 3600;
-/// Upstream messages are for humans; keep them to a log line.
-const MAX_MESSAGE_CHARS: usize = 512;
 
 /// The Google exchanger.
 #[derive(Clone)]
@@ -184,7 +183,7 @@ impl GcpExchanger {
             cloud: Cloud::Gcp,
             reason: format!(
                 "generateAccessToken expireTime {:?} is not an RFC 3339 time",
-                truncate(&ok.expire_time)
+                scrub_message(&ok.expire_time, "")
             ),
         })?;
         Ok(AccessToken {
@@ -496,7 +495,8 @@ fn is_transient(code: &str) -> bool {
 
 /// Maps a non-2xx answer to a [`CloudError`].
 fn classify(status: StatusCode, retry: Option<Duration>, body: &[u8], secret: &str) -> CloudError {
-    let failure = parse_failure(body).map(|(code, message)| (code, scrub(&message, secret)));
+    let failure =
+        parse_failure(body).map(|(code, message)| (code, scrub_message(&message, secret)));
     if status == StatusCode::TOO_MANY_REQUESTS
         || failure.as_ref().is_some_and(|(code, _)| is_throttle(code))
     {
@@ -529,23 +529,6 @@ fn classify(status: StatusCode, retry: Option<Duration>, body: &[u8], secret: &s
             cloud: Cloud::Gcp,
             reason: format!("HTTP {} without a Google error body", status.as_u16()),
         },
-    }
-}
-
-/// Removes `secret` from an upstream message and bounds its length.
-fn scrub(message: &str, secret: &str) -> String {
-    let cleaned = if secret.len() >= 8 && message.contains(secret) {
-        message.replace(secret, "[redacted]")
-    } else {
-        message.to_string()
-    };
-    truncate(&cleaned)
-}
-
-fn truncate(text: &str) -> String {
-    match text.char_indices().nth(MAX_MESSAGE_CHARS) {
-        Some((cut, _)) => format!("{}…", &text[..cut]),
-        None => text.to_string(),
     }
 }
 
@@ -583,82 +566,10 @@ fn jwt_exp(token: &str) -> Option<u64> {
         .map(|c| c.exp)
 }
 
-/// Percent-encodes a service-account email (or unique id) for one path
-/// segment, so that nothing in it can change the path or the method after
-/// the colon. `@` stays readable, as Google's own clients send it.
-fn encode_path_segment(segment: &str) -> String {
-    let mut out = String::with_capacity(segment.len());
-    for b in segment.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'@') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 /// Parses the RFC 3339 times Google sends (`2026-12-02T10:00:00Z`, with an
 /// optional fraction and a `Z` or `±HH:MM` offset) into Unix seconds.
 fn parse_rfc3339(text: &str) -> Option<u64> {
-    let b = text.as_bytes();
-    let num = |range: std::ops::Range<usize>| -> Option<u32> {
-        let digits = b.get(range)?;
-        if !digits.iter().all(u8::is_ascii_digit) {
-            return None;
-        }
-        std::str::from_utf8(digits).ok()?.parse().ok()
-    };
-    if b.len() < 20
-        || b[4] != b'-'
-        || b[7] != b'-'
-        || !matches!(b[10], b'T' | b't' | b' ')
-        || b[13] != b':'
-        || b[16] != b':'
-    {
-        return None;
-    }
-    let year = i32::try_from(num(0..4)?).ok()?;
-    let month = time::Month::try_from(u8::try_from(num(5..7)?).ok()?).ok()?;
-    let day = u8::try_from(num(8..10)?).ok()?;
-    let hour = u8::try_from(num(11..13)?).ok()?;
-    let minute = u8::try_from(num(14..16)?).ok()?;
-    let second = u8::try_from(num(17..19)?).ok()?;
-
-    let mut rest = &text[19..];
-    if let Some(fraction) = rest.strip_prefix('.') {
-        let digits = fraction.bytes().take_while(u8::is_ascii_digit).count();
-        if digits == 0 {
-            return None;
-        }
-        rest = &fraction[digits..];
-    }
-    let offset = match rest {
-        "Z" | "z" => time::UtcOffset::UTC,
-        _ => {
-            let o = rest.as_bytes();
-            if o.len() != 6 || !matches!(o[0], b'+' | b'-') || o[3] != b':' {
-                return None;
-            }
-            let hours = i8::try_from(num_of(&rest[1..3])?).ok()?;
-            let minutes = i8::try_from(num_of(&rest[4..6])?).ok()?;
-            let sign = if o[0] == b'-' { -1 } else { 1 };
-            time::UtcOffset::from_hms(sign * hours, sign * minutes, 0).ok()?
-        }
-    };
-    let date = time::Date::from_calendar_date(year, month, day).ok()?;
-    let clock = time::Time::from_hms(hour, minute, second).ok()?;
-    let unix = time::PrimitiveDateTime::new(date, clock)
-        .assume_offset(offset)
-        .unix_timestamp();
-    u64::try_from(unix).ok()
-}
-
-fn num_of(text: &str) -> Option<u32> {
-    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    text.parse().ok()
+    super::parse_rfc3339(text).and_then(super::unix_seconds)
 }
 
 #[cfg(test)]
@@ -681,7 +592,13 @@ mod tests {
             Some(1_796_205_600)
         );
         assert_eq!(parse_rfc3339("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(parse_rfc3339("2026-12-02 10:00:00z"), Some(1_796_205_600));
+        // RFC 3339 allows leap seconds; `time` reads :60 as the last
+        // instant of :59.
+        assert_eq!(parse_rfc3339("2026-12-31T23:59:60Z"), Some(1_798_761_599));
         for bad in [
+            "2026-12-02X10:00:00Z",
+            "2026-12-02T10:00:00+24:00",
             "",
             "2026-12-02",
             "2026-12-02T10:00:00",
@@ -809,9 +726,16 @@ mod tests {
 
     #[test]
     fn long_messages_are_truncated() {
-        let long = "x".repeat(2000);
-        assert_eq!(truncate(&long).chars().count(), MAX_MESSAGE_CHARS + 1);
-        assert_eq!(truncate("short"), "short");
+        let body = format!(
+            r#"{{"error":"invalid_grant","error_description":"{}"}}"#,
+            "x".repeat(100_000)
+        );
+        match classify(StatusCode::BAD_REQUEST, None, body.as_bytes(), "") {
+            CloudError::Rejected { message, .. } => {
+                assert!(message.len() <= crate::cloud::MAX_MESSAGE_BYTES + 3)
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -124,3 +124,166 @@ fn endpoint_rules() {
     assert!(check_endpoint("ftp://x").is_err());
     assert!(check_endpoint("not a url").is_err());
 }
+
+/// Every scalar key of the configuration, dotted (`gcp.project_number`),
+/// with its default: walked from `Config::default()`, so a new key is
+/// covered without editing this list.
+fn scalar_keys() -> Vec<(String, serde_json::Value)> {
+    fn walk(value: &serde_json::Value, prefix: &str, out: &mut Vec<(String, serde_json::Value)>) {
+        match value {
+            serde_json::Value::Object(fields) if !fields.is_empty() => {
+                for (k, v) in fields {
+                    let path = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    walk(v, &path, out);
+                }
+            }
+            // Lists and maps are not scalars.
+            serde_json::Value::Object(_) | serde_json::Value::Array(_) => {}
+            scalar => out.push((prefix.to_string(), scalar.clone())),
+        }
+    }
+    let mut out = Vec::new();
+    walk(
+        &serde_json::to_value(Config::default()).unwrap(),
+        "",
+        &mut out,
+    );
+    out
+}
+
+fn env_name(key: &str) -> String {
+    format!("LANYARD_{}", key.replace('.', "_").to_ascii_uppercase())
+}
+
+fn lookup<'a>(value: &'a serde_json::Value, key: &str) -> &'a serde_json::Value {
+    key.split('.').fold(value, |v, k| &v[k])
+}
+
+#[test]
+fn every_key_takes_numeric_looking_values_from_the_environment() {
+    let keys = scalar_keys();
+    // The walk reaches every section (guards against an empty walk).
+    assert!(keys.len() > 50, "{}", keys.len());
+    for wanted in [
+        "gcp.project_number",
+        "azure.tenant_id",
+        "sidecar.identity_header",
+        "dev.azure_client_id",
+        "log_level",
+    ] {
+        assert!(keys.iter().any(|(k, _)| k == wanted), "{wanted}");
+    }
+    for (key, default) in &keys {
+        // String-ish keys serialize their default as a string or, when
+        // optional, as null; a number or bool default is a typed key.
+        let stringish = default.is_string() || default.is_null();
+        for raw in ["123456789012", "007", "true", "null", "1.50"] {
+            Jail::expect_with(|jail| {
+                jail.set_env(env_name(key), raw);
+                match load(None, json!({})) {
+                    Ok(c) => {
+                        if stringish {
+                            let loaded = serde_json::to_value(&c).unwrap();
+                            assert_eq!(
+                                lookup(&loaded, key),
+                                &json!(raw),
+                                "{key}={raw} must arrive as written"
+                            );
+                        }
+                    }
+                    Err(ConfigError::Invalid { key: k, .. }) => {
+                        // A validated key refuses the value with its own
+                        // message, not with a type error.
+                        assert_eq!(k, key.as_str(), "{key}={raw}");
+                    }
+                    Err(e) => {
+                        // A typed key (number, bool, address, enum) may
+                        // refuse it; a string key never for its type.
+                        let m = e.to_string();
+                        assert!(
+                            !(stringish && m.contains("invalid type")),
+                            "{key}={raw}: {m}"
+                        );
+                        assert!(m.contains(key.as_str()), "{key}={raw}: {m}");
+                    }
+                }
+                Ok(())
+            });
+        }
+    }
+}
+
+#[test]
+fn the_reported_project_number_loads() {
+    Jail::expect_with(|jail| {
+        jail.set_env("LANYARD_GCP_PROJECT_NUMBER", "123456789012");
+        jail.set_env("LANYARD_DEV_AZURE_CLIENT_ID", "0042");
+        let c = load(None, json!({})).unwrap();
+        assert_eq!(c.gcp.project_number.as_deref(), Some("123456789012"));
+        assert_eq!(c.dev.azure_client_id, "0042", "leading zeros are kept");
+        jail.set_env("LANYARD_GCP_PROJECT_NUMBER", "12x");
+        let m = message(load(None, json!({})));
+        assert!(
+            m.contains("gcp.project_number") && m.contains("numeric project number"),
+            "{m}"
+        );
+        Ok(())
+    });
+}
+
+#[test]
+fn typed_keys_still_parse_from_the_environment() {
+    Jail::expect_with(|jail| {
+        jail.set_env("LANYARD_CACHE_MAX_ENTRIES", "5000");
+        jail.set_env("LANYARD_CACHE_RATE_GCP", "2.5");
+        jail.set_env("LANYARD_WEBHOOK_SIDECAR_PORT", "9000");
+        jail.set_env("LANYARD_CLUSTER_TOKEN_REVIEW", "true");
+        jail.set_env("LANYARD_SIDECAR_STANDALONE", "false");
+        jail.set_env("LANYARD_LOG_FORMAT", "json");
+        jail.set_env("LANYARD_ADMIN_LISTEN", "127.0.0.1:9100");
+        jail.set_env("LANYARD_SIDECAR_ANNOTATIONS", "{a=b}");
+        let c = load(None, json!({})).unwrap();
+        assert_eq!(c.cache.max_entries, 5000);
+        assert_eq!(c.cache.rate_gcp, 2.5);
+        assert_eq!(c.webhook.sidecar_port, 9000);
+        assert!(c.cluster.token_review);
+        assert!(!c.sidecar.standalone);
+        assert_eq!(c.log_format, LogFormat::Json);
+        assert_eq!(c.admin_listen.port(), 9100);
+        assert_eq!(
+            c.sidecar.annotations.get("a").map(String::as_str),
+            Some("b")
+        );
+
+        jail.set_env("LANYARD_CACHE_MAX_ENTRIES", "many");
+        let m = message(load(None, json!({})));
+        assert!(
+            m.contains("cache.max_entries") && m.contains("LANYARD_CACHE_MAX_ENTRIES"),
+            "{m}"
+        );
+        Ok(())
+    });
+}
+
+#[test]
+fn only_lists_and_maps_are_structured() {
+    let mut keys = std::collections::BTreeSet::new();
+    structured_keys(
+        &serde_json::to_value(Config::default()).unwrap(),
+        "",
+        &mut keys,
+    );
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        [
+            "cluster.service_accounts",
+            "dev.service_accounts",
+            "sidecar.annotations"
+        ]
+    );
+}

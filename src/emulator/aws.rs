@@ -30,6 +30,7 @@ use axum::Router;
 use quick_xml::escape::escape;
 use sha2::{Digest, Sha256};
 
+use crate::cloud::aws::{session_name_char, RoleArn};
 use crate::token::{Audience, KeySet, Lookup};
 
 /// The XML namespace of every STS answer.
@@ -346,7 +347,7 @@ async fn assume(sts: &AwsSts, body: &[u8]) -> Result<Response, StsError> {
         .iter()
         .find(|r| r.arn == params.role_arn)
         .ok_or_else(access_denied)?;
-    let role_arn = parse_role_arn(&role.arn).ok_or_else(access_denied)?;
+    let role_arn = RoleArn::parse(role.arn.as_str()).map_err(|_| access_denied())?;
     if !role.trusted_subjects.iter().any(|p| string_like(p, sub)) {
         return Err(access_denied());
     }
@@ -366,14 +367,11 @@ async fn assume(sts: &AwsSts, body: &[u8]) -> Result<Response, StsError> {
     let expiration = iso8601(now + params.duration);
     let session = params.session_name;
     let role_id = format!("{}:{session}", role_unique_id(&role.arn));
-    let assumed_arn = format!(
-        "arn:{}:sts::{}:assumed-role/{}/{session}",
-        role_arn.partition, role_arn.account, role_arn.name
-    );
+    let assumed_arn = role_arn.assumed_role_arn(session);
     let provider_arn = format!(
         "arn:{}:iam::{}:oidc-provider/{}",
-        role_arn.partition,
-        role_arn.account,
+        role_arn.partition(),
+        role_arn.account(),
         provider_id(&provider.issuer)
     );
     let request_id = uuid::Uuid::new_v4().to_string();
@@ -525,12 +523,6 @@ fn validate_params<'a>(
     }
 }
 
-/// `[\w+=,.@-]`: the characters STS allows in a role session name (`\w`
-/// being ASCII letters, digits and underscore).
-pub fn session_name_char(c: char) -> bool {
-    c.is_ascii_alphanumeric() || matches!(c, '_' | '+' | '=' | ',' | '.' | '@' | '-')
-}
-
 /// IAM's `StringLike`: `*` matches any run of characters (including none),
 /// `?` exactly one; everything else literally and case-sensitively.
 pub fn string_like(pattern: &str, value: &str) -> bool {
@@ -561,47 +553,6 @@ pub fn string_like(pattern: &str, value: &str) -> bool {
         }
     }
     p[pi..].iter().all(|&c| c == '*')
-}
-
-/// The parts of an IAM role ARN that an assumed-role ARN is built from.
-#[derive(Debug, PartialEq, Eq)]
-pub struct RoleArn<'a> {
-    pub partition: &'a str,
-    pub account: &'a str,
-    /// The role name, without its path: assumed-role ARNs drop the path.
-    pub name: &'a str,
-}
-
-/// Parses `arn:PARTITION:iam::ACCOUNT:role/[PATH/]NAME`.
-pub fn parse_role_arn(arn: &str) -> Option<RoleArn<'_>> {
-    let mut parts = arn.splitn(6, ':');
-    let (Some("arn"), Some(partition), Some("iam"), Some(""), Some(account), Some(resource)) = (
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-    ) else {
-        return None;
-    };
-    let partition_ok = partition.starts_with("aws")
-        && partition
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c == '-');
-    let account_ok = account.len() == 12 && account.bytes().all(|b| b.is_ascii_digit());
-    let path_and_name = resource.strip_prefix("role/")?;
-    let name = path_and_name.rsplit('/').next()?;
-    let name_ok = !name.is_empty()
-        && name.len() <= 64
-        && name.chars().all(|c| {
-            c.is_ascii_alphanumeric() || matches!(c, '_' | '+' | '=' | ',' | '.' | '@' | '-')
-        });
-    (partition_ok && account_ok && name_ok).then_some(RoleArn {
-        partition,
-        account,
-        name,
-    })
 }
 
 /// A role's unique id (`AROA` + 17 characters), stable for its ARN as IAM's
@@ -703,26 +654,6 @@ mod tests {
         assert!(!string_like("ray-?", "ray-12"));
         assert!(string_like("*", ""));
         assert!(!string_like("", "x"));
-    }
-
-    #[test]
-    fn aws_role_arns() {
-        assert_eq!(
-            parse_role_arn("arn:aws:iam::123456789012:role/ray-data"),
-            Some(RoleArn {
-                partition: "aws",
-                account: "123456789012",
-                name: "ray-data"
-            })
-        );
-        assert_eq!(
-            parse_role_arn("arn:aws-cn:iam::123456789012:role/team/a/ray").map(|r| r.name),
-            Some("ray")
-        );
-        assert!(parse_role_arn("arn:aws:iam::12345678901:role/x").is_none());
-        assert!(parse_role_arn("arn:aws:iam::123456789012:user/x").is_none());
-        assert!(parse_role_arn("arn:aws:sts::123456789012:role/x").is_none());
-        assert!(parse_role_arn("arn:aws:iam::123456789012:role/").is_none());
     }
 
     #[test]

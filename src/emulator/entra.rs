@@ -23,8 +23,9 @@ use serde_json::json;
 use crate::secret::random_token;
 use crate::token::{KeySet, Lookup};
 
-/// The audience Entra requires in federated assertions.
-pub const FEDERATION_AUDIENCE: &str = "api://AzureADTokenExchange";
+/// The audience Entra requires in federated assertions (the product's
+/// constant: the emulator checks what the exchanger is configured with).
+pub use crate::cloud::azure::FEDERATION_AUDIENCE;
 const JWT_BEARER: &str = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer";
 
 /// A federated identity credential on an app registration.

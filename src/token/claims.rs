@@ -1,5 +1,6 @@
 //! The claim layout of a Kubernetes projected service-account token.
 
+use crate::names::{is_dns_label, is_dns_subdomain};
 use serde::{Deserialize, Serialize};
 
 /// `aud` may be a single string or a list; Kubernetes always emits a list,
@@ -83,13 +84,8 @@ pub struct Caller {
 pub fn parse_subject(sub: &str) -> Option<(&str, &str)> {
     let rest = sub.strip_prefix("system:serviceaccount:")?;
     let (ns, sa) = rest.split_once(':')?;
-    let valid = |s: &str| {
-        !s.is_empty()
-            && s.len() <= 253
-            && s.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-    };
-    (valid(ns) && valid(sa)).then_some((ns, sa))
+    // A namespace is a DNS-1123 label, a service account name a subdomain.
+    (is_dns_label(ns) && is_dns_subdomain(sa)).then_some((ns, sa))
 }
 
 #[cfg(test)]
@@ -107,6 +103,13 @@ mod tests {
         assert_eq!(parse_subject("system:serviceaccount:ns:sa:extra"), None);
         assert_eq!(parse_subject("user:alice"), None);
         assert_eq!(parse_subject("system:serviceaccount:NS:sa"), None);
+        assert_eq!(
+            parse_subject("system:serviceaccount:kube-system:a.b"),
+            Some(("kube-system", "a.b"))
+        );
+        // A namespace cannot contain '.'; no name may start with '-'.
+        assert_eq!(parse_subject("system:serviceaccount:a.b:sa"), None);
+        assert_eq!(parse_subject("system:serviceaccount:ns:-sa"), None);
     }
 
     #[test]
