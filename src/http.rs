@@ -90,7 +90,9 @@ pub async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
     .map_err(fail)?;
     socket.set_reuseaddr(true).map_err(fail)?;
     socket.bind(addr).map_err(fail)?;
-    socket.listen(BACKLOG).map_err(fail)
+    let listener = socket.listen(BACKLOG).map_err(fail)?;
+    tracing::info!(addr = %listener.local_addr().map_err(fail)?, "listening for the {what}");
+    Ok(listener)
 }
 
 /// Serves `router` on `listener` until `shutdown` fires, then drains
