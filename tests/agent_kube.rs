@@ -9,9 +9,7 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::io::Read;
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,14 +23,6 @@ use support::*;
 
 const NODE: &str = "node-a";
 const KUBE_TOKEN: &str = "agent-kube-token";
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn service_account(pod: &PodIdentity, annotations: &[(&str, &str)]) -> ServiceAccount {
     ServiceAccount {
@@ -66,29 +56,6 @@ fn pod_object(pod: &PodIdentity) -> Pod {
             ..Default::default()
         }),
         ..Default::default()
-    }
-}
-
-struct Agent(Child);
-
-impl Agent {
-    fn stop(mut self) -> String {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.0.id().to_string()])
-            .status();
-        let _ = self.0.wait();
-        let mut log = String::new();
-        if let Some(mut e) = self.0.stderr.take() {
-            let _ = e.read_to_string(&mut log);
-        }
-        log
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 
@@ -135,12 +102,7 @@ const BOUND: [(&str, &str); 1] = [("azure.workload.identity/client-id", CLIENT)]
 async fn cluster(pod: &PodIdentity) -> Cluster {
     let up = upstreams(&pod.subject(), Duration::from_secs(3600)).await;
     let kube = FakeKube::new(up.issuer.url(), up.issuer.key().jwk(), KUBE_TOKEN);
-    let listener = lanyard::http::bind("127.0.0.1:0".parse().unwrap(), "fake kube")
-        .await
-        .unwrap();
-    let kube_url = format!("http://{}", listener.local_addr().unwrap());
-    let (trigger, shutdown) = lanyard::http::Shutdown::new();
-    lanyard::http::spawn_server(listener, kube.router(), shutdown);
+    let (kube_url, trigger) = serve_router(kube.router(), "fake kube").await;
     kube.apply_service_account(service_account(pod, &BOUND));
     kube.apply_pod(pod_object(pod));
     let dir = tempfile::tempdir().unwrap();
@@ -162,35 +124,29 @@ async fn cluster(pod: &PodIdentity) -> Cluster {
 }
 
 impl Cluster {
-    /// Starts `lanyard agent` with only a kubeconfig; returns it and its port.
-    fn start_agent(&self, extra: &[&str]) -> (Agent, u16) {
-        self.start_agent_with_admin("127.0.0.1:0", extra)
+    /// Starts `lanyard agent` with only a kubeconfig, its API and admin
+    /// endpoints on any free ports. It may not serve yet.
+    fn spawn_agent(&self, extra: &[&str]) -> Proc {
+        Proc::spawn(
+            Command::new(env!("CARGO_BIN_EXE_lanyard"))
+                .args([
+                    "--config",
+                    self.dir.path().join("agent.yaml").to_str().unwrap(),
+                    "agent",
+                ])
+                .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+                .args(extra)
+                .env("KUBECONFIG", self.dir.path().join("kubeconfig"))
+                .env_remove("KUBERNETES_SERVICE_HOST")
+                .env("RUST_LOG", "info"),
+        )
     }
 
-    /// [`Cluster::start_agent`] with the admin endpoints on `admin`.
-    fn start_agent_with_admin(&self, admin: &str, extra: &[&str]) -> (Agent, u16) {
-        let port = free_port();
-        let child = Command::new(env!("CARGO_BIN_EXE_lanyard"))
-            .args([
-                "--config",
-                self.dir.path().join("agent.yaml").to_str().unwrap(),
-                "agent",
-            ])
-            .args([
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--admin-listen",
-                admin,
-            ])
-            .args(extra)
-            .env("KUBECONFIG", self.dir.path().join("kubeconfig"))
-            .env_remove("KUBERNETES_SERVICE_HOST")
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        (Agent(child), port)
+    /// [`Cluster::spawn_agent`], once it serves; returns it and its API port.
+    async fn start_agent(&self, extra: &[&str]) -> (Proc, u16) {
+        let mut agent = self.spawn_agent(extra);
+        let api = agent.addr("lanyard agent serving", "api").await;
+        (agent, api.port())
     }
 }
 
@@ -200,7 +156,7 @@ async fn agent_follows_the_cluster() {
     let c = cluster(&pod).await;
     let (up, kube) = (&c.up, &c.kube);
     let bound = BOUND;
-    let (agent, port) = c.start_agent(&["--node-name", NODE]);
+    let (agent, port) = c.start_agent(&["--node-name", NODE]).await;
     let aud = ["api://AzureADTokenExchange"];
     let hour = Duration::from_secs(3600);
     let token = up.issuer.mint(&pod, &aud, hour).unwrap();
@@ -262,44 +218,25 @@ async fn agent_follows_the_cluster() {
     assert!(!log.contains("eyJ"), "no JWT in the log");
 }
 
-/// `/readyz` on `admin`: status and body, or `None` while not listening.
-async fn readyz(admin: u16) -> Option<(u16, String)> {
-    let resp = reqwest::get(format!("http://127.0.0.1:{admin}/readyz"))
-        .await
-        .ok()?;
-    let status = resp.status().as_u16();
-    Some((status, resp.text().await.unwrap_or_default()))
-}
-
-/// Polls `/readyz` until it answers `want`; returns the body.
-async fn eventually_ready_status(admin: u16, want: u16) -> String {
-    for _ in 0..200 {
-        if let Some((status, body)) = readyz(admin).await {
-            if status == want {
-                return body;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("/readyz never answered {want}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn not_ready_until_the_first_lists_arrive() {
     let pod = PodIdentity::new("default", "ray-worker", "ray-worker-0", NODE);
     let c = cluster(&pod).await;
     c.kube.hold_lists(true);
-    let admin = free_port();
-    let (_agent, port) =
-        c.start_agent_with_admin(&format!("127.0.0.1:{admin}"), &["--node-name", NODE]);
+    let mut agent = c.spawn_agent(&["--node-name", NODE]);
+    let readyz = format!("http://{}/readyz", agent.listening("admin endpoints").await);
 
     // The admin port answers while the ServiceAccount and pod lists are
     // held, and says what it waits for; the API does not listen yet.
-    let body = eventually_ready_status(admin, 503).await;
+    let body = eventually_answers(&readyz, 503).await;
     assert!(body.contains("ServiceAccount list synced"), "{body}");
     assert!(body.contains("pod list synced"), "{body}");
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(readyz(admin).await.map(|(s, _)| s), Some(503), "still held");
+    assert_eq!(
+        get_status(&readyz).await.map(|(s, _)| s),
+        Some(503),
+        "still held"
+    );
     let token =
         c.up.issuer
             .mint(
@@ -308,11 +245,16 @@ async fn not_ready_until_the_first_lists_arrive() {
                 Duration::from_secs(3600),
             )
             .unwrap();
-    assert_eq!(ask(port, &token).await.0, 0, "no API before ready");
+    assert_eq!(
+        agent.reported("listening for the agent API", "addr"),
+        None,
+        "no API before ready"
+    );
 
     // Lists released: ready, and serving.
     c.kube.hold_lists(false);
-    assert_eq!(eventually_ready_status(admin, 200).await, "ready");
+    assert_eq!(eventually_answers(&readyz, 200).await, "ready");
+    let port = agent.addr("lanyard agent serving", "api").await.port();
     let (status, body) = ask(port, &token).await;
     assert_eq!(status, 200, "{body}");
 }
@@ -322,7 +264,7 @@ async fn token_review_on_first_sight() {
     let pod = PodIdentity::new("default", "ray-worker", "ray-worker-0", NODE);
     let c = cluster(&pod).await;
     let (up, kube) = (&c.up, &c.kube);
-    let (_agent, port) = c.start_agent(&["--token-review"]);
+    let (_agent, port) = c.start_agent(&["--token-review"]).await;
     let aud = ["api://AzureADTokenExchange"];
     let token = up
         .issuer

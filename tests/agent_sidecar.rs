@@ -7,11 +7,9 @@
 
 mod support;
 
-use std::io::Read;
-use std::net::TcpListener;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -20,37 +18,6 @@ use serde_json::Value;
 use support::*;
 
 const NODE: &str = "node-a";
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-struct Proc(Child);
-
-impl Proc {
-    fn stop(mut self) -> String {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.0.id().to_string()])
-            .status();
-        let _ = self.0.wait();
-        let mut log = String::new();
-        if let Some(mut e) = self.0.stderr.take() {
-            let _ = e.read_to_string(&mut log);
-        }
-        log
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn agent_config(up: &Upstreams, dir: &Path) -> std::path::PathBuf {
     let yaml = format!(
@@ -85,32 +52,34 @@ cluster:
     path
 }
 
-fn start_agent(config: &Path, port: u16) -> Proc {
-    let child = Command::new(env!("CARGO_BIN_EXE_lanyard"))
-        .args(["--config", config.to_str().unwrap(), "agent"])
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(["--admin-listen", "127.0.0.1:0", "--node-name", NODE])
-        .env("RUST_LOG", "debug")
-        .env_remove("LANYARD_CONFIG")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    Proc(child)
+/// Starts `lanyard agent` on `listen` (port 0: any free port) and waits
+/// until it serves; returns it and the address of its API.
+async fn start_agent(config: &Path, listen: &str) -> (Proc, u16) {
+    let mut agent = Proc::spawn(
+        Command::new(env!("CARGO_BIN_EXE_lanyard"))
+            .args(["--config", config.to_str().unwrap(), "agent"])
+            .args(["--listen", listen])
+            .args(["--admin-listen", "127.0.0.1:0", "--node-name", NODE])
+            .env("RUST_LOG", "debug")
+            .env_remove("LANYARD_CONFIG"),
+    );
+    let api = agent.addr("lanyard agent serving", "api").await;
+    (agent, api.port())
 }
 
-fn start_sidecar(agent_port: u16, token_dir: &Path, port: u16) -> Proc {
-    let child = Command::new(env!("CARGO_BIN_EXE_lanyard-sidecar"))
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(["--agent", &format!("http://127.0.0.1:{agent_port}")])
-        .args(["--token-dir", token_dir.to_str().unwrap()])
-        .env("IDENTITY_HEADER", IDENTITY_HEADER)
-        .env("RUST_LOG", "debug")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    Proc(child)
+/// Starts `lanyard-sidecar` on any free port, backed by the agent on
+/// `agent_port`; returns it and its port.
+async fn start_sidecar(agent_port: u16, token_dir: &Path) -> (Proc, u16) {
+    let mut sidecar = Proc::spawn(
+        Command::new(env!("CARGO_BIN_EXE_lanyard-sidecar"))
+            .args(["--listen", "127.0.0.1:0"])
+            .args(["--agent", &format!("http://127.0.0.1:{agent_port}")])
+            .args(["--token-dir", token_dir.to_str().unwrap()])
+            .env("IDENTITY_HEADER", IDENTITY_HEADER)
+            .env("RUST_LOG", "debug"),
+    );
+    let addr = sidecar.addr("lanyard sidecar serving", "addr").await;
+    (sidecar, addr.port())
 }
 
 /// Writes the pod's projected tokens as the kubelet would.
@@ -124,18 +93,6 @@ fn write_tokens(issuer: &Issuer, pod: &PodIdentity, dir: &Path) {
     ] {
         std::fs::write(dir.join(file), issuer.mint(pod, &[aud], hour).unwrap()).unwrap();
     }
-}
-
-async fn wait_ready(url: &str) {
-    for _ in 0..100 {
-        if let Ok(r) = reqwest::get(url).await {
-            if r.status() == 200 {
-                return;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("{url} never became ready");
 }
 
 async fn imds(port: u16) -> (u16, Value) {
@@ -152,8 +109,6 @@ async fn imds(port: u16) -> (u16, Value) {
 struct Setup {
     up: Upstreams,
     dir: tempfile::TempDir,
-    agent_port: u16,
-    sidecar_port: u16,
     config: std::path::PathBuf,
 }
 
@@ -164,13 +119,7 @@ async fn setup(pod: &PodIdentity) -> Setup {
     std::fs::create_dir(&tokens).unwrap();
     write_tokens(&up.issuer, pod, &tokens);
     let config = agent_config(&up, dir.path());
-    Setup {
-        up,
-        dir,
-        agent_port: free_port(),
-        sidecar_port: free_port(),
-        config,
-    }
+    Setup { up, dir, config }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -178,12 +127,12 @@ async fn all_clouds_through_sidecar_and_agent_and_recovery_after_agent_restart()
     let pod = PodIdentity::new("default", "ray-worker", "ray-worker-0", NODE);
     let s = setup(&pod).await;
     let tokens = s.dir.path().join("tokens");
-    let agent = start_agent(&s.config, s.agent_port);
-    let sidecar = start_sidecar(s.agent_port, &tokens, s.sidecar_port);
-    let base = format!("http://127.0.0.1:{}", s.sidecar_port);
+    let (agent, agent_port) = start_agent(&s.config, "127.0.0.1:0").await;
+    let (sidecar, sidecar_port) = start_sidecar(agent_port, &tokens).await;
+    let base = format!("http://127.0.0.1:{sidecar_port}");
     wait_ready(&format!("{base}/readyz")).await;
 
-    let (status, body) = imds(s.sidecar_port).await;
+    let (status, body) = imds(sidecar_port).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["client_id"], CLIENT);
     let first_token = body["access_token"].as_str().unwrap().to_string();
@@ -238,16 +187,16 @@ async fn all_clouds_through_sidecar_and_agent_and_recovery_after_agent_restart()
     let agent_log = agent.stop();
     assert!(!agent_log.contains(&first_token), "agent logged a token");
     assert!(!agent_log.contains("eyJ"), "agent logged a JWT");
-    let (status, body) = imds(s.sidecar_port).await;
+    let (status, body) = imds(sidecar_port).await;
     assert_eq!(status, 503, "{body}");
     assert!(body.get("access_token").is_none());
     let ready = reqwest::get(format!("{base}/readyz")).await.unwrap();
     assert_eq!(ready.status(), 503);
 
     // It comes back on the same address: the sidecar recovers by itself.
-    let agent = start_agent(&s.config, s.agent_port);
+    let (agent, _) = start_agent(&s.config, &format!("127.0.0.1:{agent_port}")).await;
     wait_ready(&format!("{base}/readyz")).await;
-    let (status, body) = imds(s.sidecar_port).await;
+    let (status, body) = imds(sidecar_port).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(
         s.up.entra.stats.issued.load(Ordering::Relaxed),
@@ -265,9 +214,9 @@ async fn all_clouds_through_sidecar_and_agent_and_recovery_after_agent_restart()
 async fn agent_refuses_other_node_other_issuer_expired_and_unbound_tokens() {
     let pod = PodIdentity::new("default", "ray-worker", "ray-worker-0", NODE);
     let s = setup(&pod).await;
-    let agent = start_agent(&s.config, s.agent_port);
-    let url = format!("http://127.0.0.1:{}/v1/token", s.agent_port);
-    wait_ready(&format!("http://127.0.0.1:{}/healthz", s.agent_port)).await;
+    let (agent, agent_port) = start_agent(&s.config, "127.0.0.1:0").await;
+    let url = format!("http://127.0.0.1:{agent_port}/v1/token");
+    wait_ready(&format!("http://127.0.0.1:{agent_port}/healthz")).await;
     let http = reqwest::Client::new();
     let ask = |token: String| {
         let http = http.clone();
@@ -505,36 +454,34 @@ fn an_annotation_without_equals_is_a_usage_error() {
 async fn standalone_sidecar_serves_all_three_clouds() {
     let pod = PodIdentity::new("default", "ray-worker", "ray-worker-0", NODE);
     let s = setup(&pod).await;
-    let probe_port = free_port();
     let tokens = s.dir.path().join("tokens");
-    let child = Command::new(env!("CARGO_BIN_EXE_lanyard-sidecar"))
-        .args(["--config", s.config.to_str().unwrap(), "--standalone"])
-        .args(["--listen", &format!("127.0.0.1:{}", s.sidecar_port)])
-        .args(["--token-dir", tokens.to_str().unwrap()])
-        .args(["--probe-listen", &format!("127.0.0.1:{probe_port}")])
-        .args([
-            "--annotation",
-            &format!("azure.workload.identity/client-id={CLIENT}"),
-        ])
-        .args([
-            "--annotation",
-            &format!("iam.gke.io/gcp-service-account={GCP_SA}"),
-        ])
-        .args([
-            "--annotation",
-            &format!("eks.amazonaws.com/role-arn={ROLE}"),
-        ])
-        .env("RUST_LOG", "debug")
-        .env_remove("LANYARD_AGENT_URL")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let sidecar = Proc(child);
-    let base = format!("http://127.0.0.1:{}", s.sidecar_port);
+    let mut sidecar = Proc::spawn(
+        Command::new(env!("CARGO_BIN_EXE_lanyard-sidecar"))
+            .args(["--config", s.config.to_str().unwrap(), "--standalone"])
+            .args(["--listen", "127.0.0.1:0"])
+            .args(["--token-dir", tokens.to_str().unwrap()])
+            .args(["--probe-listen", "127.0.0.1:0"])
+            .args([
+                "--annotation",
+                &format!("azure.workload.identity/client-id={CLIENT}"),
+            ])
+            .args([
+                "--annotation",
+                &format!("iam.gke.io/gcp-service-account={GCP_SA}"),
+            ])
+            .args([
+                "--annotation",
+                &format!("eks.amazonaws.com/role-arn={ROLE}"),
+            ])
+            .env("RUST_LOG", "debug")
+            .env_remove("LANYARD_AGENT_URL"),
+    );
+    let sidecar_port = sidecar.addr("lanyard sidecar serving", "addr").await.port();
+    let probe_port = sidecar.listening("sidecar probes").await.port();
+    let base = format!("http://127.0.0.1:{sidecar_port}");
     wait_ready(&format!("{base}/readyz")).await;
 
-    let (status, body) = imds(s.sidecar_port).await;
+    let (status, body) = imds(sidecar_port).await;
     assert_eq!(status, 200, "{body}");
     // The probe listener answers probes and nothing else.
     wait_ready(&format!("http://127.0.0.1:{probe_port}/readyz")).await;

@@ -3,6 +3,8 @@
 //! apply the patch to the pod exactly as it was sent, and check the pod
 //! that would be stored, field by field.
 
+mod support;
+
 use std::collections::BTreeMap;
 
 use base64::Engine;
@@ -16,20 +18,13 @@ use lanyard::webhook::mutate::{
 };
 use lanyard::webhook::review::{self, Action, ReviewError, MAX_BODY_BYTES};
 use lanyard::webhook::{mutate, respond, InjectionConfig, Mutation};
+use support::fixture;
 
 const GCP_PROVIDER: &str =
     "//iam.googleapis.com/projects/123456789012/locations/global/workloadIdentityPools/k8s/providers/prod";
 const TENANT: &str = "3b8e4f60-1c2d-4e5f-8a9b-7c6d5e4f3a2b";
 const CLIENT: &str = "5f2c9e1a-8d4b-4c7e-9a13-0d6e2b7f4c21";
 const ROLE: &str = "arn:aws:iam::111122223333:role/ray";
-
-fn fixture(name: &str) -> Vec<u8> {
-    let path = format!(
-        "{}/tests/fixtures/admission/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
 
 /// A fixture with `edit` applied to its `request.object`.
 fn edited(name: &str, edit: impl FnOnce(&mut Value)) -> Vec<u8> {

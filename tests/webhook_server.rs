@@ -4,6 +4,8 @@
 //! reloaded when its files are replaced, in-flight reviews drained on stop,
 //! and `lanyard webhook` unready until its ServiceAccount list arrives.
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +15,7 @@ use lanyard::directory::{Bindings, Directory, DirectoryError};
 use lanyard::webhook::server::{TlsFiles, WebhookServer};
 use lanyard::webhook::InjectionConfig;
 use serde_json::Value;
+use support::fixture;
 
 struct Pki {
     ca_pem: String,
@@ -44,14 +47,6 @@ fn client(ca_pem: &str) -> reqwest::Client {
         .tls_certs_only([reqwest::Certificate::from_pem(ca_pem.as_bytes()).unwrap()])
         .build()
         .unwrap()
-}
-
-fn fixture(name: &str) -> Vec<u8> {
-    std::fs::read(format!(
-        "{}/tests/fixtures/admission/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    ))
-    .unwrap()
 }
 
 /// A directory whose ServiceAccounts appear after a delay, as one created
@@ -367,44 +362,19 @@ async fn stop_drains_a_review_in_flight() {
         .is_err());
 }
 
-/// A process that is killed when dropped.
-#[cfg(feature = "dev")]
-struct Proc(std::process::Child);
-
-#[cfg(feature = "dev")]
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-#[cfg(feature = "dev")]
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[cfg(feature = "dev")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn not_ready_until_the_service_account_list_arrives() {
     use lanyard::emulator::{Issuer, SigningKey};
     use lanyard_fake_kube::FakeKube;
+    use support::{eventually_answers, get_status, serve_router, Proc};
 
     let issuer = Arc::new(Issuer::new(
         "https://issuer.lanyard.test",
         SigningKey::generate_rs256().unwrap(),
     ));
     let kube = FakeKube::new(issuer.url(), issuer.key().jwk(), "webhook-kube-token");
-    let listener = lanyard::http::bind("127.0.0.1:0".parse().unwrap(), "fake kube")
-        .await
-        .unwrap();
-    let kube_url = format!("http://{}", listener.local_addr().unwrap());
-    let (_trigger, shutdown) = lanyard::http::Shutdown::new();
-    lanyard::http::spawn_server(listener, kube.router(), shutdown);
+    let (kube_url, _trigger) = serve_router(kube.router(), "fake kube").await;
     kube.hold_lists(true);
 
     let dir = tempfile::tempdir().unwrap();
@@ -413,12 +383,11 @@ async fn not_ready_until_the_service_account_list_arrives() {
     std::fs::write(&cert, &pki.cert_pem).unwrap();
     std::fs::write(&key, &pki.key_pem).unwrap();
     std::fs::write(dir.path().join("kubeconfig"), kube.kubeconfig(&kube_url)).unwrap();
-    let (port, admin) = (free_port(), free_port());
-    let _webhook = Proc(
+    let mut webhook = Proc::spawn(
         std::process::Command::new(env!("CARGO_BIN_EXE_lanyard"))
             .arg("webhook")
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+            .args(["--listen", "127.0.0.1:0"])
+            .args(["--admin-listen", "127.0.0.1:0"])
             .args(["--sidecar-image", "registry.example/lanyard:test"])
             .arg("--tls-cert")
             .arg(&cert)
@@ -427,45 +396,29 @@ async fn not_ready_until_the_service_account_list_arrives() {
             .env("KUBECONFIG", dir.path().join("kubeconfig"))
             .env_remove("KUBERNETES_SERVICE_HOST")
             .env_remove("LANYARD_CONFIG")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
+            .env("RUST_LOG", "info"),
     );
-    let readyz = || async move {
-        let resp = reqwest::get(format!("http://127.0.0.1:{admin}/readyz"))
-            .await
-            .ok()?;
-        let status = resp.status().as_u16();
-        Some((status, resp.text().await.unwrap_or_default()))
-    };
-    let eventually = |want: u16| async move {
-        for _ in 0..200 {
-            if let Some((status, body)) = readyz().await {
-                if status == want {
-                    return body;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("/readyz never answered {want}");
-    };
+    let readyz = format!(
+        "http://{}/readyz",
+        webhook.listening("admin endpoints").await
+    );
+    let eventually = |want: u16| eventually_answers(&readyz, want);
 
     // Held: the admin port says what is awaited.
     let body = eventually(503).await;
     assert!(body.contains("ServiceAccount list synced"), "{body}");
     assert!(body.contains("TLS certificate loaded"), "{body}");
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(readyz().await.map(|(s, _)| s), Some(503), "still held");
+    assert_eq!(
+        get_status(&readyz).await.map(|(s, _)| s),
+        Some(503),
+        "still held"
+    );
 
     // Released: ready, and reviews are answered.
     kube.hold_lists(false);
     assert_eq!(eventually(200).await, "ready");
-    let answer = review(
-        &client(&pki.ca_pem),
-        format!("127.0.0.1:{port}").parse().unwrap(),
-        fixture("pod_delete.json"),
-    )
-    .await;
+    let addr = webhook.addr("lanyard webhook serving", "addr").await;
+    let answer = review(&client(&pki.ca_pem), addr, fixture("pod_delete.json")).await;
     assert_eq!(answer["response"]["allowed"], true);
 }

@@ -1,6 +1,5 @@
-//! Shared test fixtures: a built-in issuer and Entra emulator on loopback,
-//! and a surfaces stack wired to them for a chosen pod and directory.
-#![allow(dead_code)]
+//! A built-in issuer and the cloud emulators on loopback, and a surfaces
+//! stack wired to them for a chosen pod and directory (the `dev` feature).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
