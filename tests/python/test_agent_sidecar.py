@@ -5,7 +5,7 @@ answers retryable errors meanwhile and the SDKs work again afterwards."""
 
 import json
 import os
-import socket
+import re
 import subprocess
 import sys
 import textwrap
@@ -22,10 +22,37 @@ SCOPE = "https://storage.azure.com/.default"
 PROVIDER = "//iam.googleapis.com/projects/123456789012/locations/global/workloadIdentityPools/lanyard-dev/providers/dev-cluster"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def reported(proc, log_path, message: str, key: str, offset: int = 0, timeout: float = 20.0) -> str:
+    """The address in field `key` of the first line containing `message`
+    that the process logged (to `log_path`, from byte `offset` on): the
+    processes listen on port 0 and say where they bound."""
+    field = re.compile(rf"(?:^|\s){re.escape(key)}=(\S+)")
+    deadline = time.time() + timeout
+    while True:
+        with open(log_path, "rb") as f:
+            f.seek(offset)
+            text = ANSI.sub("", f.read().decode(errors="replace"))
+        for line in text.splitlines():
+            if message in line:
+                m = field.search(line)
+                assert m, f"no {key}= in {line!r}"
+                return m.group(1)
+        if proc.poll() is not None:
+            raise AssertionError(f"exited ({proc.returncode}) before logging {message!r}:\n{text}")
+        if time.time() > deadline:
+            raise AssertionError(f"never logged {message!r}:\n{text}")
+        time.sleep(0.05)
+
+
+def role_env(**extra):
+    """The environment without Lanyard settings, logging at least the
+    info lines that report the bound addresses."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LANYARD_")}
+    env.setdefault("RUST_LOG", "info")
+    return {**env, **extra}
 
 
 def wait_ready(url: str, timeout: float = 20.0) -> None:
@@ -41,15 +68,20 @@ def wait_ready(url: str, timeout: float = 20.0) -> None:
 
 
 class Agent:
-    def __init__(self, config_path, port, log_path):
+    """`lanyard agent` on `listen` (port 0: any free port); `port` is the
+    port its API reported once it serves."""
+
+    def __init__(self, config_path, listen, log_path):
+        offset = log_path.stat().st_size if log_path.exists() else 0
         self.log = open(log_path, "ab")
         self.proc = subprocess.Popen(
             [lanyard_binary(), "--config", str(config_path), "agent",
-             "--listen", f"127.0.0.1:{port}", "--admin-listen", "127.0.0.1:0",
+             "--listen", listen, "--admin-listen", "127.0.0.1:0",
              "--node-name", "lanyard-dev-node"],
-            stdout=subprocess.DEVNULL, stderr=self.log,
-            env={k: v for k, v in os.environ.items() if not k.startswith("LANYARD_")},
+            stdout=subprocess.DEVNULL, stderr=self.log, env=role_env(),
         )
+        api = reported(self.proc, log_path, "lanyard agent serving", "api", offset)
+        self.port = int(api.rsplit(":", 1)[1])
 
     def stop(self):
         self.proc.terminate()
@@ -82,17 +114,18 @@ def split(dev, tmp_path):
                 iam.gke.io/gcp-service-account: ray-worker@lanyard-dev.iam.gserviceaccount.com
                 eks.amazonaws.com/role-arn: arn:aws:iam::111122223333:role/ray-worker
     """))
-    agent_port, sidecar_port = free_port(), free_port()
     agent_log = tmp_path / "agent.log"
-    agent = Agent(config, agent_port, agent_log)
+    agent = Agent(config, "127.0.0.1:0", agent_log)
+    agent_port = agent.port
     sidecar_log = open(tmp_path / "sidecar.log", "wb")
     sidecar = subprocess.Popen(
-        [sidecar_binary(), "--listen", f"127.0.0.1:{sidecar_port}",
+        [sidecar_binary(), "--listen", "127.0.0.1:0",
          "--agent", f"http://127.0.0.1:{agent_port}", "--token-dir", dev.token_dir],
         stdout=subprocess.DEVNULL, stderr=sidecar_log,
-        env={**{k: v for k, v in os.environ.items() if not k.startswith("LANYARD_")},
-             "IDENTITY_HEADER": "split-test-header"},
+        env=role_env(IDENTITY_HEADER="split-test-header"),
     )
+    sidecar_addr = reported(sidecar, tmp_path / "sidecar.log", "lanyard sidecar serving", "addr")
+    sidecar_port = int(sidecar_addr.rsplit(":", 1)[1])
     base = f"http://127.0.0.1:{sidecar_port}"
     wait_ready(base + "/readyz")
     state = {"agent": agent, "config": config, "agent_port": agent_port, "base": base,
@@ -154,6 +187,7 @@ def test_sdks_through_sidecar_and_agent_survive_an_agent_restart(dev, split, mon
     assert "access_token" not in resp.text
     assert requests.get(split["base"] + "/readyz", timeout=5).status_code == 503
 
-    split["agent"] = Agent(split["config"], split["agent_port"], split["agent_log"])
+    # Back on the port the first agent reported: the sidecar reconnects.
+    split["agent"] = Agent(split["config"], f"127.0.0.1:{split['agent_port']}", split["agent_log"])
     wait_ready(split["base"] + "/readyz")
     all_sdks(dev, split, monkeypatch)
