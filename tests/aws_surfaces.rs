@@ -3,31 +3,14 @@
 // Needs the `dev` feature (built-in issuer, emulators, `lanyard dev`).
 #![cfg(feature = "dev")]
 
+mod support;
+
 use std::sync::atomic::Ordering;
 
 use lanyard::config::Config;
 use lanyard::dev::DevStack;
 use serde_json::Value;
-
-async fn stack() -> (DevStack, String) {
-    let config = Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        admin_listen: "127.0.0.1:0".parse().unwrap(),
-        ..Default::default()
-    };
-    let stack = DevStack::start(&config).await.unwrap();
-    let base = format!("http://{}", stack.surfaces_addr);
-    (stack, base)
-}
-
-fn export<'a>(stack: &'a DevStack, name: &str) -> &'a str {
-    stack
-        .exports
-        .iter()
-        .find(|(n, _)| n == name)
-        .map(|(_, v)| v.as_str())
-        .unwrap()
-}
+use support::{dev_stack, export};
 
 fn parse_rfc3339(s: &str) -> i64 {
     time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
@@ -41,7 +24,7 @@ fn now() -> i64 {
 
 #[tokio::test]
 async fn container_credentials_with_file_authorization() {
-    let (stack, _) = stack().await;
+    let (stack, _) = dev_stack().await;
     let url = export(&stack, "AWS_CONTAINER_CREDENTIALS_FULL_URI").to_string();
     let file = export(&stack, "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE").to_string();
     let token = std::fs::read_to_string(&file).unwrap();
@@ -119,7 +102,7 @@ async fn container_credentials_with_file_authorization() {
 
 #[tokio::test]
 async fn imdsv2_session_flow() {
-    let (stack, base) = stack().await;
+    let (stack, base) = dev_stack().await;
     let http = reqwest::Client::new();
     let resp = http
         .put(format!("{base}/latest/api/token"))
@@ -183,7 +166,7 @@ async fn imdsv2_session_flow() {
 
 #[tokio::test]
 async fn imdsv1_and_bad_sessions_are_refused() {
-    let (stack, base) = stack().await;
+    let (stack, base) = dev_stack().await;
     let http = reqwest::Client::new();
     let url = format!("{base}/latest/meta-data/iam/security-credentials/");
     assert_eq!(http.get(&url).send().await.unwrap().status(), 401, "IMDSv1");
@@ -248,7 +231,7 @@ async fn imdsv1_and_bad_sessions_are_refused() {
 
 #[tokio::test]
 async fn throttled_sts_is_a_retryable_429_then_recovers() {
-    let (stack, base) = stack().await;
+    let (stack, base) = dev_stack().await;
     let http = reqwest::Client::new();
     let session = http
         .put(format!("{base}/latest/api/token"))

@@ -4,28 +4,10 @@
 // Needs the `dev` feature (built-in issuer, emulators, `lanyard dev`).
 #![cfg(feature = "dev")]
 
+mod support;
+
 use std::sync::atomic::Ordering;
-
-use lanyard::config::Config;
-use lanyard::dev::DevStack;
-
-async fn stack() -> DevStack {
-    let config = Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        admin_listen: "127.0.0.1:0".parse().unwrap(),
-        ..Default::default()
-    };
-    DevStack::start(&config).await.unwrap()
-}
-
-fn export<'a>(stack: &'a DevStack, name: &str) -> &'a str {
-    stack
-        .exports
-        .iter()
-        .find(|(n, _)| n == name)
-        .map(|(_, v)| v.as_str())
-        .unwrap()
-}
+use support::{dev_stack, export};
 
 /// Sum of a metric's samples whose label text contains `labels`.
 fn metric(text: &str, name: &str, labels: &str) -> f64 {
@@ -59,7 +41,7 @@ async fn herd(urls: Vec<(String, Vec<(&'static str, String)>)>) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn herds_cost_one_exchange_per_identity() {
-    let stack = stack().await;
+    let (stack, _) = dev_stack().await;
     let azure = format!(
         "{}/metadata/identity/oauth2/token?api-version=2018-02-01&resource=https%3A%2F%2Fstorage.azure.com%2F",
         export(&stack, "AZURE_POD_IDENTITY_AUTHORITY_HOST")

@@ -4,22 +4,12 @@
 // Needs the `dev` feature (built-in issuer, emulators, `lanyard dev`).
 #![cfg(feature = "dev")]
 
+mod support;
+
 use std::sync::atomic::Ordering;
 
-use lanyard::config::Config;
-use lanyard::dev::DevStack;
 use serde_json::Value;
-
-async fn stack() -> (DevStack, String) {
-    let config = Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        admin_listen: "127.0.0.1:0".parse().unwrap(),
-        ..Default::default()
-    };
-    let stack = DevStack::start(&config).await.unwrap();
-    let base = format!("http://{}", stack.surfaces_addr);
-    (stack, base)
-}
+use support::dev_stack;
 
 async fn get(url: &str, flavor: bool) -> reqwest::Response {
     let client = reqwest::Client::builder()
@@ -44,7 +34,7 @@ const SA: &str = "ray-worker@lanyard-dev.iam.gserviceaccount.com";
 
 #[tokio::test]
 async fn header_rules() {
-    let (stack, base) = stack().await;
+    let (stack, base) = dev_stack().await;
     let url = format!("{base}/computeMetadata/v1/instance/service-accounts/default/token");
     let resp = get(&url, false).await;
     assert_eq!(resp.status(), 403);
@@ -76,7 +66,7 @@ async fn header_rules() {
 
 #[tokio::test]
 async fn ping_project_and_universe() {
-    let (stack, base) = stack().await;
+    let (stack, base) = dev_stack().await;
     let resp = get(&format!("{base}/"), true).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(flavor(&resp), "Google");
@@ -99,7 +89,7 @@ async fn ping_project_and_universe() {
 
 #[tokio::test]
 async fn directories_listings_recursion_and_redirects() {
-    let (stack, base) = stack().await;
+    let (stack, base) = dev_stack().await;
     let v1 = format!("{base}/computeMetadata/v1");
     let listing = get(&format!("{v1}/instance/service-accounts/"), true)
         .await
@@ -167,7 +157,7 @@ async fn directories_listings_recursion_and_redirects() {
 
 #[tokio::test]
 async fn token_with_scopes_and_identity() {
-    let (stack, base) = stack().await;
+    let (stack, base) = dev_stack().await;
     let v1 = format!("{base}/computeMetadata/v1/instance/service-accounts/default");
     let resp = get(
         &format!("{v1}/token?scopes=https://www.googleapis.com/auth/devstorage.read_only,https://www.googleapis.com/auth/cloud-platform"),
@@ -217,7 +207,7 @@ async fn token_with_scopes_and_identity() {
 
 #[tokio::test]
 async fn other_service_accounts_are_not_found() {
-    let (stack, base) = stack().await;
+    let (stack, base) = dev_stack().await;
     for account in [
         "admin@lanyard-dev.iam.gserviceaccount.com",
         "lanyard-dev.svc.id.goog",

@@ -249,3 +249,26 @@ pub fn container_token_file() -> std::path::PathBuf {
 }
 
 pub const CONTAINER_TOKEN: &str = "test-container-authorization-token";
+
+/// A full in-process `lanyard dev` stack on loopback, and the base URL of
+/// its SDK surfaces.
+pub async fn dev_stack() -> (lanyard::dev::DevStack, String) {
+    let config = Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        admin_listen: "127.0.0.1:0".parse().unwrap(),
+        ..Default::default()
+    };
+    let stack = lanyard::dev::DevStack::start(&config).await.unwrap();
+    let base = format!("http://{}", stack.surfaces_addr);
+    (stack, base)
+}
+
+/// The value `stack` exports for the variable `name`.
+pub fn export<'a>(stack: &'a lanyard::dev::DevStack, name: &str) -> &'a str {
+    stack
+        .exports
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+        .unwrap()
+}
