@@ -245,6 +245,7 @@ impl CloudExchanger for AzureCloud {
     }
 
     fn fetcher(&self, bound: &AzureBound, request: &TokenRequest, _: &Caller) -> Fetcher {
+        // The pipeline asked `scope` first, so it holds for this request.
         let scope = self.scope(bound, request).unwrap_or_default();
         let params = (
             self.exchanger.clone(),

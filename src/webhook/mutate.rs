@@ -203,9 +203,9 @@ impl InjectionConfig {
             ));
         }
         for (name, audience) in [
-            ("azure", Some(&self.azure_audience)),
-            ("gcp", self.gcp_audience.as_ref()),
-            ("aws", Some(&self.aws_audience)),
+            (Cloud::Azure.name(), Some(&self.azure_audience)),
+            (Cloud::Gcp.name(), self.gcp_audience.as_ref()),
+            (Cloud::Aws.name(), Some(&self.aws_audience)),
             ("app", Some(&self.app_audience)),
         ] {
             if audience.is_some_and(|a| a.trim().is_empty()) {
@@ -535,13 +535,21 @@ fn mutate_with(
     if !volumes.iter().any(|v| v.name == TOKENS_VOLUME) {
         let mut sources = Vec::new();
         if azure.is_some() {
-            sources.push(token_source("azure", &config.azure_audience, expiration));
+            sources.push(token_source(
+                Cloud::Azure.name(),
+                &config.azure_audience,
+                expiration,
+            ));
         }
         if let Some(audience) = gcp {
-            sources.push(token_source("gcp", audience, expiration));
+            sources.push(token_source(Cloud::Gcp.name(), audience, expiration));
         }
         if aws {
-            sources.push(token_source("aws", &config.aws_audience, expiration));
+            sources.push(token_source(
+                Cloud::Aws.name(),
+                &config.aws_audience,
+                expiration,
+            ));
         }
         new_volumes.push(to_json(&projected(TOKENS_VOLUME, sources))?);
     }
