@@ -2,10 +2,10 @@
 //! server and the sidecar's client. Versioned by path; from here on fields
 //! are only ever added.
 //!
-//! The body is the uniform [`TokenRequest`]; the answer a [`WireGrant`] or
-//! an [`ErrorBody`] whose [`WireError`] mirrors [`BrokerError`] variant for
-//! variant, so a refusal renders in the sidecar exactly as it would have in
-//! the agent. The caller's projected token travels in `Authorization:
+//! The body is the uniform [`crate::cloud::TokenRequest`]; the answer a
+//! [`WireGrant`] or an [`ErrorBody`] whose [`WireError`] mirrors
+//! [`BrokerError`] variant for variant, so a refusal renders in the sidecar
+//! exactly as it would have in the agent. The caller's projected token travels in `Authorization:
 //! Bearer`, never in the body, so that it is not captured by body logging
 //! anywhere.
 

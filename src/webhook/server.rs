@@ -119,7 +119,7 @@ impl WebhookServer {
     }
 
     /// Stops accepting, waits for in-flight reviews to be answered (at most
-    /// [`DRAIN`], after which their connections are closed), and returns.
+    /// ten seconds, after which their connections are closed), and returns.
     pub async fn stop(self) {
         self.reload.abort();
         // INVARIANT: the server task is awaited, never aborted, before the
