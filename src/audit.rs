@@ -22,8 +22,8 @@ pub const MAX_FIELD_CHARS: usize = 256;
 /// Whether a request was granted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
-    /// The request was granted and, unless it was an identity lookup, a
-    /// credential returned.
+    /// The request was granted and its credential returned (identity
+    /// lookups, which return none, are not audited).
     Allow,
     /// The request was refused; the event's `reason`, `code` and `message` say
     /// why.
