@@ -22,11 +22,17 @@ pub const MAX_FIELD_CHARS: usize = 256;
 /// Whether a request was granted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
+    /// The request was granted and its credential returned (identity
+    /// lookups, which return none, are not audited).
     Allow,
+    /// The request was refused; the event's `reason`, `code` and `message` say
+    /// why.
     Deny,
 }
 
 impl Verdict {
+    /// The verdict as audit records and the `decision` metrics label spell it:
+    /// `allow` or `deny`.
     pub fn name(self) -> &'static str {
         match self {
             Verdict::Allow => "allow",
@@ -38,9 +44,14 @@ impl Verdict {
 /// Who asked, as the verified token says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuditCaller {
+    /// The namespace of the caller's pod and ServiceAccount.
     pub namespace: String,
+    /// The name of the ServiceAccount the token was issued for.
     pub service_account: String,
+    /// The name of the pod the token is bound to; `None` for a token that is not
+    /// pod-bound (which the broker then refuses).
     pub pod: Option<String>,
+    /// The uid of that pod, which tells apart pods that reuse a name.
     pub pod_uid: Option<String>,
 }
 
@@ -58,6 +69,9 @@ impl From<&Caller> for AuditCaller {
 /// The credential that left, by fingerprint only.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IssuedCredential {
+    /// Short SHA-256 fingerprint of the credential's secret part (the access or
+    /// ID token, or the AWS session token), as [`crate::secret::fingerprint`]
+    /// computes it.
     pub fingerprint: String,
     /// Unix seconds.
     pub expires_at: u64,
@@ -66,13 +80,17 @@ pub struct IssuedCredential {
 /// One decision.
 #[derive(Debug, Clone)]
 pub struct AuditEvent {
+    /// When the decision was made (wall clock, at the end of the pipeline).
     pub time: SystemTime,
     /// `None` when the token was refused before it named anyone.
     pub caller: Option<AuditCaller>,
     /// Fingerprint of the caller's projected token.
     pub token_fingerprint: String,
+    /// The cloud the request was for.
     pub cloud: Cloud,
+    /// What kind of credential was asked for.
     pub kind: Kind,
+    /// The SDK-facing endpoint the request came in on.
     pub surface: Surface,
     /// The identity the request was decided for, once bound.
     pub identity: Option<String>,
@@ -80,7 +98,10 @@ pub struct AuditEvent {
     pub scopes: Vec<String>,
     /// ID-token audience, bounded.
     pub audience: Option<String>,
+    /// The lifetime the caller asked for; `None` when it asked for none and the
+    /// configured one applied.
     pub lifetime: Option<Duration>,
+    /// Whether the request was granted.
     pub verdict: Verdict,
     /// Why it was refused (`BrokerError::reason`), for denials.
     pub reason: Option<&'static str>,
@@ -92,13 +113,19 @@ pub struct AuditEvent {
     pub policies: Vec<String>,
     /// How the cache answered, when it was consulted.
     pub cache: Option<CacheOutcome>,
+    /// The credential that was returned, by fingerprint; `None` for denials.
     pub credential: Option<IssuedCredential>,
+    /// Time from the request reaching the broker to the decision, cache lookup
+    /// and upstream exchange included.
     pub latency: Duration,
 }
 
 /// Why an event could not be recorded.
 #[derive(Debug, thiserror::Error)]
 pub enum AuditError {
+    /// The sink could not take the event (its destination is down or full); the
+    /// text says why. The broker then refuses the request as retryable rather
+    /// than issue an unrecorded credential.
     #[error("audit sink unavailable: {0}")]
     Unavailable(String),
 }

@@ -50,7 +50,9 @@ pub use policy::{AllowBound, Decision, Policy, PolicyInput};
 /// for [`Kind::Identity`] lookups).
 #[derive(Debug, Clone)]
 pub struct Grant {
+    /// The cloud identity the request was decided for.
     pub identity: Identity,
+    /// The credential; `None` only for [`Kind::Identity`] lookups.
     pub credential: Option<Credential>,
 }
 
@@ -154,10 +156,14 @@ impl Broker {
         self.clouds[cloud].is_some()
     }
 
+    /// The metrics the broker and its cache report to, for the admin listener's
+    /// `/metrics`.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.core.metrics
     }
 
+    /// The credential cache, for inspecting what it holds (the tests check
+    /// that a refusal left nothing cached).
     pub fn cache(&self) -> &Cache {
         &self.core.cache
     }

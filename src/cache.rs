@@ -44,12 +44,16 @@ use limits::UpstreamLimits;
 /// never receive each other's credentials.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct CacheKey {
+    /// The cloud the credential is for.
     pub cloud: Cloud,
     /// Client id, service account email / principal, or role ARN.
     pub identity: String,
     /// Resource, sorted scope set, or ID-token audience.
     pub scope: String,
+    /// The caller's namespace: ServiceAccounts of different namespaces never
+    /// share an entry, even when bound to the same identity.
     pub namespace: String,
+    /// The caller's ServiceAccount name.
     pub service_account: String,
     /// Set when the cache is scoped per pod.
     pub pod_uid: Option<String>,
@@ -84,22 +88,32 @@ impl CacheOutcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CacheScope {
+    /// All pods of a ServiceAccount share an entry (the default): fewest
+    /// upstream exchanges.
     #[serde(rename = "serviceaccount")]
     ServiceAccount,
+    /// Each pod has its own entries, so each exchange is made with that pod's
+    /// own token and attributed to it upstream.
     Pod,
 }
 
 /// Cache settings.
 #[derive(Debug, Clone)]
 pub struct CacheConfig {
+    /// Whether entries are shared per ServiceAccount or kept per pod.
     pub scope: CacheScope,
+    /// Most entries held; at the bound the least recently used is evicted.
     pub max_entries: usize,
     /// Entries nobody asked for in this long are dropped (and not refreshed).
     pub idle_ttl: Duration,
     /// How long a deterministic refusal is remembered.
     pub negative_ttl: Duration,
+    /// First delay before retrying a failed refresh; it doubles with each
+    /// further failure (with jitter) up to `backoff_max`.
     pub backoff_base: Duration,
+    /// Longest delay between retries of a failing refresh.
     pub backoff_max: Duration,
+    /// Most upstream exchanges in flight at once, all clouds together.
     pub upstream_concurrency: usize,
     /// Upstream exchanges per second, per cloud.
     pub rates: PerCloud<f64>,
@@ -176,6 +190,8 @@ impl Cache {
         Cache { inner }
     }
 
+    /// How entries are shared, as configured: the broker puts the pod's uid in
+    /// the key only for [`CacheScope::Pod`].
     pub fn scope(&self) -> CacheScope {
         self.inner.config.scope
     }
@@ -185,6 +201,7 @@ impl Cache {
         self.inner.lock().len()
     }
 
+    /// Whether the cache holds no entry.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

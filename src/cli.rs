@@ -55,10 +55,18 @@ pub struct Overrides {
 pub enum UsageError {
     /// The value cannot be represented as configuration (a non-UTF-8 path).
     #[error("command-line flag for `{key}`: {reason}")]
-    Unrepresentable { key: String, reason: String },
+    Unrepresentable {
+        /// The configuration key the flag sets, as `section.key`.
+        key: String,
+        /// Why its value could not be converted.
+        reason: String,
+    },
     /// `--annotation` (or `LANYARD_SIDECAR_ANNOTATIONS`) without `KEY=`.
     #[error("--annotation {value:?}: expected KEY=VALUE with a non-empty KEY (from the flag or LANYARD_SIDECAR_ANNOTATIONS)")]
-    Annotation { value: String },
+    Annotation {
+        /// The value as given, without its `KEY=` part.
+        value: String,
+    },
 }
 
 impl Overrides {
@@ -107,6 +115,8 @@ impl Overrides {
     }
 }
 
+/// The flags of the sidecar role, shared by `lanyard sidecar` and the
+/// `lanyard-sidecar` binary.
 #[derive(Args)]
 pub struct SidecarArgs {
     /// Address of the SDK endpoints inside the pod.

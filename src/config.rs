@@ -59,11 +59,17 @@ impl Default for AzureConfig {
 pub struct GcpConfig {
     /// `//iam.googleapis.com/projects/N/locations/global/workloadIdentityPools/P/providers/R`.
     pub workload_identity_provider: Option<String>,
+    /// The Google project id callers act in (6–30 lowercase letters, digits and
+    /// `-`); required with a workload identity provider.
     pub project_id: Option<String>,
+    /// The numeric project number; default: the one in the provider's name.
     pub project_number: Option<String>,
     /// Audience callers' projected tokens must carry; default: the provider.
     pub audience: Option<String>,
+    /// Overrides Google's STS endpoint (private endpoints, emulators).
     pub sts_endpoint: Option<String>,
+    /// Overrides Google's IAM Credentials endpoint (private endpoints,
+    /// emulators).
     pub iamcredentials_endpoint: Option<String>,
     /// Lifetime, in seconds, asked of generateAccessToken (300–3600).
     pub token_lifetime: u64,
@@ -115,6 +121,8 @@ pub struct CacheSettings {
     /// `serviceaccount` (pods of one service account share credentials) or
     /// `pod` (per-pod credentials, for per-pod attribution upstream).
     pub scope: crate::cache::CacheScope,
+    /// Most cached credentials (1–1000000); the least recently used is evicted
+    /// first.
     pub max_entries: usize,
     /// Seconds after which an entry nobody asked for is dropped.
     pub idle_ttl: u64,
@@ -124,7 +132,9 @@ pub struct CacheSettings {
     pub upstream_concurrency: usize,
     /// Upstream exchanges per second, per cloud.
     pub rate_azure: f64,
+    /// Upstream exchanges per second with Google (0.1–100000).
     pub rate_gcp: f64,
+    /// Upstream exchanges per second with AWS STS (0.1–100000).
     pub rate_aws: f64,
 }
 
@@ -145,6 +155,9 @@ impl Default for CacheSettings {
 }
 
 impl CacheSettings {
+    /// The cache's own configuration: seconds become durations, the per-cloud
+    /// rates a [`PerCloud`] table, and what is not configurable (the retry
+    /// backoff) keeps its default.
     pub fn to_cache_config(&self) -> crate::cache::CacheConfig {
         crate::cache::CacheConfig {
             scope: self.scope,
@@ -214,6 +227,8 @@ pub struct WebhookConfig {
     pub reload_seconds: u64,
     /// The image of the injected sidecar.
     pub sidecar_image: String,
+    /// `imagePullPolicy` of the injected sidecar; default: Kubernetes' own
+    /// (from the image's tag).
     pub image_pull_policy: Option<String>,
     /// Node agent URL as the sidecar sees it (`$(LANYARD_HOST_IP)` is the node's IP).
     pub agent_url: String,
@@ -245,11 +260,18 @@ impl Default for WebhookConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DevConfig {
+    /// Namespace of the dev pod and its ServiceAccount.
     pub namespace: String,
+    /// Name of the dev ServiceAccount, bound to the dev identities below.
     pub service_account: String,
+    /// Name of the dev pod the built-in issuer binds its tokens to.
     pub pod_name: String,
+    /// Name of the node the dev pod's tokens name.
     pub node_name: String,
+    /// Client id of the dev managed identity, as the
+    /// `azure.workload.identity/client-id` annotation would give it.
     pub azure_client_id: String,
+    /// Tenant of the dev managed identity.
     pub azure_tenant_id: String,
     /// Google service account the dev identity impersonates.
     pub gcp_service_account: String,
@@ -287,13 +309,17 @@ impl Default for DevConfig {
 
 /// Google project of `lanyard dev`'s emulated workload identity pool.
 pub const DEV_GCP_PROJECT_ID: &str = "lanyard-dev";
+/// Project number of [`DEV_GCP_PROJECT_ID`].
 pub const DEV_GCP_PROJECT_NUMBER: &str = "123456789012";
+/// The workload identity provider `lanyard dev`'s Google emulator trusts
+/// the built-in issuer through.
 pub const DEV_GCP_PROVIDER: &str = "//iam.googleapis.com/projects/123456789012/locations/global/workloadIdentityPools/lanyard-dev/providers/dev-cluster";
 
 /// The whole configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
+    /// Log line format: `text` for people, `json` for collectors.
     pub log_format: LogFormat,
     /// Default tracing filter (`RUST_LOG` overrides).
     pub log_level: String,
@@ -301,13 +327,21 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Address of `/metrics`, `/healthz` and `/readyz`.
     pub admin_listen: SocketAddr,
+    /// The credential cache (`cache.*`, `LANYARD_CACHE_*`).
     pub cache: CacheSettings,
+    /// The node agent's trust and bindings (`cluster.*`).
     pub cluster: ClusterConfig,
+    /// The pod sidecar (`sidecar.*`).
     pub sidecar: SidecarConfig,
+    /// The admission webhook and what it injects (`webhook.*`).
     pub webhook: WebhookConfig,
+    /// Entra ID (`azure.*`).
     pub azure: AzureConfig,
+    /// Google (`gcp.*`).
     pub gcp: GcpConfig,
+    /// AWS STS (`aws.*`).
     pub aws: AwsConfig,
+    /// The identity and emulators of `lanyard dev` (`dev.*`).
     pub dev: DevConfig,
 }
 
@@ -333,12 +367,20 @@ impl Default for Config {
 /// A configuration value that is refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// The file, environment or flags could not be read or do not fit the
+    /// schema (a missing file, bad YAML, an unknown key, a wrong type); the text
+    /// says which and where.
     #[error("invalid configuration: {0}")]
     Load(String),
+    /// A value has the right type but is not acceptable (out of range, not a
+    /// URL, not a region).
     #[error("invalid configuration: {key}: {expected} (got {got:?})")]
     Invalid {
+        /// The key, as `section.key`.
         key: &'static str,
+        /// What the key takes.
         expected: &'static str,
+        /// The value that was given.
         got: String,
     },
 }

@@ -38,6 +38,9 @@ pub struct MintedTokens {
 }
 
 impl MintedTokens {
+    /// Tokens of `pod` minted by `issuer`, each valid for `lifetime`, one per
+    /// cloud with the audience `audiences` gives it; asking for a cloud without
+    /// one is an error.
     pub fn new(
         issuer: Arc<Issuer>,
         pod: PodIdentity,
@@ -85,8 +88,11 @@ impl SubjectTokens for MintedTokens {
 pub struct DevStack {
     /// `NAME=VALUE` pairs an SDK needs to find Lanyard.
     pub exports: Vec<(String, String)>,
+    /// Where the SDK-facing surfaces listen (loopback).
     pub surfaces_addr: SocketAddr,
+    /// Where `/metrics`, `/healthz` and `/readyz` listen.
     pub admin_addr: SocketAddr,
+    /// The built-in service-account issuer, for minting tokens of other pods.
     pub issuer: Arc<Issuer>,
     /// The dev pod's projected tokens (`azure`, `gcp`, `aws`, `app`), kept fresh.
     pub token_dir: std::path::PathBuf,

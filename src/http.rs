@@ -56,6 +56,8 @@ pub struct Shutdown(watch::Receiver<bool>);
 pub struct ShutdownTrigger(watch::Sender<bool>);
 
 impl Shutdown {
+    /// A new signal, not yet fired, and its trigger. Clone the [`Shutdown`]
+    /// for every task that must stop.
     pub fn new() -> (ShutdownTrigger, Shutdown) {
         let (tx, rx) = watch::channel(false);
         (ShutdownTrigger(tx), Shutdown(rx))
@@ -68,6 +70,8 @@ impl Shutdown {
 }
 
 impl ShutdownTrigger {
+    /// Fires the signal: every [`Shutdown::wait`] resolves. Firing twice is
+    /// harmless.
     pub fn trigger(&self) {
         let _ = self.0.send(true);
     }

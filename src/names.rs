@@ -20,8 +20,10 @@ pub const MAX_SUBDOMAIN: usize = 253;
 /// A value that is not the name it should be.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NameError {
+    /// Not a DNS-1123 label; carries the value.
     #[error("{0:?} is not a DNS-1123 label (1-63 lowercase letters, digits and '-', starting and ending with a letter or digit)")]
     DnsLabel(String),
+    /// Not a DNS-1123 subdomain; carries the value.
     #[error(
         "{0:?} is not a DNS-1123 subdomain (at most 253 characters: DNS-1123 labels joined by '.')"
     )]
@@ -63,6 +65,7 @@ macro_rules! name_type {
                 }
             }
 
+            /// The name as given.
             pub fn as_str(&self) -> &str {
                 &self.0
             }

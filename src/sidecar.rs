@@ -36,6 +36,9 @@ pub struct FileTokens {
 }
 
 impl FileTokens {
+    /// Tokens from the files in `dir`, one per cloud ([`token_file`]). Nothing
+    /// is read until a token is asked for; a token read more than five seconds
+    /// ago is read again, so a rotation by the kubelet is picked up promptly.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         FileTokens {
             dir: dir.into(),
@@ -89,6 +92,8 @@ impl SubjectTokens for FileTokens {
 
 /// A running sidecar.
 pub struct Sidecar {
+    /// The address the SDK endpoints are bound to (the actual port when the
+    /// configuration asked for port 0).
     pub addr: std::net::SocketAddr,
     trigger: crate::http::ShutdownTrigger,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
@@ -183,6 +188,8 @@ impl Sidecar {
         })
     }
 
+    /// Stops accepting requests and waits for in-flight ones to finish, up to
+    /// [`crate::http::DRAIN_TIMEOUT`].
     pub async fn stop(self) {
         self.trigger.trigger();
         drain(

@@ -17,7 +17,9 @@ use tracing_subscriber::{fmt, EnvFilter};
 )]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
+    /// Human-readable lines (`tracing`'s default format).
     Text,
+    /// One JSON object per line, event fields flattened to the top level.
     Json,
 }
 

@@ -195,12 +195,12 @@ fn json_logs_are_one_object_per_line() {
 async fn rust_azure_identity_managed_identity_credential_via_identity_endpoint() {
     use azure_core::credentials::TokenCredential;
     let dev = start(&[]);
-    // This test binary's only test that touches these variables.
-    // SAFETY: no other thread of this test reads or writes the environment.
-    unsafe {
-        std::env::set_var("IDENTITY_ENDPOINT", &dev.exports["IDENTITY_ENDPOINT"]);
-        std::env::set_var("IDENTITY_HEADER", &dev.exports["IDENTITY_HEADER"]);
-    }
+    // This test binary's only test that touches these variables, and no
+    // other thread of this test reads or writes the environment. A safe
+    // call in edition 2021, which `unsafe_code = "forbid"` relies on: an
+    // `unsafe` block here would not compile.
+    std::env::set_var("IDENTITY_ENDPOINT", &dev.exports["IDENTITY_ENDPOINT"]);
+    std::env::set_var("IDENTITY_HEADER", &dev.exports["IDENTITY_HEADER"]);
     let cred = azure_identity::ManagedIdentityCredential::new(None).unwrap();
     let token = cred
         .get_token(&["https://storage.azure.com/.default"], None)

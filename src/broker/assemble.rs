@@ -22,9 +22,14 @@ use crate::token::Verifier;
 /// from, and the cache (created first, since a Kubernetes directory
 /// invalidates its entries).
 pub struct Parts {
+    /// Verifies callers' projected tokens: against the cluster issuer's keys
+    /// (agent), the built-in issuer (dev), or claims only (standalone sidecar).
     pub verifier: Verifier,
+    /// Where ServiceAccount bindings (and pod liveness) come from.
     pub directory: Arc<dyn Directory>,
+    /// The credential cache the broker will use.
     pub cache: Cache,
+    /// The metrics `cache` reports to, which the broker reports to as well.
     pub metrics: Arc<Metrics>,
 }
 

@@ -15,29 +15,47 @@ use crate::token::VerifyError;
 /// Why a request was not granted.
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
+    /// The caller's projected token failed a check (or, when
+    /// [`VerifyError::is_transient`], could not be checked for now).
     #[error("caller token refused: {0}")]
     Unauthenticated(#[from] VerifyError),
+    /// The caller's ServiceAccount has no binding for the cloud asked (no
+    /// annotation naming an identity there).
     #[error("service account {namespace}/{name} has no {cloud} binding")]
     NotBound {
+        /// The cloud asked for.
         cloud: Cloud,
+        /// The ServiceAccount's namespace.
         namespace: String,
+        /// The ServiceAccount's name.
         name: String,
     },
+    /// The request named an identity (a client id, an email, a role name) other
+    /// than the one bound to the caller's ServiceAccount. Selectors never choose
+    /// among identities, so this is "not found", not "forbidden".
     #[error("the requested identity is not bound to this service account")]
     IdentityNotFound,
+    /// The cloud asked for is not enabled on this broker.
     #[error("{0} is not configured on this broker")]
     CloudDisabled(Cloud),
+    /// The request is malformed or out of bounds (a missing audience, too many
+    /// scopes, a kind the cloud does not issue); the text says what is wrong.
     #[error("{0}")]
     BadRequest(String),
     /// The authorization policy refused the request.
     #[error("denied by policy: {reason}")]
     Denied {
+        /// What the caller is told.
         reason: String,
         /// Ids of the policies that decided.
         policies: Vec<String>,
     },
+    /// The cloud's token service refused, throttled or failed the exchange.
     #[error(transparent)]
     Upstream(#[from] CloudError),
+    /// Lanyard itself cannot answer for now (the node agent, the binding
+    /// directory or the audit sink is unreachable, or the projected token is not
+    /// written yet); retryable. The text says what failed.
     #[error("{0}")]
     Unavailable(String),
 }

@@ -14,18 +14,24 @@ use crate::token::Caller;
 
 /// Everything a decision may look at.
 pub struct PolicyInput<'a> {
+    /// Who is asking, as its verified token proves.
     pub caller: &'a Caller,
+    /// The identity the caller would get: bound to its ServiceAccount and
+    /// matched by the request's selector, if it had one.
     pub identity: &'a Identity,
+    /// What is asked for: kind, scopes or audience, lifetime, surface.
     pub request: &'a TokenRequest,
 }
 
 /// A policy's answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
+    /// The request may proceed to the cache and, on a miss, the exchange.
     Allow {
         /// Ids of the policies that permitted (empty for the default).
         policies: Vec<String>,
     },
+    /// The request is refused with [`crate::broker::BrokerError::Denied`].
     Deny {
         /// What users are told.
         reason: String,

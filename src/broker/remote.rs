@@ -20,6 +20,10 @@ pub struct RemoteBroker {
 }
 
 impl RemoteBroker {
+    /// A client of the agent at `agent_url` (its base URL; a trailing `/` is
+    /// ignored). An `http://` agent, the node-local default, is reached without
+    /// loading TLS roots. Connections time out after 2 s and requests after
+    /// 20 s, and redirects are not followed.
     pub fn new(agent_url: &str) -> Self {
         let base = agent_url.trim_end_matches('/');
         // A plain-http agent (the node-local default) needs no TLS roots;

@@ -2,10 +2,10 @@
 //! server and the sidecar's client. Versioned by path; from here on fields
 //! are only ever added.
 //!
-//! The body is the uniform [`TokenRequest`]; the answer a [`WireGrant`] or
-//! an [`ErrorBody`] whose [`WireError`] mirrors [`BrokerError`] variant for
-//! variant, so a refusal renders in the sidecar exactly as it would have in
-//! the agent. The caller's projected token travels in `Authorization:
+//! The body is the uniform [`crate::cloud::TokenRequest`]; the answer a
+//! [`WireGrant`] or an [`ErrorBody`] whose [`WireError`] mirrors
+//! [`BrokerError`] variant for variant, so a refusal renders in the sidecar
+//! exactly as it would have in the agent. The caller's projected token travels in `Authorization:
 //! Bearer`, never in the body, so that it is not captured by body logging
 //! anywhere.
 
@@ -26,7 +26,9 @@ pub const TOKEN_PATH: &str = "/v1/token";
 /// the node-local connection.
 #[derive(Clone, Serialize, Deserialize)]
 pub struct WireGrant {
+    /// The identity the request was decided for.
     pub identity: Identity,
+    /// The credential; absent for [`crate::cloud::Kind::Identity`] lookups.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential: Option<WireCredential>,
 }
@@ -35,23 +37,39 @@ pub struct WireGrant {
 #[derive(Clone, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum WireCredential {
+    /// An OAuth access token ([`Credential::Token`]).
     Token {
+        /// The bearer token itself.
         access_token: String,
+        /// When it was obtained, Unix seconds.
         issued_at: u64,
+        /// When it expires, Unix seconds.
         expires_at: u64,
     },
+    /// An OIDC ID token ([`Credential::IdToken`]).
     IdToken {
+        /// The signed JWT itself.
         token: String,
+        /// When it was obtained, Unix seconds.
         issued_at: u64,
+        /// When it expires, Unix seconds.
         expires_at: u64,
     },
+    /// AWS session credentials ([`Credential::Aws`]).
     Aws {
+        /// The session's access key id (`ASIA…`).
         access_key_id: String,
+        /// The session's secret access key.
         secret_access_key: String,
+        /// The session token SDKs send as `X-Amz-Security-Token`.
         session_token: String,
+        /// When STS was asked, Unix seconds.
         issued_at: u64,
+        /// STS's `Expiration`, Unix seconds.
         expires_at: u64,
+        /// The role's 12-digit account.
         account_id: String,
+        /// `arn:aws:sts::ACCOUNT:assumed-role/ROLE/SESSION`.
         assumed_role_arn: String,
     },
 }
@@ -155,46 +173,77 @@ impl From<WireGrant> for Grant {
 pub enum WireError {
     /// The caller's token was refused; `code` says which check failed.
     Unauthenticated {
+        /// [`VerifyError::reason`] of the failed check (`expired`, `audience`, …).
         code: String,
+        /// The refusal as the agent words it.
         message: String,
     },
+    /// [`BrokerError::NotBound`]: no binding for this cloud.
     NotBound {
+        /// The cloud asked for.
         cloud: Cloud,
+        /// The ServiceAccount's namespace.
         namespace: String,
+        /// The ServiceAccount's name.
         service_account: String,
     },
+    /// [`BrokerError::IdentityNotFound`]: the selector names another identity.
     IdentityNotFound,
+    /// [`BrokerError::CloudDisabled`]: the agent does not serve this cloud.
     CloudDisabled {
+        /// The cloud asked for.
         cloud: Cloud,
     },
+    /// [`BrokerError::BadRequest`]: the request is malformed or out of bounds.
     BadRequest {
+        /// What is wrong with it.
         message: String,
     },
+    /// [`BrokerError::Denied`]: a policy refused the request.
     PolicyDenied {
+        /// The policy's reason, as users are told it.
         message: String,
+        /// Ids of the policies that decided (absent from older agents: none).
         #[serde(default)]
         policies: Vec<String>,
     },
+    /// [`CloudError::Rejected`]: the cloud refused the exchange.
     UpstreamRejected {
+        /// The cloud that refused.
         cloud: Cloud,
+        /// The upstream's error code.
         code: String,
+        /// The upstream's explanation, scrubbed of secrets.
         message: String,
     },
+    /// [`CloudError::Throttled`]: the cloud asked us to slow down.
     UpstreamThrottled {
+        /// The cloud that is throttling.
         cloud: Cloud,
+        /// The upstream's error code.
         code: String,
+        /// How long to wait, in whole seconds; absent when unknown.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         retry_after_secs: Option<u64>,
     },
+    /// [`CloudError::Unavailable`]: the cloud could not be reached or failed.
     UpstreamUnavailable {
+        /// The cloud that failed.
         cloud: Cloud,
+        /// What failed.
         message: String,
     },
+    /// [`CloudError::Protocol`]: the cloud answered something unreadable.
     UpstreamProtocol {
+        /// The cloud whose answer could not be read.
         cloud: Cloud,
+        /// What was wrong with the answer.
         message: String,
     },
+    /// [`BrokerError::Unavailable`], and transient token-check failures: the
+    /// agent cannot answer for now.
     Unavailable {
+        /// What failed.
         message: String,
     },
     /// A kind this side does not know (a newer agent): retryable.
@@ -205,6 +254,7 @@ pub enum WireError {
 /// The error body: `{"error": {...}}`.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct ErrorBody {
+    /// The refusal or failure, tagged by `kind`.
     pub error: WireError,
 }
 

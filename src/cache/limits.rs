@@ -17,6 +17,8 @@ pub struct TokenBucket {
 }
 
 impl TokenBucket {
+    /// A full bucket. `rate_per_second` is raised to at least 0.001 and `burst`
+    /// to at least one token, so that it always admits eventually.
     pub fn new(rate_per_second: f64, burst: f64) -> Self {
         let burst = burst.max(1.0);
         TokenBucket {

@@ -51,8 +51,11 @@ const KEY_RETRIEVAL_PREFIX: &str = "Couldn't retrieve verification key";
 /// Session credentials from STS.
 #[derive(Clone)]
 pub struct AwsCredentials {
+    /// The session's access key id (`ASIA…`); not secret on its own.
     pub access_key_id: String,
+    /// The session's secret access key, which signs requests.
     pub secret_access_key: SecretString,
+    /// The session token SDKs send as `X-Amz-Security-Token`.
     pub session_token: SecretString,
     /// Unix seconds, from STS's `Expiration`.
     pub expires_at: u64,
@@ -88,6 +91,8 @@ pub struct AwsExchanger {
 }
 
 impl AwsExchanger {
+    /// An exchanger calling STS at `endpoint` (a base URL such as
+    /// [`AwsExchanger::regional_endpoint`] gives; a trailing `/` is dropped).
     pub fn new(http: reqwest::Client, endpoint: impl Into<String>) -> Self {
         AwsExchanger {
             http,
@@ -95,6 +100,7 @@ impl AwsExchanger {
         }
     }
 
+    /// The STS base URL this exchanger calls, without a trailing `/`.
     pub fn endpoint(&self) -> &str {
         &self.endpoint
     }
@@ -242,6 +248,7 @@ impl AwsExchanger {
 /// tokens carry, and the session duration asked of STS.
 #[derive(Clone)]
 pub struct AwsCloud {
+    /// The STS client.
     pub exchanger: AwsExchanger,
     /// Audience callers' projected tokens must carry for AWS.
     pub audience: String,
@@ -322,14 +329,22 @@ impl CloudExchanger for AwsCloud {
 /// Why a role ARN or region was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AwsNameError {
+    /// Not of the form `arn:PARTITION:iam::ACCOUNT:role/[PATH/]NAME` at all.
     #[error("{0:?} is not an IAM role ARN (arn:PARTITION:iam::ACCOUNT:role/[PATH/]NAME)")]
     NotRoleArn(String),
+    /// The partition does not start with `aws` or has characters other than
+    /// lowercase letters and `-`.
     #[error("{0:?} has an unknown partition (aws, aws-cn, aws-us-gov, …)")]
     Partition(String),
+    /// The account is not exactly 12 digits.
     #[error("{0:?} does not name a 12-digit account")]
     Account(String),
+    /// The role name is not 1–64 of `[\w+=,.@-]`, or the path is not printable
+    /// ASCII of at most 510 bytes.
     #[error("{0:?} has an invalid role name (1-64 of letters, digits and _+=,.@-) or path")]
     RoleName(String),
+    /// Not a region name: fewer than three `-`-separated parts, a part that is
+    /// not lowercase letters and digits, or longer than 64 bytes.
     #[error("{0:?} is not an AWS region such as us-east-1")]
     Region(String),
 }
@@ -350,6 +365,8 @@ pub struct RoleArn {
 }
 
 impl RoleArn {
+    /// Checks `value` against IAM's rules for role ARNs; the error says which
+    /// part is wrong and carries the value.
     pub fn parse(value: impl Into<String>) -> Result<Self, AwsNameError> {
         let arn = value.into();
         let fields: Vec<&str> = arn.splitn(6, ':').collect();
@@ -405,6 +422,7 @@ impl RoleArn {
         &self.arn[self.name..]
     }
 
+    /// The ARN as given.
     pub fn as_str(&self) -> &str {
         &self.arn
     }
@@ -460,6 +478,8 @@ pub fn session_name_char(c: char) -> bool {
 pub struct Region(String);
 
 impl Region {
+    /// Checks `value` is a region name (see [`Region`]); nothing checks that
+    /// AWS actually has the region, so new regions need no release.
     pub fn parse(value: impl Into<String>) -> Result<Self, AwsNameError> {
         let value = value.into();
         let parts: Vec<&str> = value.split('-').collect();
@@ -477,6 +497,7 @@ impl Region {
         }
     }
 
+    /// The region name as given.
     pub fn as_str(&self) -> &str {
         &self.0
     }

@@ -25,7 +25,9 @@ pub const FEDERATION_AUDIENCE: &str = "api://AzureADTokenExchange";
 
 /// Well-known Entra authority hosts.
 pub const PUBLIC_CLOUD: &str = "https://login.microsoftonline.com";
+/// Azure US Government (`usgovernment`).
 pub const US_GOVERNMENT: &str = "https://login.microsoftonline.us";
+/// Azure operated by 21Vianet (`china`).
 pub const CHINA: &str = "https://login.chinacloudapi.cn";
 
 /// The authority host for a named Azure cloud.
@@ -52,9 +54,16 @@ pub fn resource_to_scope(resource: &str) -> String {
 
 /// One exchange.
 pub struct AzureRequest<'a> {
+    /// The tenant to ask: a GUID or a verified domain name. Percent-encoded
+    /// into the token URL's path, so it cannot change the path.
     pub tenant_id: &'a str,
+    /// The client (application) id of the managed identity or app registration
+    /// whose federated credential trusts the assertion.
     pub client_id: &'a str,
+    /// The v2 scope asked for, `RESOURCE/.default` (see [`resource_to_scope`]).
     pub scope: &'a str,
+    /// The pod's projected token, audience [`FEDERATION_AUDIENCE`], sent as
+    /// `client_assertion`.
     pub assertion: &'a SecretString,
 }
 
@@ -88,6 +97,8 @@ const TRANSIENT_CODES: [u64; 4] = [
 ];
 
 impl AzureExchanger {
+    /// An exchanger asking Entra at `authority_host` (such as [`PUBLIC_CLOUD`];
+    /// a trailing `/` is dropped).
     pub fn new(http: reqwest::Client, authority_host: impl Into<String>) -> Self {
         AzureExchanger {
             http,
@@ -95,10 +106,17 @@ impl AzureExchanger {
         }
     }
 
+    /// The authority host this exchanger asks, without a trailing `/`.
     pub fn authority_host(&self) -> &str {
         &self.authority_host
     }
 
+    /// Exchanges the assertion for an access token with the client-credentials
+    /// grant. A 429 or one of Entra's transient AADSTS codes is
+    /// [`CloudError::Throttled`], a 5xx or an unreachable host
+    /// [`CloudError::Unavailable`], any other refusal carrying an AADSTS code
+    /// [`CloudError::Rejected`], and an unreadable answer
+    /// [`CloudError::Protocol`]; messages never contain the assertion.
     pub async fn exchange(&self, req: &AzureRequest<'_>) -> Result<AccessToken, CloudError> {
         // Tenant ids are GUIDs or domain names; anything else is
         // percent-encoded so that it cannot change the path.
@@ -170,6 +188,7 @@ impl AzureExchanger {
 /// tokens carry, and the tenant of ServiceAccounts that name none.
 #[derive(Clone)]
 pub struct AzureCloud {
+    /// The Entra client.
     pub exchanger: AzureExchanger,
     /// Tenant used when a ServiceAccount names none.
     pub default_tenant: Option<String>,
@@ -180,7 +199,9 @@ pub struct AzureCloud {
 /// The Azure identity bound to a ServiceAccount, tenant resolved.
 #[derive(Debug, Clone)]
 pub struct AzureBound {
+    /// The binding as the ServiceAccount's annotations give it.
     pub binding: AzureBinding,
+    /// The tenant to ask: the binding's, else the broker's default.
     pub tenant: String,
 }
 

@@ -31,6 +31,8 @@ use crate::token::Caller;
 
 /// Google's public endpoints.
 pub const STS_ENDPOINT: &str = "https://sts.googleapis.com";
+/// Google's IAM Credentials API, for `generateAccessToken` and
+/// `generateIdToken`.
 pub const IAMCREDENTIALS_ENDPOINT: &str = "https://iamcredentials.googleapis.com";
 /// The scope asked for when the caller names none (what the GCE metadata
 /// server hands out by default).
@@ -70,6 +72,8 @@ struct IdTokenSuccess {
 }
 
 impl GcpExchanger {
+    /// An exchanger calling STS at `sts_endpoint` and IAM Credentials at
+    /// `iamcredentials_endpoint` (base URLs; trailing `/`s are dropped).
     pub fn new(
         http: reqwest::Client,
         sts_endpoint: impl Into<String>,
@@ -85,10 +89,12 @@ impl GcpExchanger {
         }
     }
 
+    /// The STS base URL, without a trailing `/`.
     pub fn sts_endpoint(&self) -> &str {
         &self.sts_endpoint
     }
 
+    /// The IAM Credentials base URL, without a trailing `/`.
     pub fn iamcredentials_endpoint(&self) -> &str {
         &self.iamcredentials_endpoint
     }
@@ -248,13 +254,18 @@ impl GcpExchanger {
 /// provider callers federate through, and the project they act in.
 #[derive(Clone)]
 pub struct GcpCloud {
+    /// The STS and IAM Credentials client.
     pub exchanger: GcpExchanger,
     /// The workload identity pool provider, `//iam.googleapis.com/projects/N/locations/global/workloadIdentityPools/P/providers/R`:
     /// the STS `audience`.
     pub provider: String,
     /// Audience callers' projected tokens must carry for Google.
     pub audience: String,
+    /// The project id callers act in: reported by the metadata server and
+    /// naming the federated principal `PROJECT.svc.id.goog`.
     pub project_id: String,
+    /// The numeric project number, as the metadata server's
+    /// `numeric-project-id` reports it.
     pub project_number: String,
     /// Lifetime asked of `generateAccessToken` (and the most a caller may ask).
     pub token_lifetime: Duration,

@@ -36,8 +36,11 @@ pub use request::{Identity, Kind, RequestError, Selector, Surface, TokenRequest}
 )]
 #[serde(rename_all = "lowercase")]
 pub enum Cloud {
+    /// Microsoft Entra ID (Azure).
     Azure,
+    /// Google Cloud.
     Gcp,
+    /// Amazon Web Services.
     Aws,
 }
 
@@ -175,6 +178,7 @@ impl<T> std::ops::IndexMut<Cloud> for PerCloud<T> {
 /// window.
 #[derive(Debug, Clone)]
 pub struct AccessToken {
+    /// The bearer token itself.
     pub token: SecretString,
     /// Unix seconds.
     pub issued_at: u64,
@@ -254,23 +258,42 @@ pub enum CloudError {
     /// something is reconfigured (no federated credential, role not trusted).
     #[error("{cloud} rejected the exchange: {code}: {message}")]
     Rejected {
+        /// The cloud that refused.
         cloud: Cloud,
+        /// The upstream's error code (`AADSTS70021`, `PERMISSION_DENIED`,
+        /// `AccessDenied`).
         code: String,
+        /// The upstream's explanation, scrubbed of anything secret.
         message: String,
     },
     /// The cloud asked us to slow down.
     #[error("{cloud} is throttling token requests ({code}); retry after {retry_after:?}")]
     Throttled {
+        /// The cloud that is throttling.
         cloud: Cloud,
+        /// The upstream's error code (`Throttling`, `RESOURCE_EXHAUSTED`),
+        /// or `HTTP429` when it gave none.
         code: String,
+        /// How long to wait, from the upstream's `Retry-After` (Entra's
+        /// exchanger assumes 5 s without one); `None` when unknown.
         retry_after: Option<Duration>,
     },
     /// The cloud could not be reached or failed on its side.
     #[error("{cloud} token service unavailable: {reason}")]
-    Unavailable { cloud: Cloud, reason: String },
+    Unavailable {
+        /// The cloud that could not be reached.
+        cloud: Cloud,
+        /// What failed (connection, timeout, a 5xx status).
+        reason: String,
+    },
     /// The cloud answered something we cannot interpret.
     #[error("{cloud} token service answered unexpectedly: {reason}")]
-    Protocol { cloud: Cloud, reason: String },
+    Protocol {
+        /// The cloud whose answer could not be read.
+        cloud: Cloud,
+        /// What was wrong with the answer.
+        reason: String,
+    },
 }
 
 impl CloudError {

@@ -75,10 +75,16 @@ impl Selector {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Surface {
+    /// Azure IMDS, `/metadata/identity/oauth2/token`.
     AzureImds,
+    /// The App Service managed-identity endpoint (`IDENTITY_ENDPOINT`,
+    /// `/msi/token`).
     AppService,
+    /// The GCE metadata server, `/computeMetadata/v1/…`.
     Gce,
+    /// The ECS/EKS container credentials endpoint, `/v1/credentials`.
     AwsContainer,
+    /// EC2 IMDSv2, `/latest/meta-data/iam/security-credentials/…`.
     AwsImds,
 }
 
@@ -98,7 +104,9 @@ impl Surface {
 /// One request, as every surface makes it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TokenRequest {
+    /// The cloud asked for.
     pub cloud: Cloud,
+    /// What is asked for.
     pub kind: Kind,
     /// The identity the caller named, if it named one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -120,6 +128,8 @@ pub struct TokenRequest {
         with = "optional_seconds"
     )]
     pub lifetime: Option<Duration>,
+    /// The endpoint the request came in on (for policy and audit; it does not
+    /// change how the request is decided).
     pub surface: Surface,
 }
 
@@ -139,11 +149,13 @@ impl TokenRequest {
         }
     }
 
+    /// Names the identity wanted (`None`: the one bound, whatever it is).
     pub fn with_selector(mut self, selector: Option<Selector>) -> Self {
         self.selector = selector;
         self
     }
 
+    /// Sets the resource or scopes (see [`TokenRequest::scopes`]).
     pub fn with_scopes(mut self, scopes: Vec<String>) -> Self {
         self.scopes = scopes;
         self
@@ -172,6 +184,7 @@ mod optional_seconds {
 /// surfaces see it, whatever the cloud.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Identity {
+    /// The cloud the identity belongs to.
     pub cloud: Cloud,
     /// Azure client id, Google service-account email (or
     /// `PROJECT.svc.id.goog` for a federated principal used directly), AWS

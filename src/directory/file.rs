@@ -11,8 +11,12 @@ use super::{Bindings, Directory, DirectoryError};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServiceAccountEntry {
+    /// The ServiceAccount's namespace.
     pub namespace: String,
+    /// The ServiceAccount's name.
     pub name: String,
+    /// Its annotations, read as a cluster's would be (see
+    /// [`super::annotations`]); none means no bindings.
     #[serde(default)]
     pub annotations: BTreeMap<String, String>,
 }
@@ -24,6 +28,8 @@ pub struct StaticDirectory {
 }
 
 impl StaticDirectory {
+    /// A directory of `entries`, their bindings read once. A ServiceAccount
+    /// listed twice keeps its last entry.
     pub fn new(entries: &[ServiceAccountEntry]) -> Self {
         let mut map: HashMap<String, HashMap<String, Bindings>> = HashMap::new();
         for e in entries {

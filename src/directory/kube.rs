@@ -22,11 +22,17 @@ use super::{Bindings, Directory, DirectoryError};
 /// Called with (namespace, name) when a ServiceAccount's bindings change
 /// or it is deleted, and with a pod uid when a pod of this node is gone.
 pub struct Invalidate {
+    /// Called when a ServiceAccount's bindings change or it is deleted.
     pub service_account: ServiceAccountHook,
+    /// Called when a pod of this node is deleted.
     pub pod: PodHook,
 }
 
+/// A callback taking a ServiceAccount's namespace and name; it runs on the
+/// watch task, so it must not block.
 pub type ServiceAccountHook = Box<dyn Fn(&str, &str) + Send + Sync>;
+/// A callback taking a pod's uid; it runs on the watch task, so it must not
+/// block.
 pub type PodHook = Box<dyn Fn(&str) + Send + Sync>;
 
 /// Bindings and pod liveness from the Kubernetes API.

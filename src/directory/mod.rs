@@ -10,7 +10,11 @@ use std::collections::BTreeMap;
 /// ServiceAccount annotations Lanyard reads, compatible with the clouds'
 /// own workload-identity webhooks.
 pub mod annotations {
+    /// The managed identity's (or app registration's) client id (Azure
+    /// Workload Identity's annotation); its presence is what binds Azure.
     pub const AZURE_CLIENT_ID: &str = "azure.workload.identity/client-id";
+    /// The identity's tenant (Azure Workload Identity's annotation); absent
+    /// means the configured default tenant.
     pub const AZURE_TENANT_ID: &str = "azure.workload.identity/tenant-id";
     /// Lanyard's own: the managed identity's object (principal) id, so that
     /// IMDS callers selecting by `object_id` can be matched.
@@ -26,20 +30,30 @@ pub mod annotations {
 /// The Azure identity a ServiceAccount may use.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AzureBinding {
+    /// The managed identity's client (application) id, as the
+    /// `azure.workload.identity/client-id` annotation gives it.
     pub client_id: String,
     /// `None` means the configured default tenant.
     pub tenant_id: Option<String>,
+    /// Its object (principal) id, from `lanyard.dev/azure-object-id`, so that
+    /// IMDS callers selecting by `object_id` match; `None`: such a selector
+    /// never matches.
     pub object_id: Option<String>,
+    /// Its ARM resource id, from `lanyard.dev/azure-resource-id`, for callers
+    /// selecting by `msi_res_id`; `None`: such a selector never matches.
     pub resource_id: Option<String>,
 }
 
 /// Every cloud identity bound to one ServiceAccount.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Bindings {
+    /// The Azure identity; `None` when the ServiceAccount names no client id.
     pub azure: Option<AzureBinding>,
     /// Google service account email to impersonate; `None` means the
     /// federated principal is used directly.
     pub gcp_service_account: Option<String>,
+    /// The IAM role to assume, from `eks.amazonaws.com/role-arn`; `None`: no
+    /// AWS binding.
     pub aws_role_arn: Option<String>,
 }
 
@@ -65,6 +79,8 @@ impl Bindings {
         }
     }
 
+    /// Whether no cloud is bound at all (Google's federated principal, which
+    /// needs no binding, does not count).
     pub fn is_empty(&self) -> bool {
         self.azure.is_none() && self.gcp_service_account.is_none() && self.aws_role_arn.is_none()
     }

@@ -77,7 +77,9 @@ pub struct AwsRole {
 /// What the emulated account contains.
 #[derive(Debug, Clone, Default)]
 pub struct AwsEmulatorConfig {
+    /// The IAM OIDC identity providers: which issuers' tokens STS accepts.
     pub providers: Vec<OidcProvider>,
+    /// The roles, with the subjects their trust policies accept.
     pub roles: Vec<AwsRole>,
 }
 
@@ -97,10 +99,14 @@ pub struct AwsSts {
     config: AwsEmulatorConfig,
     key_sets: super::IssuerKeys,
     throttle: AtomicU32,
+    /// What the emulator has been asked and has issued.
     pub stats: AwsStsStats,
 }
 
 impl AwsSts {
+    /// An emulator of the account `config` describes, discovering issuers'
+    /// keys with `http`; no request is throttled until
+    /// [`AwsSts::set_throttle`].
     pub fn new(config: AwsEmulatorConfig, http: reqwest::Client) -> Self {
         AwsSts {
             config,

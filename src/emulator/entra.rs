@@ -31,23 +31,34 @@ const JWT_BEARER: &str = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer
 /// A federated identity credential on an app registration.
 #[derive(Debug, Clone)]
 pub struct FederatedCredential {
+    /// The issuer the assertion's `iss` must equal exactly.
     pub issuer: String,
+    /// The subject the assertion's `sub` must equal exactly
+    /// (`system:serviceaccount:NAMESPACE:NAME` for a Kubernetes token).
     pub subject: String,
+    /// The audience the assertion's `aud` must contain
+    /// ([`FEDERATION_AUDIENCE`] in practice).
     pub audience: String,
 }
 
 /// An app registration (or user-assigned managed identity) in a tenant.
 #[derive(Debug, Clone)]
 pub struct App {
+    /// The tenant the app lives in: the `{tenant}` of the token URL.
     pub tenant_id: String,
+    /// The app's client (application) id, the request's `client_id`.
     pub client_id: String,
+    /// The federated credentials that let outside tokens act as the app; one
+    /// must match the assertion.
     pub federated: Vec<FederatedCredential>,
 }
 
 /// Counters tests and the dev admin endpoint read.
 #[derive(Debug, Default)]
 pub struct EntraStats {
+    /// Every request that reached the token endpoint.
     pub requests: AtomicU64,
+    /// Access tokens handed out.
     pub issued: AtomicU64,
 }
 
@@ -56,10 +67,13 @@ pub struct Entra {
     apps: Vec<App>,
     lifetime: Duration,
     key_sets: super::IssuerKeys,
+    /// What the emulator has been asked and has issued.
     pub stats: EntraStats,
 }
 
 impl Entra {
+    /// An emulator of `apps`, issuing access tokens valid for `lifetime` and
+    /// discovering assertion issuers' keys with `http`.
     pub fn new(apps: Vec<App>, lifetime: Duration, http: reqwest::Client) -> Self {
         Entra {
             apps,
@@ -69,6 +83,8 @@ impl Entra {
         }
     }
 
+    /// The token endpoint, `POST /{tenant}/oauth2/v2.0/token`: serve it at an
+    /// authority host's root.
     pub fn router(self: &Arc<Self>) -> Router {
         Router::new()
             .route("/{tenant}/oauth2/v2.0/token", post(token))

@@ -44,6 +44,7 @@ pub const TOKEN_EXCHANGE_GRANT: &str = "urn:ietf:params:oauth:grant-type:token-e
 pub const ACCESS_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:access_token";
 /// Subject token types of OIDC providers (`id_token` is accepted as a synonym).
 pub const JWT_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:jwt";
+/// The `id_token` synonym of [`JWT_TOKEN_TYPE`] for subject tokens.
 pub const ID_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:id_token";
 /// The role that lets a federated principal impersonate a service account.
 pub const WORKLOAD_IDENTITY_USER: &str = "roles/iam.workloadIdentityUser";
@@ -104,6 +105,7 @@ pub struct WorkloadIdentityProvider {
 /// A service account and who may impersonate it.
 #[derive(Debug, Clone)]
 pub struct GcpServiceAccount {
+    /// The service account's email, `NAME@PROJECT.iam.gserviceaccount.com`.
     pub email: String,
     /// Members holding `roles/iam.workloadIdentityUser` on the account:
     /// `principal://iam.googleapis.com/projects/N/locations/global/workloadIdentityPools/P/subject/SUB`
@@ -114,7 +116,10 @@ pub struct GcpServiceAccount {
 /// What the emulator trusts and grants.
 #[derive(Debug, Clone)]
 pub struct GcpEmulatorConfig {
+    /// The workload identity pool providers STS accepts subject tokens of.
     pub providers: Vec<WorkloadIdentityProvider>,
+    /// The service accounts IAM Credentials lets federated principals
+    /// impersonate.
     pub service_accounts: Vec<GcpServiceAccount>,
     /// Upper bound on every credential issued (federated tokens, service
     /// account access and ID tokens). Google's is one hour; tests shorten
@@ -125,9 +130,14 @@ pub struct GcpEmulatorConfig {
 /// Counters tests and the dev admin endpoint read.
 #[derive(Debug, Default)]
 pub struct GcpStats {
+    /// Every request that reached STS's token endpoint.
     pub sts_requests: AtomicU64,
+    /// Federated access tokens STS handed out.
     pub sts_issued: AtomicU64,
+    /// Every request that reached IAM Credentials (`generateAccessToken`,
+    /// `generateIdToken`).
     pub iam_requests: AtomicU64,
+    /// Service-account access and ID tokens IAM Credentials handed out.
     pub iam_issued: AtomicU64,
 }
 
@@ -299,6 +309,7 @@ pub struct Gcp {
     key_sets: HashMap<String, Arc<KeySet>>,
     federated: Mutex<FederatedStore>,
     signing_key: SigningKey,
+    /// What the emulator has been asked and has issued.
     pub stats: GcpStats,
 }
 

@@ -15,12 +15,19 @@ use crate::token::{Audience, KubernetesClaim, ObjectRef, ServiceAccountClaims};
 /// The pod a token is minted for.
 #[derive(Debug, Clone)]
 pub struct PodIdentity {
+    /// The pod's namespace.
     pub namespace: String,
+    /// The pod's ServiceAccount name.
     pub service_account: String,
+    /// The ServiceAccount's uid.
     pub service_account_uid: String,
+    /// The pod's name.
     pub pod_name: String,
+    /// The pod's uid, which a token bound to the pod carries.
     pub pod_uid: String,
+    /// The node the pod is scheduled on.
     pub node_name: String,
+    /// That node's uid.
     pub node_uid: String,
 }
 
@@ -38,6 +45,7 @@ impl PodIdentity {
         }
     }
 
+    /// The `sub` of the pod's tokens: `system:serviceaccount:NAMESPACE:NAME`.
     pub fn subject(&self) -> String {
         format!(
             "system:serviceaccount:{}:{}",
@@ -53,6 +61,8 @@ pub struct Issuer {
 }
 
 impl Issuer {
+    /// An issuer named `url` (its `iss`, a trailing `/` dropped) signing with
+    /// `key`.
     pub fn new(url: impl Into<String>, key: SigningKey) -> Self {
         Issuer {
             url: url.into().trim_end_matches('/').to_string(),
@@ -60,10 +70,12 @@ impl Issuer {
         }
     }
 
+    /// The issuer URL tokens carry as `iss`, without a trailing `/`.
     pub fn url(&self) -> &str {
         &self.url
     }
 
+    /// The signing key, whose public half the JWKS publishes.
     pub fn key(&self) -> &SigningKey {
         &self.key
     }

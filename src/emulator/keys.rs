@@ -107,10 +107,12 @@ impl SigningKey {
         })
     }
 
+    /// The key id put in the `kid` of every token this key signs.
     pub fn kid(&self) -> &str {
         &self.kid
     }
 
+    /// The public key as a JWK (with `kid` and `alg`), as a JWKS lists it.
     pub fn jwk(&self) -> &Value {
         &self.jwk
     }

@@ -27,6 +27,8 @@ pub struct IssuerKeys {
 }
 
 impl IssuerKeys {
+    /// No key set yet; each is made on the first [`IssuerKeys::get`] of its
+    /// issuer and fetches with `http`.
     pub fn new(http: reqwest::Client) -> Self {
         IssuerKeys {
             http,

@@ -20,6 +20,8 @@ use crate::secret::SecretString;
 /// Largest request body accepted: requests are a few hundred bytes.
 const MAX_BODY: usize = 16 * 1024;
 
+/// The agent API's routes, deciding through `broker`: `POST /v1/token`
+/// (bodies over 16 KiB are refused) and `GET /healthz`.
 pub fn router(broker: Arc<dyn TokenBroker>) -> Router {
     Router::new()
         .route(TOKEN_PATH, post(token))

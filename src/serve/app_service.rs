@@ -59,6 +59,10 @@ fn grant_body(token: &AccessToken, client_id: &str, resource: &str) -> serde_jso
     })
 }
 
+/// `GET /msi/token`: the App Service managed-identity protocol. The caller
+/// must present the shared `X-IDENTITY-HEADER` (compared in constant time)
+/// and give `api-version` and `resource`; the token is rendered as App
+/// Service does.
 pub async fn token(
     State(surfaces): State<Arc<Surfaces>>,
     headers: HeaderMap,

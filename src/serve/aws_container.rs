@@ -99,6 +99,10 @@ fn body(c: &AwsCredentials) -> Response {
         .into_response()
 }
 
+/// `GET /v1/credentials`: the ECS/EKS container credentials protocol. The
+/// caller's `Authorization` must equal the token file's contents (compared
+/// in constant time, the file re-read on every request); 404 when no token
+/// file is configured.
 pub async fn credentials(State(surfaces): State<Arc<Surfaces>>, headers: HeaderMap) -> Response {
     if is_forwarded(&headers) {
         return error(

@@ -41,6 +41,8 @@ impl Default for SessionTokens {
 }
 
 impl SessionTokens {
+    /// Tokens signed with a fresh random key: tokens of another process (or a
+    /// restarted one) are not valid here.
     pub fn new() -> Self {
         let secret = crate::secret::random_token(32);
         SessionTokens {
@@ -48,6 +50,8 @@ impl SessionTokens {
         }
     }
 
+    /// A session token valid for `ttl` seconds from now: the expiry and its
+    /// HMAC-SHA256, base64url.
     pub fn issue(&self, ttl: u64) -> String {
         let expires = (now_unix() + ttl).to_be_bytes();
         let tag = hmac::sign(&self.key, &expires);
@@ -56,6 +60,7 @@ impl SessionTokens {
         URL_SAFE_NO_PAD.encode(raw)
     }
 
+    /// Whether `token` was issued by this instance and has not expired.
     pub fn is_valid(&self, token: &[u8]) -> bool {
         let Ok(raw) = URL_SAFE_NO_PAD.decode(token) else {
             return false;
@@ -81,6 +86,9 @@ fn unauthorized() -> Response {
     plain(StatusCode::UNAUTHORIZED, "")
 }
 
+/// `PUT /latest/api/token`: a session token for the TTL the
+/// `X-aws-ec2-metadata-token-ttl-seconds` header asks (1–21600 seconds;
+/// 400 otherwise).
 pub async fn put_token(State(surfaces): State<Arc<Surfaces>>, headers: HeaderMap) -> Response {
     if is_forwarded(&headers) {
         return plain(StatusCode::FORBIDDEN, "Forbidden");
@@ -145,6 +153,8 @@ async fn ask(surfaces: &Surfaces, kind: Kind, role: Option<String>) -> Result<Gr
     surfaces.broker.request(&subject, &request).await
 }
 
+/// `GET /latest/meta-data/iam/security-credentials/`: the name of the role
+/// bound to the caller, as IMDS lists an instance profile's role.
 pub async fn list_roles(State(surfaces): State<Arc<Surfaces>>, headers: HeaderMap) -> Response {
     if let Some(refused) = check(&surfaces, &headers) {
         return refused;
@@ -155,6 +165,9 @@ pub async fn list_roles(State(surfaces): State<Arc<Surfaces>>, headers: HeaderMa
     }
 }
 
+/// `GET /latest/meta-data/iam/security-credentials/ROLE`: session
+/// credentials for `ROLE`, which must be the caller's bound role (404
+/// otherwise), in IMDS's JSON shape.
 pub async fn role_credentials(
     State(surfaces): State<Arc<Surfaces>>,
     Path(role): Path<String>,

@@ -152,6 +152,10 @@ pub(crate) async fn issue(
     }
 }
 
+/// `GET /metadata/identity/oauth2/token`: Azure IMDS's managed-identity
+/// protocol. The caller must send `Metadata: true` and `api-version`, and
+/// may select the identity by one of `client_id`, `object_id` (or
+/// `principal_id`) and `msi_res_id` (or `mi_res_id`).
 pub async fn token(
     State(surfaces): State<Arc<Surfaces>>,
     headers: HeaderMap,

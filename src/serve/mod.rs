@@ -41,7 +41,10 @@ pub trait SubjectTokens: Send + Sync {
 
 /// What every surface handler needs.
 pub struct Surfaces {
+    /// Decides and answers every request: in-process, or the node agent.
     pub broker: Arc<dyn TokenBroker>,
+    /// The pod's projected tokens, presented to the broker as the caller's
+    /// proof.
     pub subjects: Arc<dyn SubjectTokens>,
     /// Shared secret App Service callers present in `X-IDENTITY-HEADER`.
     pub identity_header: SecretString,

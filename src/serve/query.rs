@@ -4,12 +4,16 @@
 
 use std::collections::HashMap;
 
+/// A parsed query string that remembers whether a parameter was repeated.
 pub struct Query {
     params: HashMap<String, String>,
     duplicated: Option<String>,
 }
 
 impl Query {
+    /// Parses `raw` (`None`: no query) as `application/x-www-form-urlencoded`;
+    /// of a repeated parameter the last value is kept and the first repeated
+    /// name recorded for [`Query::duplicated`].
     pub fn parse(raw: Option<&str>) -> Query {
         let mut params = HashMap::new();
         let mut duplicated = None;

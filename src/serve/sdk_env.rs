@@ -12,15 +12,19 @@ use super::{APP_SERVICE_PATH, AWS_CONTAINER_PATH};
 pub struct SdkEnv<'a> {
     /// `HOST:PORT` of the surfaces (loopback inside the pod).
     pub host_port: &'a str,
+    /// Azure's part; `None` when the pod has no Azure binding.
     pub azure: Option<AzureEnv<'a>>,
     /// Whether the pod has a Google identity.
     pub gcp: bool,
+    /// AWS's part; `None` when the pod has no AWS binding.
     pub aws: Option<AwsEnv<'a>>,
 }
 
 /// Azure's part.
 pub struct AzureEnv<'a> {
+    /// The bound client id, as `AZURE_CLIENT_ID`.
     pub client_id: &'a str,
+    /// The tenant, as `AZURE_TENANT_ID`; `None` leaves it unset.
     pub tenant_id: Option<&'a str>,
     /// The App Service `IDENTITY_HEADER` secret.
     pub identity_header: &'a str,
@@ -30,6 +34,7 @@ pub struct AzureEnv<'a> {
 pub struct AwsEnv<'a> {
     /// The file holding the container endpoint's authorization token.
     pub token_file: &'a str,
+    /// The region, as `AWS_REGION`; `None` leaves it unset.
     pub region: Option<&'a str>,
 }
 

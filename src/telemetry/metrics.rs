@@ -9,20 +9,27 @@ use prometheus_client::registry::Registry;
 
 use crate::cloud::Cloud;
 
+/// The `cloud` label alone.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CloudLabel {
+    /// [`Cloud::name`]: `azure`, `gcp` or `aws`.
     pub cloud: &'static str,
 }
 
+/// An upstream exchange's labels: which cloud, and how it ended.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct UpstreamLabel {
+    /// [`Cloud::name`]: `azure`, `gcp` or `aws`.
     pub cloud: &'static str,
+    /// `ok`, or the [`crate::cloud::CloudError`] variant: `rejected`,
+    /// `throttled`, `unavailable` or `protocol`.
     pub outcome: &'static str,
 }
 
 /// A credential request's decision.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabel {
+    /// [`Cloud::name`]: `azure`, `gcp` or `aws`.
     pub cloud: &'static str,
     /// `allow` or `deny`.
     pub decision: &'static str,
@@ -30,8 +37,12 @@ pub struct RequestLabel {
     pub reason: &'static str,
 }
 
+/// Why cache entries were evicted.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
+    /// `idle` (nobody asked for it within the idle TTL), `lru` (the cache was
+    /// full) or `invalidated` (its ServiceAccount's bindings changed, or its pod
+    /// is gone).
     pub reason: &'static str,
 }
 
@@ -51,21 +62,42 @@ fn latency_histogram() -> Histogram {
 /// Every metric Lanyard exports.
 pub struct Metrics {
     registry: Registry,
+    /// `lanyard_cache_hits`: requests served from a cached credential.
     pub cache_hits: Family<CloudLabel, Counter>,
+    /// `lanyard_cache_misses`: requests that started an upstream exchange.
     pub cache_misses: Family<CloudLabel, Counter>,
+    /// `lanyard_cache_coalesced`: requests that waited on an exchange another
+    /// request had started (singleflight).
     pub cache_coalesced: Family<CloudLabel, Counter>,
+    /// `lanyard_cache_negative_hits`: requests answered with a recently cached
+    /// upstream refusal.
     pub cache_negative_hits: Family<CloudLabel, Counter>,
+    /// `lanyard_cache_refreshes`: background refreshes started ahead of
+    /// expiry.
     pub cache_refreshes: Family<CloudLabel, Counter>,
+    /// `lanyard_cache_refresh_failures`: background refreshes that failed (the
+    /// cached credential keeps being served while it may be).
     pub cache_refresh_failures: Family<CloudLabel, Counter>,
+    /// `lanyard_cache_evictions`: entries removed, by reason.
     pub cache_evictions: Family<ReasonLabel, Counter>,
+    /// `lanyard_cache_entries`: entries in the cache now.
     pub cache_entries: Gauge,
+    /// `lanyard_upstream_requests`: upstream exchanges, by cloud and outcome.
     pub upstream_requests: Family<UpstreamLabel, Counter>,
+    /// `lanyard_upstream_latency_seconds`: how long upstream exchanges took,
+    /// rate-limit wait excluded, by cloud.
     pub upstream_latency: Family<CloudLabel, Histogram, fn() -> Histogram>,
+    /// `lanyard_admissions`: admission reviews the webhook answered, by
+    /// decision.
     pub admissions: Family<DecisionLabel, Counter>,
+    /// `lanyard_admission_latency_seconds`: time to answer an admission review.
     pub admission_latency: Histogram,
+    /// `lanyard_decisions`: credential requests decided, by cloud, decision and
+    /// reason.
     pub decisions: Family<RequestLabel, Counter>,
 }
 
+/// An admission review's label: what the webhook did with the pod.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabel {
     /// `inject`, `unchanged`, `deny` or `error`.
@@ -79,6 +111,7 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Every metric at zero, registered under the `lanyard_` prefix.
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("lanyard");
         let m = Metrics {

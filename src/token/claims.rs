@@ -8,11 +8,14 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Audience {
+    /// A single audience string.
     One(String),
+    /// A list of audiences.
     Many(Vec<String>),
 }
 
 impl Audience {
+    /// Whether `aud` is one of the audiences (exact, case-sensitive match).
     pub fn contains(&self, aud: &str) -> bool {
         match self {
             Audience::One(a) => a == aud,
@@ -20,6 +23,7 @@ impl Audience {
         }
     }
 
+    /// The audiences, in token order.
     pub fn iter(&self) -> impl Iterator<Item = &str> {
         let slice: &[String] = match self {
             Audience::One(a) => std::slice::from_ref(a),
@@ -32,19 +36,26 @@ impl Audience {
 /// A named Kubernetes object reference inside the `kubernetes.io` claim.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectRef {
+    /// The object's name.
     pub name: String,
+    /// The object's uid, which tells apart objects that reuse a name.
     pub uid: String,
 }
 
 /// The private `kubernetes.io` claim of a bound service-account token.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KubernetesClaim {
+    /// The namespace of the ServiceAccount (and pod).
     pub namespace: String,
+    /// The pod the token is bound to; `None` for a token not bound to a pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<ObjectRef>,
+    /// The ServiceAccount the token was issued for.
     pub serviceaccount: ObjectRef,
+    /// The node the pod runs on (Kubernetes 1.30 and later).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<ObjectRef>,
+    /// The Secret a secret-bound token is bound to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<ObjectRef>,
 }
@@ -53,15 +64,23 @@ pub struct KubernetesClaim {
 /// them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServiceAccountClaims {
+    /// The issuer: the cluster's `--service-account-issuer`.
     pub iss: String,
+    /// `system:serviceaccount:NAMESPACE:NAME`.
     pub sub: String,
+    /// The audiences the token was requested for.
     pub aud: Audience,
+    /// Expiry, Unix seconds.
     pub exp: u64,
+    /// Issue time, Unix seconds.
     pub iat: u64,
+    /// Not valid before, Unix seconds; `None`: valid from issue.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nbf: Option<u64>,
+    /// The token's unique id, when the issuer sets one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jti: Option<String>,
+    /// The `kubernetes.io` claim: namespace, ServiceAccount, pod and node.
     #[serde(rename = "kubernetes.io")]
     pub kubernetes: KubernetesClaim,
 }
@@ -69,10 +88,15 @@ pub struct ServiceAccountClaims {
 /// Who is calling, as proven by a verified token.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller {
+    /// The caller's namespace.
     pub namespace: String,
+    /// The caller's ServiceAccount name.
     pub service_account: String,
+    /// That ServiceAccount's uid.
     pub service_account_uid: String,
+    /// The pod the token is bound to; the broker refuses callers without one.
     pub pod: Option<ObjectRef>,
+    /// The node the token names, when the issuer adds it.
     pub node: Option<ObjectRef>,
     /// Expiry of the presented token (Unix seconds).
     pub token_expires_at: u64,

@@ -15,33 +15,63 @@ use tokio::sync::Mutex;
 #[derive(Clone)]
 pub enum KeySource {
     /// `{issuer}/.well-known/openid-configuration` names the `jwks_uri`.
-    Discovery { issuer: String },
+    Discovery {
+        /// The issuer URL, exactly as tokens carry it in `iss`; the
+        /// discovery document must name the same issuer.
+        issuer: String,
+    },
     /// A JWKS document at a fixed URL.
-    Jwks { url: String },
+    Jwks {
+        /// The JWKS document's URL.
+        url: String,
+    },
     /// `/openid/v1/jwks` through the Kubernetes API, with the client's own
     /// credentials (works where the issuer is not publicly reachable).
-    KubeApi { client: kube::Client },
+    KubeApi {
+        /// The client whose credentials read the API server's
+        /// `/openid/v1/jwks`.
+        client: kube::Client,
+    },
 }
 
 /// Why keys could not be obtained.
 #[derive(Debug, thiserror::Error)]
 pub enum KeysError {
+    /// The document could not be fetched: unreachable, or not a 2xx.
     #[error("fetching {url} failed: {reason}")]
-    Fetch { url: String, reason: String },
-    #[error("{url} is not a valid {what} document: {reason}")]
-    Parse {
+    Fetch {
+        /// The document's URL (or `kubernetes API PATH`).
         url: String,
-        what: &'static str,
+        /// What failed: the transport error, or `HTTP STATUS`.
         reason: String,
     },
+    /// The document was fetched but is not what it should be.
+    #[error("{url} is not a valid {what} document: {reason}")]
+    Parse {
+        /// The document's URL (or `kubernetes API PATH`).
+        url: String,
+        /// Which document was expected (`JWKS`, `OIDC discovery`).
+        what: &'static str,
+        /// The JSON error.
+        reason: String,
+    },
+    /// The discovery document names another issuer than the one asked,
+    /// so its keys cannot be trusted for this issuer's tokens.
     #[error("discovery document of {issuer} names issuer {found}")]
-    IssuerMismatch { issuer: String, found: String },
+    IssuerMismatch {
+        /// The issuer whose document was fetched.
+        issuer: String,
+        /// The issuer the document names.
+        found: String,
+    },
 }
 
 /// The parts of an OIDC discovery document Lanyard reads.
 #[derive(Deserialize)]
 pub struct Discovery {
+    /// The issuer the document describes; must equal the one asked for.
     pub issuer: String,
+    /// Where the issuer's JWKS is published.
     pub jwks_uri: String,
 }
 
@@ -63,12 +93,16 @@ pub struct KeySet {
 
 /// The outcome of looking up a key id.
 pub enum Lookup {
+    /// The key, ready to verify with, and the JWK it came from (whose `alg`,
+    /// when set, binds the key to that algorithm).
     Found(Box<DecodingKey>, Box<Jwk>),
     /// Not in the set, even after a (rate-limited) refetch.
     Unknown,
 }
 
 impl KeySet {
+    /// A key set fetched from `source` on first use, refetched once an hour,
+    /// and at most every ten seconds for an unknown `kid`.
     pub fn new(source: KeySource, http: reqwest::Client) -> Self {
         KeySet {
             source,

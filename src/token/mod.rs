@@ -34,40 +34,74 @@ const ALLOWED_ALGS: [Algorithm; 2] = [Algorithm::RS256, Algorithm::ES256];
 /// Which check a token failed.
 #[derive(Debug, thiserror::Error)]
 pub enum VerifyError {
+    /// Not a JWT: its header does not decode, or the token is otherwise
+    /// unreadable.
     #[error("token is not a well-formed JWT")]
     Malformed,
+    /// Signed with an algorithm other than RS256 or ES256, or one the key's
+    /// JWK does not allow; carries the algorithm.
     #[error("token algorithm {0} is not allowed (RS256 or ES256 expected)")]
     Algorithm(String),
+    /// The `kid` names no key of the issuer's set, even after a refetch.
     #[error("token is signed by a key the issuer does not publish")]
     UnknownKey,
+    /// The signature does not verify with the issuer's key.
     #[error("token signature is invalid")]
     Signature,
+    /// The token's `iss` is not the verifier's issuer.
     #[error("token issuer is not {expected}")]
-    Issuer { expected: String },
+    Issuer {
+        /// The issuer the verifier trusts.
+        expected: String,
+    },
+    /// The token's `aud` does not include the cloud's audience.
     #[error("token audience does not include {expected}")]
-    Audience { expected: String },
+    Audience {
+        /// The audience the request needed.
+        expected: String,
+    },
+    /// `exp` has passed (beyond [`LEEWAY_SECS`]).
     #[error("token has expired")]
     Expired,
+    /// `nbf` or `iat` is in the future (beyond [`LEEWAY_SECS`]).
     #[error("token is not valid yet (nbf in the future)")]
     NotYetValid,
+    /// A required claim is missing or malformed; carries which, or the decode
+    /// error.
     #[error("token claim {0} is missing or malformed")]
     Claims(String),
+    /// `sub` is not `system:serviceaccount:NAMESPACE:NAME`, or disagrees with
+    /// the `kubernetes.io` claim.
     #[error("token subject is not system:serviceaccount:NAMESPACE:NAME or disagrees with its kubernetes.io claim")]
     Subject,
+    /// The issuer's keys could not be obtained: transient, the token itself may
+    /// be fine.
     #[error("issuer keys unavailable: {0}")]
     Keys(#[from] KeysError),
+    /// A valid token, but not bound to a pod (a legacy Secret token, or one
+    /// from `kubectl create token` without `--bound-object-kind Pod`).
     #[error("token is not bound to a pod (legacy or non-projected token)")]
     NotPodBound,
+    /// The pod the token is bound to no longer exists (or has another uid).
     #[error("token belongs to a pod that no longer exists")]
     PodGone,
+    /// The token's pod runs on another node than this agent's.
     #[error("token was issued for node {token_node}, not this node ({this_node})")]
     OtherNode {
+        /// The node the token names.
         token_node: String,
+        /// This agent's node.
         this_node: String,
     },
     /// Refused by the node agent (as seen from a sidecar).
     #[error("{message}")]
-    Refused { reason: String, message: String },
+    Refused {
+        /// The check that failed, as [`VerifyError::reason`] named it on
+        /// the agent (or `token_review`).
+        reason: String,
+        /// The refusal as the agent worded it.
+        message: String,
+    },
 }
 
 impl VerifyError {
@@ -123,6 +157,7 @@ pub struct Verifier {
 }
 
 impl Verifier {
+    /// A verifier of tokens whose `iss` is `issuer`, signed by a key of `keys`.
     pub fn new(issuer: impl Into<String>, keys: KeySet) -> Self {
         Verifier {
             issuer: issuer.into(),
@@ -150,6 +185,7 @@ impl Verifier {
         self
     }
 
+    /// The issuer tokens must name; empty for [`Verifier::local_files`].
     pub fn issuer(&self) -> &str {
         &self.issuer
     }

@@ -17,6 +17,7 @@ pub struct TokenReviewer {
 }
 
 impl TokenReviewer {
+    /// A reviewer creating TokenReviews with `client`'s credentials.
     pub fn new(client: kube::Client) -> Self {
         TokenReviewer {
             api: Api::all(client),

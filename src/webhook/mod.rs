@@ -4,7 +4,7 @@
 //! changing the pods' own specs or images.
 //!
 //! This module is the pure part: [`review`] reads and writes
-//! `admission.k8s.io/v1` AdmissionReviews, [`mutate`] turns a pod and its
+//! `admission.k8s.io/v1` AdmissionReviews, [`mod@mutate`] turns a pod and its
 //! ServiceAccount's bindings into one JSON Patch. No HTTP, TLS or
 //! Kubernetes client here, so every decision is testable on plain JSON; the
 //! server around it:

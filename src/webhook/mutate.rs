@@ -54,9 +54,12 @@ pub const APP_TOKEN_DIR: &str = "/var/run/lanyard/app";
 /// `AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE` for the apps).
 pub const APP_TOKEN_FILE: &str = "/var/run/lanyard/app/app";
 
+/// `expirationSeconds` of the projected tokens when the pod does not set
+/// [`TOKEN_EXPIRATION_ANNOTATION`].
 pub const DEFAULT_TOKEN_EXPIRATION: i64 = 3600;
 /// The API server's own floor for projected tokens is 600 s.
 pub const MIN_TOKEN_EXPIRATION: i64 = 600;
+/// The longest `expirationSeconds` a pod may ask for: one day.
 pub const MAX_TOKEN_EXPIRATION: i64 = 86400;
 
 const LOOPBACK: &str = "127.0.0.1";
@@ -107,9 +110,14 @@ const CONFLICTS: &[(Cloud, &str, &str)] = &[
 /// CPU and memory for the sidecar, as Kubernetes quantities.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SidecarResources {
+    /// `requests.cpu`; `None` sets none.
     pub cpu_request: Option<String>,
+    /// `requests.memory`; `None` sets none.
     pub memory_request: Option<String>,
+    /// `limits.cpu`; `None` sets none (the default: a burst of SDK calls is
+    /// not throttled).
     pub cpu_limit: Option<String>,
+    /// `limits.memory`; `None` sets none.
     pub memory_limit: Option<String>,
 }
 
@@ -131,7 +139,9 @@ impl Default for SidecarResources {
 /// What the webhook injects; set from its command line or configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InjectionConfig {
+    /// The image of the injected sidecar.
     pub sidecar_image: String,
+    /// The sidecar's `imagePullPolicy`; `None` leaves Kubernetes' default.
     pub image_pull_policy: Option<String>,
     /// Node agent URL as the sidecar sees it; `$(LANYARD_HOST_IP)` is
     /// expanded by the kubelet from the sidecar's env (the node's IP).
@@ -142,17 +152,22 @@ pub struct InjectionConfig {
     /// 0.0.0.0:PORT`, `/readyz` and `/healthz` only). The kubelet probes the
     /// pod IP, and the SDK endpoints must stay on loopback.
     pub probe_port: u16,
+    /// Audience of the projected token the sidecar presents for Azure.
     pub azure_audience: String,
     /// Audience of the Google token (the workload identity provider's name);
     /// `None` when Google is not configured. Google needs no annotation
     /// (direct federation), so this alone decides whether Google applies.
     pub gcp_audience: Option<String>,
+    /// Audience of the projected token the sidecar presents for AWS.
     pub aws_audience: String,
     /// Audience of the app-facing token.
     pub app_audience: String,
+    /// Region given to the sidecar (`LANYARD_AWS_REGION`) and to the app
+    /// containers of AWS-bound pods (`AWS_REGION`); `None` sets neither.
     pub aws_region: Option<String>,
     /// Tenant for Azure bindings that name none.
     pub azure_tenant_id: Option<String>,
+    /// The sidecar's resource requests and limits.
     pub resources: SidecarResources,
 }
 
@@ -220,7 +235,11 @@ impl InjectionConfig {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct Denial {
+    /// The status code of the review's refusal: 400 for a malformed pod or
+    /// annotation, 403 for a pod that must not be injected (`hostNetwork`),
+    /// 500 when the webhook itself fails.
     pub code: u16,
+    /// What the user is told, naming the pod and what to change.
     pub message: String,
 }
 
@@ -247,8 +266,13 @@ pub struct InjectedSummary {
 /// user.
 #[derive(Debug, Clone)]
 pub struct Mutation {
+    /// The JSON Patch against the pod as the API server sent it; empty when
+    /// nothing changes.
     pub patch: Patch,
+    /// Admission warnings, which kubectl shows the user (conflicting
+    /// credential variables, for one).
     pub warnings: Vec<String>,
+    /// What the patch does, for logs and tests.
     pub summary: InjectedSummary,
 }
 
@@ -261,6 +285,7 @@ impl Mutation {
         }
     }
 
+    /// Whether the patch changes nothing.
     pub fn is_empty(&self) -> bool {
         self.patch.0.is_empty()
     }

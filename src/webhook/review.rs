@@ -13,6 +13,7 @@ use serde_json::{json, Map, Value};
 /// The only review version this webhook speaks (the chart declares
 /// `admissionReviewVersions: ["v1"]`).
 pub const API_VERSION: &str = "admission.k8s.io/v1";
+/// The only review kind this webhook speaks.
 pub const KIND: &str = "AdmissionReview";
 
 /// Largest review body accepted. etcd refuses objects over about 1.5 MiB
@@ -52,24 +53,60 @@ pub enum Action {
 /// Why a body could not be acted on. Each message says what was expected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ReviewError {
+    /// The body is over [`MAX_BODY_BYTES`].
     #[error("admission review body is {size} bytes, over the {limit}-byte limit")]
-    TooLarge { size: usize, limit: usize },
+    TooLarge {
+        /// The body's length in bytes.
+        size: usize,
+        /// The limit, in bytes.
+        limit: usize,
+    },
+    /// The body is not JSON at all; carries the parser's error.
     #[error("admission review body is not JSON: {0}")]
     NotJson(String),
+    /// The body is JSON but not an `admission.k8s.io/v1` AdmissionReview.
     #[error("expected apiVersion {API_VERSION} and kind {KIND}, got apiVersion {api_version:?} and kind {kind:?}")]
-    NotAReview { api_version: String, kind: String },
+    NotAReview {
+        /// The body's `apiVersion` (empty when absent).
+        api_version: String,
+        /// The body's `kind` (empty when absent).
+        kind: String,
+    },
+    /// The review has no `request` object.
     #[error("admission review has no request")]
     MissingRequest,
+    /// The request has no (or an empty) `uid`, so no answer can echo one.
     #[error("admission review request has no uid")]
     MissingUid,
+    /// A CREATE of something other than a core/v1 Pod: the webhook's rules
+    /// are wider than they should be.
     #[error("this webhook only mutates core/v1 Pods, got {found}; check the webhook's rules")]
-    NotAPod { uid: String, found: String },
+    NotAPod {
+        /// `request.uid`.
+        uid: String,
+        /// The object's group/version and kind, as `GROUP/VERSION KIND`.
+        found: String,
+    },
+    /// A pod CREATE without `request.object`.
     #[error("pod CREATE review has no request.object")]
-    MissingObject { uid: String },
+    MissingObject {
+        /// `request.uid`.
+        uid: String,
+    },
+    /// A pod CREATE without `request.namespace`.
     #[error("pod CREATE review has no request.namespace")]
-    MissingNamespace { uid: String },
+    MissingNamespace {
+        /// `request.uid`.
+        uid: String,
+    },
+    /// `request.object` does not deserialize as a Pod.
     #[error("request.object is not a valid Pod: {error}")]
-    InvalidPod { uid: String, error: String },
+    InvalidPod {
+        /// `request.uid`.
+        uid: String,
+        /// The deserialization error.
+        error: String,
+    },
 }
 
 impl ReviewError {

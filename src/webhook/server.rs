@@ -35,13 +35,19 @@ struct Webhook {
 /// Where the TLS material lives and how often to look for a new one.
 #[derive(Debug, Clone)]
 pub struct TlsFiles {
+    /// The PEM certificate chain.
     pub cert: PathBuf,
+    /// The PEM private key of that certificate.
     pub key: PathBuf,
+    /// How often the files' modification times are checked; a changed pair is
+    /// loaded without a restart.
     pub reload_every: Duration,
 }
 
 /// A running webhook server.
 pub struct WebhookServer {
+    /// The address the HTTPS endpoint is bound to (the actual port when port 0
+    /// was asked).
     pub addr: SocketAddr,
     handle: axum_server::Handle<SocketAddr>,
     server: tokio::task::JoinHandle<()>,
@@ -113,7 +119,7 @@ impl WebhookServer {
     }
 
     /// Stops accepting, waits for in-flight reviews to be answered (at most
-    /// [`DRAIN`], after which their connections are closed), and returns.
+    /// ten seconds, after which their connections are closed), and returns.
     pub async fn stop(self) {
         self.reload.abort();
         // INVARIANT: the server task is awaited, never aborted, before the

@@ -86,11 +86,18 @@ const MAX_LOGGED_REQUESTS: usize = 10_000;
 /// Counters tests read to prove what a client did (and did not) ask.
 #[derive(Debug, Default)]
 pub struct KubeStats {
+    /// LIST requests of ServiceAccounts or Pods.
     pub lists: AtomicU64,
+    /// WATCH requests (each counted once, however long it streams).
     pub watches: AtomicU64,
+    /// GET requests of a single ServiceAccount or Pod.
     pub gets: AtomicU64,
+    /// TokenReviews created.
     pub token_reviews: AtomicU64,
+    /// Requests refused with 401: no or a wrong bearer token.
     pub unauthorized: AtomicU64,
+    /// Requests refused with 403 by the least-privilege RBAC model
+    /// (impersonation included).
     pub forbidden: AtomicU64,
 }
 
@@ -232,6 +239,7 @@ pub struct FakeKube {
     log: Mutex<VecDeque<String>>,
     /// While `true`, LIST requests wait (see [`FakeKube::hold_lists`]).
     lists_held: watch::Sender<bool>,
+    /// What clients have asked, for tests to assert on.
     pub stats: KubeStats,
 }
 
