@@ -72,7 +72,7 @@ pub struct IssuedCredential {
     /// Short SHA-256 fingerprint of the credential's secret part (the access or
     /// ID token, or the AWS session token), as [`crate::secret::fingerprint`]
     /// computes it.
-    pub fingerprint: String,
+    pub fingerprint: std::sync::Arc<str>,
     /// Unix seconds.
     pub expires_at: u64,
 }
@@ -158,6 +158,20 @@ pub struct LogSink;
 #[async_trait::async_trait]
 impl AuditSink for LogSink {
     async fn record(&self, e: &AuditEvent) -> Result<(), AuditError> {
+        let level = match e.verdict {
+            Verdict::Allow => tracing::Level::INFO,
+            Verdict::Deny => tracing::Level::WARN,
+        };
+        // A filtered-out record costs nothing to format.
+        let enabled = match level {
+            tracing::Level::INFO => {
+                tracing::enabled!(target: "lanyard::audit", tracing::Level::INFO)
+            }
+            _ => tracing::enabled!(target: "lanyard::audit", tracing::Level::WARN),
+        };
+        if !enabled {
+            return Ok(());
+        }
         let caller = e.caller.as_ref();
         let namespace = caller.map_or("", |c| c.namespace.as_str());
         let service_account = caller.map_or("", |c| c.service_account.as_str());
@@ -174,8 +188,7 @@ impl AuditSink for LogSink {
         match e.verdict {
             Verdict::Allow => {
                 let expires_at = e.credential.as_ref().map_or(0, |c| c.expires_at);
-                let credential_fingerprint =
-                    e.credential.as_ref().map_or("", |c| c.fingerprint.as_str());
+                let credential_fingerprint = e.credential.as_ref().map_or("", |c| &*c.fingerprint);
                 tracing::info!(
                     target: "lanyard::audit",
                     decision = "allow",

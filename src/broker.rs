@@ -97,6 +97,8 @@ struct Trail {
     identity: Option<String>,
     policies: Vec<String>,
     cache: Option<CacheOutcome>,
+    /// The issued credential's fingerprint, as the cache computed it.
+    fingerprint: Option<Arc<str>>,
 }
 
 impl Broker {
@@ -232,6 +234,7 @@ impl Core {
             identity: None,
             policies: Vec::new(),
             cache: None,
+            fingerprint: None,
         };
         let result = async {
             check_request(cloud, request)?;
@@ -277,9 +280,11 @@ impl Core {
                 })
                 .await;
             trail.cache = Some(outcome);
+            let served = credential?;
+            trail.fingerprint = Some(served.fingerprint);
             Ok(Grant {
                 identity,
-                credential: Some(credential?),
+                credential: Some(served.credential),
             })
         }
         .await;
@@ -307,10 +312,14 @@ impl Core {
                 None,
                 None,
                 None,
-                grant.credential.as_ref().map(|c| IssuedCredential {
-                    fingerprint: c.fingerprint(),
-                    expires_at: c.expires_at(),
-                }),
+                grant
+                    .credential
+                    .as_ref()
+                    .zip(trail.fingerprint.as_ref())
+                    .map(|(c, fingerprint)| IssuedCredential {
+                        fingerprint: fingerprint.clone(),
+                        expires_at: c.expires_at(),
+                    }),
             ),
             Err(e) => (
                 Verdict::Deny,

@@ -136,10 +136,20 @@ impl Default for CacheConfig {
     }
 }
 
-type Outcome = Option<Result<Credential, CloudError>>;
+/// A credential as the cache hands it out, with its fingerprint computed
+/// once per exchange rather than once per request (audit records name it).
+#[derive(Clone, Debug)]
+pub struct Served {
+    /// The credential itself.
+    pub credential: Credential,
+    /// [`Credential::fingerprint`] of `credential`.
+    pub fingerprint: Arc<str>,
+}
+
+type Outcome = Option<Result<Served, CloudError>>;
 
 struct Stored {
-    credential: Credential,
+    served: Served,
     expires: Instant,
 }
 
@@ -217,7 +227,10 @@ impl Cache {
         subject_exp: u64,
         fetcher: impl FnOnce() -> Fetcher,
     ) -> Result<Credential, CloudError> {
-        self.get_traced(key, subject, subject_exp, fetcher).await.1
+        self.get_traced(key, subject, subject_exp, fetcher)
+            .await
+            .1
+            .map(|served| served.credential)
     }
 
     /// As [`Cache::get`], also saying how the request was answered.
@@ -227,7 +240,7 @@ impl Cache {
         subject: &SecretString,
         subject_exp: u64,
         fetcher: impl FnOnce() -> Fetcher,
-    ) -> (CacheOutcome, Result<Credential, CloudError>) {
+    ) -> (CacheOutcome, Result<Served, CloudError>) {
         let inner = &self.inner;
         let cloud = key.cloud;
         let label = cloud_label(cloud);
@@ -246,7 +259,7 @@ impl Cache {
                     if let Some(stored) = &entry.value {
                         if stored.expires > now + cloud.min_remaining() {
                             inner.metrics.cache_hits.get_or_create(&label).inc();
-                            return (CacheOutcome::Hit, Ok(stored.credential.clone()));
+                            return (CacheOutcome::Hit, Ok(stored.served.clone()));
                         }
                     }
                     match (&entry.inflight, &entry.failure) {
@@ -308,7 +321,7 @@ impl Cache {
     }
 }
 
-async fn wait(mut rx: watch::Receiver<Outcome>, cloud: Cloud) -> Result<Credential, CloudError> {
+async fn wait(mut rx: watch::Receiver<Outcome>, cloud: Cloud) -> Result<Served, CloudError> {
     match rx.wait_for(|v| v.is_some()).await {
         Ok(outcome) => outcome.clone().unwrap_or_else(|| {
             Err(CloudError::Unavailable {
@@ -348,6 +361,10 @@ fn start_fetch(
         } else {
             inner.exchange(key.cloud, fetcher, subject).await
         };
+        let result = result.map(|credential| Served {
+            fingerprint: credential.fingerprint().into(),
+            credential,
+        });
         inner.complete(&key, &result, is_refresh);
         let _ = tx.send(Some(result));
     });
@@ -396,7 +413,7 @@ impl Inner {
     fn complete(
         self: &Arc<Self>,
         key: &CacheKey,
-        result: &Result<Credential, CloudError>,
+        result: &Result<Served, CloudError>,
         is_refresh: bool,
     ) {
         let now = Instant::now();
@@ -406,12 +423,12 @@ impl Inner {
         };
         entry.inflight = None;
         match result {
-            Ok(credential) => {
+            Ok(served) => {
                 let remaining =
-                    Duration::from_secs(credential.expires_at().saturating_sub(now_unix()));
+                    Duration::from_secs(served.credential.expires_at().saturating_sub(now_unix()));
                 let expires = now + remaining;
                 entry.value = Some(Stored {
-                    credential: credential.clone(),
+                    served: served.clone(),
                     expires,
                 });
                 entry.failure = None;
