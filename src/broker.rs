@@ -43,6 +43,8 @@ use crate::secret::{fingerprint, ExposeSecret, SecretString};
 use crate::telemetry::metrics::{Metrics, RequestLabel};
 use crate::token::{Caller, Verifier, VerifyError};
 
+#[cfg(test)]
+pub(crate) use error::samples as sample_errors;
 pub use error::{BrokerError, ErrorClass};
 pub use policy::{AllowBound, Decision, Policy, PolicyInput};
 

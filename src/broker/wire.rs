@@ -412,52 +412,9 @@ mod tests {
     use super::*;
     use crate::broker::ErrorClass;
 
-    /// One of each wire error, through JSON and back into a broker error.
-    fn every_error() -> Vec<BrokerError> {
-        let cloud = Cloud::Azure;
-        vec![
-            BrokerError::Unauthenticated(VerifyError::Expired),
-            BrokerError::Unauthenticated(VerifyError::Keys(crate::token::KeysError::Fetch {
-                url: "http://issuer/jwks".into(),
-                reason: "down".into(),
-            })),
-            BrokerError::NotBound {
-                cloud,
-                namespace: "ml".into(),
-                name: "ray".into(),
-            },
-            BrokerError::IdentityNotFound,
-            BrokerError::CloudDisabled(Cloud::Gcp),
-            BrokerError::BadRequest("resource is empty".into()),
-            BrokerError::Denied {
-                reason: "no management scope".into(),
-                policies: vec!["policy0".into()],
-            },
-            BrokerError::Upstream(CloudError::Rejected {
-                cloud,
-                code: "AADSTS70021".into(),
-                message: "no match".into(),
-            }),
-            BrokerError::Upstream(CloudError::Throttled {
-                cloud: Cloud::Aws,
-                code: "Throttling".into(),
-                retry_after: Some(Duration::from_secs(3)),
-            }),
-            BrokerError::Upstream(CloudError::Unavailable {
-                cloud,
-                reason: "reset".into(),
-            }),
-            BrokerError::Upstream(CloudError::Protocol {
-                cloud,
-                reason: "not JSON".into(),
-            }),
-            BrokerError::Unavailable("directory down".into()),
-        ]
-    }
-
     #[test]
     fn every_error_survives_the_trip() {
-        for original in every_error() {
+        for original in crate::broker::sample_errors() {
             let wire = WireError::from(&original);
             let json = serde_json::to_string(&ErrorBody {
                 error: wire.clone(),

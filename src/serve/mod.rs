@@ -139,48 +139,11 @@ mod tests {
     //! expects, a body in the surface's own shape, and `Retry-After` when
     //! the class says how long to wait.
 
-    use std::time::Duration;
-
     use axum::body::to_bytes;
 
     use super::*;
     use crate::broker::ErrorClass;
     use crate::cloud::CloudError;
-    use crate::token::VerifyError;
-
-    /// One error of each variant, covering every class.
-    fn errors() -> Vec<BrokerError> {
-        vec![
-            BrokerError::NotBound {
-                cloud: Cloud::Aws,
-                namespace: "ml".into(),
-                name: "ray".into(),
-            },
-            BrokerError::IdentityNotFound,
-            BrokerError::CloudDisabled(Cloud::Gcp),
-            BrokerError::BadRequest("resource is empty".into()),
-            BrokerError::Unauthenticated(VerifyError::Expired),
-            BrokerError::Denied {
-                reason: "no control-plane scopes".into(),
-                policies: vec!["no-management".into()],
-            },
-            BrokerError::Upstream(CloudError::Rejected {
-                cloud: Cloud::Azure,
-                code: "AADSTS70021".into(),
-                message: "No matching federated identity record found".into(),
-            }),
-            BrokerError::Upstream(CloudError::Throttled {
-                cloud: Cloud::Aws,
-                code: "Throttling".into(),
-                retry_after: Some(Duration::from_secs(7)),
-            }),
-            BrokerError::Upstream(CloudError::Unavailable {
-                cloud: Cloud::Gcp,
-                reason: "connection reset".into(),
-            }),
-            BrokerError::Unavailable("node agent unreachable".into()),
-        ]
-    }
 
     type Render = fn(&BrokerError) -> Response;
     type StatusOf = fn(ErrorClass, &BrokerError) -> u16;
@@ -252,7 +215,7 @@ mod tests {
     async fn every_class_renders_on_every_surface() {
         let mut seen = std::collections::HashSet::new();
         for (name, render, status_of, shape) in surfaces() {
-            for err in errors() {
+            for err in crate::broker::sample_errors() {
                 let class = err.class();
                 seen.insert(class);
                 let resp = render(&err);
