@@ -38,7 +38,7 @@ use crate::cache::{Cache, CacheConfig, CacheKey, CacheOutcome, CacheScope};
 use crate::cloud::{
     Cloud, CloudExchanger, Credential, Identity, Kind, PerCloud, RequestError, TokenRequest,
 };
-use crate::directory::{Bindings, Directory};
+use crate::directory::{Attributes, Bindings, Directory};
 use crate::secret::{fingerprint, ExposeSecret, SecretString};
 use crate::telemetry::metrics::{Metrics, RequestLabel};
 use crate::token::{Caller, Verifier, VerifyError};
@@ -262,10 +262,20 @@ impl Core {
             let scope = cloud
                 .scope(&binding, request)
                 .map_err(|e| refusal(e, request.cloud, caller))?;
+            let fetched;
+            let attributes = match self.policy.wants_attributes() {
+                true => {
+                    fetched = self.attributes(caller).await?;
+                    &fetched
+                }
+                false => Attributes::empty(),
+            };
             let input = PolicyInput {
                 caller,
                 identity: &identity,
                 request,
+                attributes,
+                time: SystemTime::now(),
             };
             match self.policy.decide(&input) {
                 Decision::Allow { policies } => trail.policies = policies,
@@ -414,6 +424,15 @@ impl Core {
             .await
             .map_err(|e| BrokerError::Unavailable(e.to_string()))?
             .unwrap_or_default())
+    }
+
+    /// The labels and annotations a policy may look at.
+    async fn attributes(&self, caller: &Caller) -> Result<Attributes, BrokerError> {
+        let pod = caller.pod.as_ref().map_or("", |p| p.name.as_str());
+        self.directory
+            .attributes(&caller.namespace, &caller.service_account, pod)
+            .await
+            .map_err(|e| BrokerError::Unavailable(e.to_string()))
     }
 
     /// The cache key for `caller` asking `identity` for `scope`.

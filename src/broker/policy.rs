@@ -9,7 +9,10 @@
 //! policy says whether it *may*. The default, [`AllowBound`], allows what
 //! the bindings allow.
 
+use std::time::SystemTime;
+
 use crate::cloud::{Identity, TokenRequest};
+use crate::directory::Attributes;
 use crate::token::Caller;
 
 /// Everything a decision may look at.
@@ -21,6 +24,11 @@ pub struct PolicyInput<'a> {
     pub identity: &'a Identity,
     /// What is asked for: kind, scopes or audience, lifetime, surface.
     pub request: &'a TokenRequest,
+    /// Labels and annotations of the caller's ServiceAccount, namespace and
+    /// pod; empty unless [`Policy::wants_attributes`] says so.
+    pub attributes: &'a Attributes,
+    /// When the request is decided.
+    pub time: SystemTime,
 }
 
 /// A policy's answer.
@@ -45,6 +53,12 @@ pub trait Policy: Send + Sync {
     /// Decides one request. Called on the request path, cache hits included:
     /// it must not block.
     fn decide(&self, input: &PolicyInput<'_>) -> Decision;
+
+    /// Whether decisions look at [`PolicyInput::attributes`]; when not, the
+    /// pipeline does not fetch them.
+    fn wants_attributes(&self) -> bool {
+        false
+    }
 }
 
 /// Allows what the ServiceAccount's bindings allow: the behaviour with no

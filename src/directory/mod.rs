@@ -6,6 +6,7 @@ pub mod file;
 pub mod kube;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// ServiceAccount annotations Lanyard reads, compatible with the clouds'
 /// own workload-identity webhooks.
@@ -86,6 +87,35 @@ impl Bindings {
     }
 }
 
+/// Labels or annotations of one Kubernetes object, shared rather than
+/// copied: a reflector's snapshot is handed to every request that needs it.
+pub type Metadata = Arc<BTreeMap<String, String>>;
+
+/// What a policy may know about a caller beyond its token: its
+/// ServiceAccount's labels and annotations, its namespace's labels, its
+/// pod's labels. Empty where the directory does not track the object.
+#[derive(Debug, Clone, Default)]
+pub struct Attributes {
+    /// The ServiceAccount's labels.
+    pub service_account_labels: Metadata,
+    /// The ServiceAccount's annotations.
+    pub service_account_annotations: Metadata,
+    /// The namespace's labels.
+    pub namespace_labels: Metadata,
+    /// The calling pod's labels.
+    pub pod_labels: Metadata,
+}
+
+impl Attributes {
+    /// No labels or annotations at all, shared: the pipeline's answer when
+    /// the policy does not look at attributes, without allocating.
+    pub fn empty() -> &'static Attributes {
+        static EMPTY: std::sync::LazyLock<Attributes> =
+            std::sync::LazyLock::new(Attributes::default);
+        &EMPTY
+    }
+}
+
 /// Why bindings could not be looked up (the source, not the answer).
 #[derive(Debug, thiserror::Error)]
 #[error("binding directory unavailable: {0}")]
@@ -108,6 +138,17 @@ pub trait Directory: Send + Sync {
         _uid: &str,
     ) -> Result<Option<bool>, DirectoryError> {
         Ok(None)
+    }
+
+    /// Labels and annotations of the caller's ServiceAccount, namespace
+    /// and pod, for policies that look at them; empty by default.
+    async fn attributes(
+        &self,
+        _namespace: &str,
+        _service_account: &str,
+        _pod: &str,
+    ) -> Result<Attributes, DirectoryError> {
+        Ok(Attributes::default())
     }
 }
 
