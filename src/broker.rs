@@ -7,7 +7,7 @@
 //!    cloud's audience (a pod-bound token, of a live pod, on this node);
 //! 2. **bind** — the cloud identity its ServiceAccount's bindings give it;
 //! 3. **select** — a selector in the request must name that identity;
-//! 4. **policy** — the [`Policy`] seam, once, before the cache;
+//! 4. **policy** — the [`Policy`] seam ([`crate::policy`]), once, before the cache;
 //! 5. **cache** — a cached credential, or one singleflight exchange;
 //! 6. **exchange** — the cloud's [`CloudExchanger`], only on a miss;
 //! 7. **audit** — one [`AuditEvent`] to the [`AuditSink`], before the
@@ -24,7 +24,6 @@
 
 pub mod assemble;
 mod error;
-pub mod policy;
 pub mod remote;
 pub mod wire;
 
@@ -43,10 +42,10 @@ use crate::secret::{fingerprint, ExposeSecret, SecretString};
 use crate::telemetry::metrics::{Metrics, RequestLabel};
 use crate::token::{Caller, Verifier, VerifyError};
 
+pub use crate::policy::{AllowBound, Decision, Policy, PolicyInput};
 #[cfg(test)]
 pub(crate) use error::samples as sample_errors;
 pub use error::{BrokerError, ErrorClass};
-pub use policy::{AllowBound, Decision, Policy, PolicyInput};
 
 /// What a granted request yields: the identity, and the credential (none
 /// for [`Kind::Identity`] lookups).

@@ -1,5 +1,6 @@
-//! The policy seam: the one place where the pipeline asks "may this caller
-//! have this identity, for this, from here?".
+//! Authorization policy. This module holds the seam: the one place where
+//! the pipeline asks "may this caller have this identity, for this, from
+//! here?".
 //!
 //! It is consulted exactly once per credential request, after the caller is
 //! authenticated, its binding resolved and its selector matched, and before
@@ -39,7 +40,7 @@ pub enum Decision {
         /// Ids of the policies that permitted (empty for the default).
         policies: Vec<String>,
     },
-    /// The request is refused with [`crate::broker::BrokerError::Denied`].
+    /// The request is refused (the broker reports it as denied, 403).
     Deny {
         /// What users are told.
         reason: String,
