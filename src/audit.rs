@@ -9,6 +9,7 @@
 //! text is bounded. The default sink, [`LogSink`], writes the record on the
 //! `lanyard::audit` tracing target.
 
+use std::borrow::Cow;
 use std::time::{Duration, SystemTime};
 
 use crate::cache::CacheOutcome;
@@ -41,31 +42,6 @@ impl Verdict {
     }
 }
 
-/// Who asked, as the verified token says.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AuditCaller {
-    /// The namespace of the caller's pod and ServiceAccount.
-    pub namespace: String,
-    /// The name of the ServiceAccount the token was issued for.
-    pub service_account: String,
-    /// The name of the pod the token is bound to; `None` for a token that is not
-    /// pod-bound (which the broker then refuses).
-    pub pod: Option<String>,
-    /// The uid of that pod, which tells apart pods that reuse a name.
-    pub pod_uid: Option<String>,
-}
-
-impl From<&Caller> for AuditCaller {
-    fn from(c: &Caller) -> Self {
-        AuditCaller {
-            namespace: c.namespace.clone(),
-            service_account: c.service_account.clone(),
-            pod: c.pod.as_ref().map(|p| p.name.clone()),
-            pod_uid: c.pod.as_ref().map(|p| p.uid.clone()),
-        }
-    }
-}
-
 /// The credential that left, by fingerprint only.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IssuedCredential {
@@ -77,15 +53,19 @@ pub struct IssuedCredential {
     pub expires_at: u64,
 }
 
-/// One decision.
+/// One decision. It borrows from the request and the decision's context:
+/// building it allocates nothing on the cache-hit path, and a sink that
+/// keeps it (a queue, a spool) serializes it or copies what it needs.
 #[derive(Debug, Clone)]
-pub struct AuditEvent {
+pub struct AuditEvent<'a> {
     /// When the decision was made (wall clock, at the end of the pipeline).
     pub time: SystemTime,
-    /// `None` when the token was refused before it named anyone.
-    pub caller: Option<AuditCaller>,
+    /// Who asked, as the verified token says (namespace, ServiceAccount,
+    /// pod name and uid, node); `None` when the token was refused before
+    /// it named anyone.
+    pub caller: Option<&'a Caller>,
     /// Fingerprint of the caller's projected token.
-    pub token_fingerprint: String,
+    pub token_fingerprint: &'a str,
     /// The cloud the request was for.
     pub cloud: Cloud,
     /// What kind of credential was asked for.
@@ -93,11 +73,11 @@ pub struct AuditEvent {
     /// The SDK-facing endpoint the request came in on.
     pub surface: Surface,
     /// The identity the request was decided for, once bound.
-    pub identity: Option<String>,
-    /// Scopes or resource, bounded.
-    pub scopes: Vec<String>,
-    /// ID-token audience, bounded.
-    pub audience: Option<String>,
+    pub identity: Option<&'a str>,
+    /// Scopes or resource, readable only bounded.
+    pub scopes: CallerText<'a>,
+    /// ID-token audience, readable only bounded.
+    pub audience: Option<CallerText<'a>>,
     /// The lifetime the caller asked for; `None` when it asked for none and the
     /// configured one applied.
     pub lifetime: Option<Duration>,
@@ -106,11 +86,11 @@ pub struct AuditEvent {
     /// Why it was refused (`BrokerError::reason`), for denials.
     pub reason: Option<&'static str>,
     /// The upstream or token-check code, when one decided.
-    pub code: Option<String>,
-    /// The refusal as the caller was told it.
+    pub code: Option<&'a str>,
+    /// The refusal as the caller was told it, bounded.
     pub message: Option<String>,
     /// Ids of the policies that decided.
-    pub policies: Vec<String>,
+    pub policies: &'a [String],
     /// How the cache answered, when it was consulted.
     pub cache: Option<CacheOutcome>,
     /// The credential that was returned, by fingerprint; `None` for denials.
@@ -118,6 +98,40 @@ pub struct AuditEvent {
     /// Time from the request reaching the broker to the decision, cache lookup
     /// and upstream exchange included.
     pub latency: Duration,
+}
+
+/// Caller-supplied text in an event (scopes, an audience), borrowed from
+/// the request and readable only through [`bounded`]: a sink cannot write
+/// it unbounded, and the event copies nothing to bound it.
+#[derive(Clone, Copy)]
+pub struct CallerText<'a>(&'a [String]);
+
+impl<'a> CallerText<'a> {
+    /// The texts of `texts`.
+    pub fn new(texts: &'a [String]) -> Self {
+        CallerText(texts)
+    }
+
+    /// One text.
+    pub fn one(text: &'a String) -> Self {
+        CallerText(std::slice::from_ref(text))
+    }
+
+    /// Each text, bounded.
+    pub fn iter(&self) -> impl Iterator<Item = Cow<'a, str>> + 'a {
+        self.0.iter().map(|t| bounded(t))
+    }
+
+    /// The texts, bounded, joined by `separator`.
+    pub fn join(&self, separator: &str) -> String {
+        self.iter().collect::<Vec<_>>().join(separator)
+    }
+}
+
+impl std::fmt::Debug for CallerText<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
 }
 
 /// Why an event could not be recorded.
@@ -135,20 +149,20 @@ pub enum AuditError {
 pub trait AuditSink: Send + Sync {
     /// Records `event`. A sink that must be durable returns only once the
     /// event is; an error means it is not recorded.
-    async fn record(&self, event: &AuditEvent) -> Result<(), AuditError>;
+    async fn record(&self, event: &AuditEvent<'_>) -> Result<(), AuditError>;
 }
 
 /// Caller-supplied text as it may appear in a record: at most
 /// [`MAX_FIELD_CHARS`] characters, then its length and a hash of the rest.
-pub fn bounded(text: &str) -> String {
+pub fn bounded(text: &str) -> Cow<'_, str> {
     match text.char_indices().nth(MAX_FIELD_CHARS) {
-        None => text.to_string(),
-        Some((cut, _)) => format!(
+        None => Cow::Borrowed(text),
+        Some((cut, _)) => Cow::Owned(format!(
             "{}…[{} bytes, {}]",
             &text[..cut],
             text.len(),
             crate::secret::fingerprint(text)
-        ),
+        )),
     }
 }
 
@@ -157,7 +171,7 @@ pub struct LogSink;
 
 #[async_trait::async_trait]
 impl AuditSink for LogSink {
-    async fn record(&self, e: &AuditEvent) -> Result<(), AuditError> {
+    async fn record(&self, e: &AuditEvent<'_>) -> Result<(), AuditError> {
         let level = match e.verdict {
             Verdict::Allow => tracing::Level::INFO,
             Verdict::Deny => tracing::Level::WARN,
@@ -172,15 +186,12 @@ impl AuditSink for LogSink {
         if !enabled {
             return Ok(());
         }
-        let caller = e.caller.as_ref();
+        let caller = e.caller;
         let namespace = caller.map_or("", |c| c.namespace.as_str());
         let service_account = caller.map_or("", |c| c.service_account.as_str());
-        let pod = caller.and_then(|c| c.pod.as_deref()).unwrap_or("");
-        let identity = e.identity.as_deref().unwrap_or("");
-        let resource = match &e.audience {
-            Some(audience) => audience.clone(),
-            None => e.scopes.join(" "),
-        };
+        let pod = caller.and_then(|c| c.pod.as_ref()).map_or("", |p| p.name.as_str());
+        let identity = e.identity.unwrap_or("");
+        let resource = e.audience.unwrap_or(e.scopes).join(" ");
         let cache = e.cache.map_or("", CacheOutcome::name);
         let latency_ms = e.latency.as_secs_f64() * 1000.0;
         let (cloud, kind, surface) = (e.cloud.name(), e.kind.name(), e.surface.name());
@@ -204,7 +215,7 @@ impl AuditSink for LogSink {
                 cloud, kind, surface, namespace, service_account, pod, identity, resource,
                 cache, policies,
                 reason = e.reason.unwrap_or(""),
-                code = e.code.as_deref().unwrap_or(""),
+                code = e.code.unwrap_or(""),
                 error = e.message.as_deref().unwrap_or(""),
                 token_fingerprint = %e.token_fingerprint, latency_ms,
                 "credential refused"

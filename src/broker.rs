@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use crate::audit::{
-    bounded, AuditCaller, AuditEvent, AuditSink, IssuedCredential, LogSink, Verdict,
+    bounded, AuditEvent, AuditSink, CallerText, IssuedCredential, LogSink, Verdict,
 };
 use crate::cache::{Cache, CacheConfig, CacheKey, CacheOutcome, CacheScope};
 use crate::cloud::{
@@ -53,8 +53,9 @@ pub use error::{BrokerError, ErrorClass};
 pub struct Grant {
     /// The cloud identity the request was decided for.
     pub identity: Identity,
-    /// The credential; `None` only for [`Kind::Identity`] lookups.
-    pub credential: Option<Credential>,
+    /// The credential, shared with the cache; `None` only for
+    /// [`Kind::Identity`] lookups.
+    pub credential: Option<Arc<Credential>>,
 }
 
 /// What a protocol surface needs from the broker.
@@ -94,7 +95,7 @@ pub struct Broker {
 
 /// A decision's context: what each step learned, for the audit record.
 struct Trail {
-    caller: Option<Caller>,
+    caller: Option<Arc<Caller>>,
     identity: Option<String>,
     policies: Vec<String>,
     cache: Option<CacheOutcome>,
@@ -313,9 +314,13 @@ impl Core {
         result: Result<Grant, BrokerError>,
         started: Instant,
     ) -> Result<Grant, BrokerError> {
+        let unnamed;
         let token_fingerprint = match &trail.caller {
-            Some(c) => c.token_fingerprint.clone(),
-            None => fingerprint(subject.expose_secret()),
+            Some(c) => c.token_fingerprint.as_str(),
+            None => {
+                unnamed = fingerprint(subject.expose_secret());
+                unnamed.as_str()
+            }
         };
         let (verdict, reason, code, message, credential) = match &result {
             Ok(grant) => (
@@ -335,8 +340,8 @@ impl Core {
             Err(e) => (
                 Verdict::Deny,
                 Some(e.reason()),
-                e.code().map(str::to_string),
-                Some(bounded(&e.describe())),
+                e.code(),
+                Some(bounded(&e.describe()).into_owned()),
                 None,
             ),
         };
@@ -350,20 +355,20 @@ impl Core {
             .inc();
         let event = AuditEvent {
             time: SystemTime::now(),
-            caller: trail.caller.as_ref().map(AuditCaller::from),
+            caller: trail.caller.as_deref(),
             token_fingerprint,
             cloud: request.cloud,
             kind: request.kind,
             surface: request.surface,
-            identity: trail.identity,
-            scopes: request.scopes.iter().map(|s| bounded(s)).collect(),
-            audience: request.audience.as_deref().map(bounded),
+            identity: trail.identity.as_deref(),
+            scopes: CallerText::new(&request.scopes),
+            audience: request.audience.as_ref().map(CallerText::one),
             lifetime: request.lifetime,
             verdict,
             reason,
             code,
             message,
-            policies: trail.policies,
+            policies: &trail.policies,
             cache: trail.cache,
             credential,
             latency: started.elapsed(),
@@ -385,7 +390,7 @@ impl Core {
         &self,
         subject: &SecretString,
         audience: &str,
-    ) -> Result<Caller, BrokerError> {
+    ) -> Result<Arc<Caller>, BrokerError> {
         let caller = self
             .verifier
             .verify(subject.expose_secret(), audience)

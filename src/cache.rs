@@ -140,8 +140,8 @@ impl Default for CacheConfig {
 /// once per exchange rather than once per request (audit records name it).
 #[derive(Clone, Debug)]
 pub struct Served {
-    /// The credential itself.
-    pub credential: Credential,
+    /// The credential itself, shared: a cache hit copies no secret.
+    pub credential: Arc<Credential>,
     /// [`Credential::fingerprint`] of `credential`.
     pub fingerprint: Arc<str>,
 }
@@ -226,7 +226,7 @@ impl Cache {
         subject: &SecretString,
         subject_exp: u64,
         fetcher: impl FnOnce() -> Fetcher,
-    ) -> Result<Credential, CloudError> {
+    ) -> Result<Arc<Credential>, CloudError> {
         self.get_traced(key, subject, subject_exp, fetcher)
             .await
             .1
@@ -363,7 +363,7 @@ fn start_fetch(
         };
         let result = result.map(|credential| Served {
             fingerprint: credential.fingerprint().into(),
-            credential,
+            credential: Arc::new(credential),
         });
         inner.complete(&key, &result, is_refresh);
         let _ = tx.send(Some(result));

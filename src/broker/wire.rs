@@ -9,6 +9,7 @@
 //! Bearer`, never in the body, so that it is not captured by body logging
 //! anywhere.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -94,7 +95,7 @@ impl From<&Grant> for WireGrant {
         };
         WireGrant {
             identity: grant.identity.clone(),
-            credential: grant.credential.as_ref().map(|c| match c {
+            credential: grant.credential.as_deref().map(|c| match c {
                 Credential::Token(t) => {
                     let (access_token, issued_at, expires_at) = token(t);
                     WireCredential::Token {
@@ -162,7 +163,7 @@ impl From<WireGrant> for Grant {
                     account_id,
                     assumed_role_arn,
                 }),
-            }),
+            }).map(Arc::new),
         }
     }
 }

@@ -80,7 +80,7 @@ pub(crate) fn render_error(err: &BrokerError) -> Response {
 pub(crate) fn aws_credentials(grant: &Grant) -> Result<&AwsCredentials, BrokerError> {
     grant
         .credential
-        .as_ref()
+        .as_deref()
         .and_then(Credential::aws)
         .ok_or_else(wrong_credential)
 }

@@ -139,7 +139,7 @@ pub(crate) async fn issue(
         let grant = surfaces.broker.request(&subject, &request).await?;
         let token = grant
             .credential
-            .as_ref()
+            .as_deref()
             .and_then(Credential::bearer)
             .ok_or_else(wrong_credential)?;
         let resource = request.scopes.first().map_or("", String::as_str);

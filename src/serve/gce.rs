@@ -243,15 +243,19 @@ async fn identity_for_account(surfaces: &Surfaces, account: &str) -> Result<Iden
     Ok(ask(surfaces, request).await?.identity)
 }
 
-/// The bearer token of a grant of `kind`.
-async fn bearer(surfaces: &Surfaces, request: TokenRequest) -> Result<AccessToken, BrokerError> {
-    ask(surfaces, request)
-        .await?
+/// `render` applied to the bearer token `request` is granted.
+async fn with_bearer(
+    surfaces: &Surfaces,
+    request: TokenRequest,
+    render: impl FnOnce(&AccessToken) -> Response,
+) -> Result<Response, BrokerError> {
+    let grant = ask(surfaces, request).await?;
+    let token = grant
         .credential
-        .as_ref()
+        .as_deref()
         .and_then(Credential::bearer)
-        .cloned()
-        .ok_or_else(wrong_credential)
+        .ok_or_else(wrong_credential)?;
+    Ok(render(token))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -279,14 +283,15 @@ async fn service_account(
                         .collect()
                 })
                 .unwrap_or_default();
-            match bearer(&surfaces, request(Kind::AccessToken).with_scopes(scopes)).await {
-                Ok(token) => json_body(json!({
+            let request = request(Kind::AccessToken).with_scopes(scopes);
+            let rendered = with_bearer(&surfaces, request, |token| {
+                json_body(json!({
                     "access_token": token.token.expose_secret(),
                     "expires_in": seconds_until(token.expires_at),
                     "token_type": "Bearer",
-                })),
-                Err(e) => render_error(&e),
-            }
+                }))
+            });
+            rendered.await.unwrap_or_else(|e| render_error(&e))
         }
         (["identity"], false) => {
             let Some(audience) = query.get("audience") else {
@@ -311,10 +316,11 @@ async fn service_account(
             let mut req = request(Kind::IdToken);
             req.audience = Some(audience.to_string());
             req.include_email = include_email;
-            match bearer(&surfaces, req).await {
-                Ok(token) => text(StatusCode::OK, token.token.expose_secret().to_string()),
-                Err(e) => render_error(&e),
-            }
+            with_bearer(&surfaces, req, |token| {
+                text(StatusCode::OK, token.token.expose_secret().to_string())
+            })
+            .await
+            .unwrap_or_else(|e| render_error(&e))
         }
         _ => {
             let id = match identity_for_account(&surfaces, account).await {

@@ -13,6 +13,7 @@ mod review;
 pub use review::TokenReviewer;
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 pub use claims::{
     parse_subject, Audience, Caller, KubernetesClaim, ObjectRef, ServiceAccountClaims,
@@ -153,7 +154,7 @@ pub struct Verifier {
     /// signature), and no issuer keys to reach.
     keys: Option<KeySet>,
     review: Option<TokenReviewer>,
-    verified: std::sync::Mutex<HashMap<[u8; 32], (Caller, std::time::Instant)>>,
+    verified: std::sync::Mutex<HashMap<[u8; 32], (Arc<Caller>, std::time::Instant)>>,
 }
 
 impl Verifier {
@@ -239,8 +240,9 @@ impl Verifier {
         Ok(claims)
     }
 
-    /// Verifies `token` for `audience` and returns who is calling.
-    pub async fn verify(&self, token: &str, audience: &str) -> Result<Caller, VerifyError> {
+    /// Verifies `token` for `audience` and returns who is calling, shared:
+    /// a token seen recently is answered from memory without copying.
+    pub async fn verify(&self, token: &str, audience: &str) -> Result<Arc<Caller>, VerifyError> {
         use sha2::{Digest, Sha256};
         let memo_key: [u8; 32] = Sha256::new()
             .chain_update(token.as_bytes())
@@ -257,7 +259,7 @@ impl Verifier {
                 }
             }
         }
-        let caller = self.verify_uncached(token, audience).await?;
+        let caller = Arc::new(self.verify_uncached(token, audience).await?);
         if let Some(reviewer) = &self.review {
             reviewer.review(token, audience).await?;
         }

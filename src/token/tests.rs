@@ -48,8 +48,8 @@ async fn accepts_rs256_token_and_returns_caller() {
     let caller = f.verifier.verify(&token, AUD).await.unwrap();
     assert_eq!(caller.namespace, "default");
     assert_eq!(caller.service_account, "ray-worker");
-    assert_eq!(caller.pod.unwrap().name, "ray-worker-0");
-    assert_eq!(caller.node.unwrap().name, "node-a");
+    assert_eq!(caller.pod.as_ref().unwrap().name, "ray-worker-0");
+    assert_eq!(caller.node.as_ref().unwrap().name, "node-a");
     assert_eq!(caller.token_fingerprint, crate::secret::fingerprint(&token));
 }
 
