@@ -80,7 +80,10 @@ pub async fn broker(config: &Config, metrics: Arc<Metrics>) -> anyhow::Result<Br
                 KubeDirectory::start(client, config.cluster.node_name.clone(), invalidate).await?,
             )
         }
-        None => Arc::new(StaticDirectory::new(&config.cluster.service_accounts)),
+        None => Arc::new(
+            StaticDirectory::new(&config.cluster.service_accounts)
+                .with_namespaces(&config.cluster.namespaces),
+        ),
     };
     crate::broker::assemble::broker(
         config,

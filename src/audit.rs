@@ -189,7 +189,9 @@ impl AuditSink for LogSink {
         let caller = e.caller;
         let namespace = caller.map_or("", |c| c.namespace.as_str());
         let service_account = caller.map_or("", |c| c.service_account.as_str());
-        let pod = caller.and_then(|c| c.pod.as_ref()).map_or("", |p| p.name.as_str());
+        let pod = caller
+            .and_then(|c| c.pod.as_ref())
+            .map_or("", |p| p.name.as_str());
         let identity = e.identity.unwrap_or("");
         let resource = e.audience.unwrap_or(e.scopes).join(" ");
         let cache = e.cache.map_or("", CacheOutcome::name);

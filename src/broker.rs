@@ -33,7 +33,7 @@ use std::time::{Instant, SystemTime};
 use crate::audit::{
     bounded, AuditEvent, AuditSink, CallerText, IssuedCredential, LogSink, Verdict,
 };
-use crate::cache::{Cache, CacheConfig, CacheKey, CacheOutcome, CacheScope};
+use crate::cache::{Cache, CacheConfig, CacheOutcome, CacheScope, KeyRef};
 use crate::cloud::{
     Cloud, CloudExchanger, Credential, Identity, Kind, PerCloud, RequestError, TokenRequest,
 };
@@ -41,6 +41,7 @@ use crate::directory::{Attributes, Bindings, Directory};
 use crate::secret::{fingerprint, ExposeSecret, SecretString};
 use crate::telemetry::metrics::{Metrics, RequestLabel};
 use crate::token::{Caller, Verifier, VerifyError};
+use prometheus_client::metrics::counter::Counter;
 
 pub use crate::policy::{AllowBound, Decision, Policy, PolicyInput};
 #[cfg(test)]
@@ -85,6 +86,9 @@ struct Core {
     audit: Arc<dyn AuditSink>,
     /// When set, tokens that name another node are refused.
     node_name: Option<String>,
+    /// `decisions{decision="allow",reason="granted"}` per cloud, resolved
+    /// once: the hit path counts without a label lookup.
+    granted: PerCloud<Counter>,
 }
 
 /// The in-process broker: the agent's core.
@@ -111,6 +115,7 @@ impl Broker {
         let metrics = Arc::new(Metrics::new());
         Broker {
             core: Core {
+                granted: granted_counters(&metrics),
                 verifier,
                 directory,
                 cache: Cache::new(CacheConfig::default(), metrics.clone()),
@@ -126,6 +131,7 @@ impl Broker {
     /// Uses `cache` (and the metrics it reports to).
     pub fn with_cache(mut self, cache: Cache, metrics: Arc<Metrics>) -> Self {
         self.core.cache = cache;
+        self.core.granted = granted_counters(&metrics);
         self.core.metrics = metrics;
         self
     }
@@ -242,65 +248,92 @@ impl Core {
             check_request(cloud, request)?;
             let caller = self.authenticate(subject, cloud.audience()).await?;
             let bindings = self.bindings(&caller).await;
-            let caller = trail.caller.insert(caller);
+            let caller = trail.caller.insert(caller).clone();
+            let caller = &*caller;
             let binding = cloud
                 .bind(&bindings?, caller)
                 .map_err(|e| refusal(e, request.cloud, caller))?;
             let identity = cloud.identity(&binding);
-            trail.identity = Some(identity.id.clone());
-            if let Some(selector) = &request.selector {
-                if !cloud.selects(&binding, selector) {
-                    return Err(BrokerError::IdentityNotFound);
+            let issued = async {
+                if let Some(selector) = &request.selector {
+                    if !cloud.selects(&binding, selector) {
+                        return Err(BrokerError::IdentityNotFound);
+                    }
                 }
+                if request.kind == Kind::Identity {
+                    return Ok(None);
+                }
+                self.issue(
+                    cloud, &binding, &identity, caller, subject, request, &mut trail,
+                )
+                .await
+                .map(Some)
             }
-            if request.kind == Kind::Identity {
-                return Ok(Grant {
+            .await;
+            match issued {
+                Ok(credential) => Ok(Grant {
                     identity,
-                    credential: None,
-                });
-            }
-            let scope = cloud
-                .scope(&binding, request)
-                .map_err(|e| refusal(e, request.cloud, caller))?;
-            let fetched;
-            let attributes = match self.policy.wants_attributes() {
-                true => {
-                    fetched = self.attributes(caller).await?;
-                    &fetched
-                }
-                false => Attributes::empty(),
-            };
-            let input = PolicyInput {
-                caller,
-                identity: &identity,
-                request,
-                attributes,
-                time: SystemTime::now(),
-            };
-            match self.policy.decide(&input) {
-                Decision::Allow { policies } => trail.policies = policies,
-                Decision::Deny { reason, policies } => {
-                    trail.policies = policies.clone();
-                    return Err(BrokerError::Denied { reason, policies });
+                    credential,
+                }),
+                Err(e) => {
+                    // A grant names its identity; a refusal keeps it here.
+                    trail.identity = Some(identity.id);
+                    Err(e)
                 }
             }
-            let key = self.cache_key(&identity, scope, caller);
-            let (outcome, credential) = self
-                .cache
-                .get_traced(key, subject, caller.token_expires_at, || {
-                    cloud.fetcher(&binding, request, caller)
-                })
-                .await;
-            trail.cache = Some(outcome);
-            let served = credential?;
-            trail.fingerprint = Some(served.fingerprint);
-            Ok(Grant {
-                identity,
-                credential: Some(served.credential),
-            })
         }
         .await;
         (trail, result)
+    }
+
+    /// Steps 4–6 for a bound, selected identity: policy, cache, exchange.
+    #[allow(clippy::too_many_arguments)]
+    async fn issue<E: CloudExchanger>(
+        &self,
+        cloud: &E,
+        binding: &E::Binding,
+        identity: &Identity,
+        caller: &Caller,
+        subject: &SecretString,
+        request: &TokenRequest,
+        trail: &mut Trail,
+    ) -> Result<Arc<Credential>, BrokerError> {
+        let scope = cloud
+            .scope(binding, request)
+            .map_err(|e| refusal(e, request.cloud, caller))?;
+        let fetched;
+        let attributes = match self.policy.wants_attributes() {
+            true => {
+                fetched = self.attributes(caller).await?;
+                &fetched
+            }
+            false => Attributes::empty(),
+        };
+        let input = PolicyInput {
+            caller,
+            identity,
+            request,
+            attributes,
+            time: SystemTime::now(),
+        };
+        match self.policy.decide(&input) {
+            Decision::Allow { policies } => trail.policies = policies,
+            Decision::Deny { reason, policies } => {
+                trail.policies = policies.clone();
+                return Err(BrokerError::Denied { reason, policies });
+            }
+        }
+        let key = self.cache_key(identity, &scope, caller);
+        let (outcome, credential) = self
+            .cache
+            .get_traced(key, subject, caller.token_expires_at, || {
+                cloud.fetcher(binding, request, caller)
+            })
+            .await;
+        trail.cache = Some(outcome);
+        let served = credential?;
+        trail.fingerprint = Some(served.fingerprint);
+        Ok(served.credential)
     }
 
     /// Step 7: the audit record, then the answer.
@@ -345,14 +378,18 @@ impl Core {
                 None,
             ),
         };
-        self.metrics
-            .decisions
-            .get_or_create(&RequestLabel {
-                cloud: request.cloud.name(),
-                decision: verdict.name(),
-                reason: reason.unwrap_or("granted"),
-            })
-            .inc();
+        match reason {
+            None => self.granted[request.cloud].inc(),
+            Some(reason) => self
+                .metrics
+                .decisions
+                .get_or_create(&RequestLabel {
+                    cloud: request.cloud.name(),
+                    decision: verdict.name(),
+                    reason,
+                })
+                .inc(),
+        };
         let event = AuditEvent {
             time: SystemTime::now(),
             caller: trail.caller.as_deref(),
@@ -360,7 +397,10 @@ impl Core {
             cloud: request.cloud,
             kind: request.kind,
             surface: request.surface,
-            identity: trail.identity.as_deref(),
+            identity: match &result {
+                Ok(grant) => Some(grant.identity.id.as_str()),
+                Err(_) => trail.identity.as_deref(),
+            },
             scopes: CallerText::new(&request.scopes),
             audience: request.audience.as_ref().map(CallerText::one),
             lifetime: request.lifetime,
@@ -439,20 +479,40 @@ impl Core {
             .map_err(|e| BrokerError::Unavailable(e.to_string()))
     }
 
-    /// The cache key for `caller` asking `identity` for `scope`.
-    fn cache_key(&self, identity: &Identity, scope: String, caller: &Caller) -> CacheKey {
-        CacheKey {
+    /// The cache key for `caller` asking `identity` for `scope`, borrowed.
+    fn cache_key<'a>(
+        &self,
+        identity: &'a Identity,
+        scope: &'a str,
+        caller: &'a Caller,
+    ) -> KeyRef<'a> {
+        KeyRef {
             cloud: identity.cloud,
-            identity: format!("{}/{}", identity.account, identity.id),
+            account: &identity.account,
+            identity: &identity.id,
             scope,
-            namespace: caller.namespace.clone(),
-            service_account: caller.service_account.clone(),
+            namespace: &caller.namespace,
+            service_account: &caller.service_account,
             pod_uid: match self.cache.scope() {
-                CacheScope::Pod => caller.pod.as_ref().map(|p| p.uid.clone()),
+                CacheScope::Pod => caller.pod.as_ref().map(|p| p.uid.as_str()),
                 CacheScope::ServiceAccount => None,
             },
         }
     }
+}
+
+/// The `decisions` counter of granted requests, per cloud.
+fn granted_counters(metrics: &Metrics) -> PerCloud<Counter> {
+    PerCloud::from_fn(|cloud| {
+        metrics
+            .decisions
+            .get_or_create(&RequestLabel {
+                cloud: cloud.name(),
+                decision: Verdict::Allow.name(),
+                reason: "granted",
+            })
+            .clone()
+    })
 }
 
 /// Bounds on caller-supplied text and kinds the cloud answers, checked

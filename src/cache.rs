@@ -27,7 +27,6 @@ pub mod limits;
 
 pub use crate::cloud::{Credential, FetchFuture, Fetcher};
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -42,10 +41,12 @@ use limits::UpstreamLimits;
 /// What a cache entry is for. Two requests share an entry only when every
 /// field is equal, so different identities, scopes or service accounts can
 /// never receive each other's credentials.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CacheKey {
     /// The cloud the credential is for.
     pub cloud: Cloud,
+    /// The identity's tenant, project or account.
+    pub account: String,
     /// Client id, service account email / principal, or role ARN.
     pub identity: String,
     /// Resource, sorted scope set, or ID-token audience.
@@ -58,6 +59,75 @@ pub struct CacheKey {
     /// Set when the cache is scoped per pod.
     pub pod_uid: Option<String>,
 }
+
+/// A [`CacheKey`] borrowed from the request it is for: what a lookup
+/// hashes and compares, so a cache hit copies no text. Only an insertion
+/// makes the owned key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KeyRef<'a> {
+    /// See [`CacheKey::cloud`].
+    pub cloud: Cloud,
+    /// See [`CacheKey::account`].
+    pub account: &'a str,
+    /// See [`CacheKey::identity`].
+    pub identity: &'a str,
+    /// See [`CacheKey::scope`].
+    pub scope: &'a str,
+    /// See [`CacheKey::namespace`].
+    pub namespace: &'a str,
+    /// See [`CacheKey::service_account`].
+    pub service_account: &'a str,
+    /// See [`CacheKey::pod_uid`].
+    pub pod_uid: Option<&'a str>,
+}
+
+impl KeyRef<'_> {
+    /// The owned key.
+    pub fn to_key(&self) -> CacheKey {
+        CacheKey {
+            cloud: self.cloud,
+            account: self.account.to_string(),
+            identity: self.identity.to_string(),
+            scope: self.scope.to_string(),
+            namespace: self.namespace.to_string(),
+            service_account: self.service_account.to_string(),
+            pod_uid: self.pod_uid.map(str::to_string),
+        }
+    }
+}
+
+impl CacheKey {
+    /// The key, borrowed.
+    pub fn as_ref(&self) -> KeyRef<'_> {
+        KeyRef {
+            cloud: self.cloud,
+            account: &self.account,
+            identity: &self.identity,
+            scope: &self.scope,
+            namespace: &self.namespace,
+            service_account: &self.service_account,
+            pod_uid: self.pod_uid.as_deref(),
+        }
+    }
+}
+
+// INVARIANT: a key hashes exactly as its borrowed form does, and compares
+// equal to it field by field; lookups by `KeyRef` depend on both.
+impl std::hash::Hash for CacheKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_ref().hash(state)
+    }
+}
+
+impl hashbrown::Equivalent<CacheKey> for KeyRef<'_> {
+    fn equivalent(&self, key: &CacheKey) -> bool {
+        *self == key.as_ref()
+    }
+}
+
+/// The entries' map: keyed by [`CacheKey`], looked up by [`KeyRef`], with
+/// std's randomly keyed SipHash (scopes are caller-chosen text).
+type Entries = hashbrown::HashMap<CacheKey, Entry, std::hash::RandomState>;
 
 /// How a request was answered, for the audit record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,7 +243,10 @@ struct Entry {
 }
 
 struct Inner {
-    entries: Mutex<HashMap<CacheKey, Entry>>,
+    entries: Mutex<Entries>,
+    /// `cache_hits` per cloud, resolved once: the hit path counts without
+    /// a label lookup.
+    hits: PerCloud<prometheus_client::metrics::counter::Counter>,
     config: CacheConfig,
     limits: UpstreamLimits,
     metrics: Arc<Metrics>,
@@ -189,7 +262,13 @@ impl Cache {
     /// Creates the cache and, when inside a Tokio runtime, its idle sweeper.
     pub fn new(config: CacheConfig, metrics: Arc<Metrics>) -> Self {
         let inner = Arc::new(Inner {
-            entries: Mutex::new(HashMap::new()),
+            entries: Mutex::new(Entries::default()),
+            hits: PerCloud::from_fn(|cloud| {
+                metrics
+                    .cache_hits
+                    .get_or_create(&cloud_label(cloud))
+                    .clone()
+            }),
             limits: UpstreamLimits::new(config.upstream_concurrency, config.rates),
             config,
             metrics,
@@ -222,7 +301,7 @@ impl Cache {
     /// (Unix seconds); `fetcher` is only called when the entry needs one.
     pub async fn get(
         &self,
-        key: CacheKey,
+        key: KeyRef<'_>,
         subject: &SecretString,
         subject_exp: u64,
         fetcher: impl FnOnce() -> Fetcher,
@@ -236,7 +315,7 @@ impl Cache {
     /// As [`Cache::get`], also saying how the request was answered.
     pub async fn get_traced(
         &self,
-        key: CacheKey,
+        key: KeyRef<'_>,
         subject: &SecretString,
         subject_exp: u64,
         fetcher: impl FnOnce() -> Fetcher,
@@ -258,7 +337,7 @@ impl Cache {
                     }
                     if let Some(stored) = &entry.value {
                         if stored.expires > now + cloud.min_remaining() {
-                            inner.metrics.cache_hits.get_or_create(&label).inc();
+                            inner.hits[cloud].inc();
                             return (CacheOutcome::Hit, Ok(stored.served.clone()));
                         }
                     }
@@ -277,6 +356,7 @@ impl Cache {
                         }
                         (None, _) => {
                             inner.metrics.cache_misses.get_or_create(&label).inc();
+                            let key = key.to_key();
                             (CacheOutcome::Miss, start_fetch(inner, &key, entry, false))
                         }
                     }
@@ -296,6 +376,7 @@ impl Cache {
                     inner.metrics.cache_misses.get_or_create(&label).inc();
                     // The exchange's task cannot record its result before
                     // the entry is in the map: it needs this lock.
+                    let key = key.to_key();
                     let rx = start_fetch(inner, &key, &mut entry, false);
                     entries.insert(key, entry);
                     inner.metrics.cache_entries.set(entries.len() as i64);
@@ -372,7 +453,7 @@ fn start_fetch(
 }
 
 impl Inner {
-    fn lock(&self) -> MutexGuard<'_, HashMap<CacheKey, Entry>> {
+    fn lock(&self) -> MutexGuard<'_, Entries> {
         // A panic while holding the lock leaves plain data behind; keep going.
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -510,7 +591,7 @@ impl Inner {
     }
 
     /// Evicts the least recently used idle entry when the cache is full.
-    fn make_room(&self, entries: &mut HashMap<CacheKey, Entry>) {
+    fn make_room(&self, entries: &mut Entries) {
         while entries.len() >= self.config.max_entries.max(1) {
             let victim = entries
                 .iter()

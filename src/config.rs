@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cloud::aws::{Region, RoleArn};
 use crate::cloud::{Cloud, PerCloud};
-use crate::directory::file::ServiceAccountEntry;
+use crate::directory::file::{NamespaceEntry, ServiceAccountEntry};
 use crate::names::{is_dns_label, is_dns_subdomain};
 use crate::telemetry::LogFormat;
 
@@ -187,10 +187,34 @@ pub struct ClusterConfig {
     pub jwks_url: Option<String>,
     /// This node's name (`NODE_NAME`); tokens naming another node are refused.
     pub node_name: Option<String>,
-    /// Static ServiceAccount bindings (namespace, name, annotations).
+    /// Static ServiceAccount bindings (namespace, name, annotations, labels).
     pub service_accounts: Vec<ServiceAccountEntry>,
+    /// Labels of namespaces, for policies, with static bindings (with the
+    /// Kubernetes API the agent watches namespaces instead).
+    pub namespaces: Vec<NamespaceEntry>,
     /// TokenReview each new token with the API server (needs `create tokenreviews`).
     pub token_review: bool,
+}
+
+/// Authorization policy settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicySettings {
+    /// Directory of Cedar policy files (`*.cedar`). Unset: Lanyard allows
+    /// what the ServiceAccounts' bindings allow. Set: a request is denied
+    /// unless a policy permits it, and a `forbid` always wins.
+    pub dir: Option<std::path::PathBuf>,
+    /// Seconds between checks of the directory for changes (1–3600).
+    pub reload_seconds: u64,
+}
+
+impl Default for PolicySettings {
+    fn default() -> Self {
+        PolicySettings {
+            dir: None,
+            reload_seconds: 2,
+        }
+    }
 }
 
 /// Settings of the sidecar role.
@@ -331,6 +355,8 @@ pub struct Config {
     pub cache: CacheSettings,
     /// The node agent's trust and bindings (`cluster.*`).
     pub cluster: ClusterConfig,
+    /// Authorization policy (`policy.*`).
+    pub policy: PolicySettings,
     /// The pod sidecar (`sidecar.*`).
     pub sidecar: SidecarConfig,
     /// The admission webhook and what it injects (`webhook.*`).
@@ -354,6 +380,7 @@ impl Default for Config {
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 8643)),
             cache: CacheSettings::default(),
             cluster: ClusterConfig::default(),
+            policy: PolicySettings::default(),
             sidecar: SidecarConfig::default(),
             webhook: WebhookConfig::default(),
             azure: AzureConfig::default(),
@@ -401,8 +428,8 @@ impl figment::Provider for Flags {
 }
 
 /// Sections whose environment variables are `LANYARD_<SECTION>_<KEY>`.
-const SECTIONS: [&str; 8] = [
-    "azure", "gcp", "aws", "cache", "cluster", "sidecar", "webhook", "dev",
+const SECTIONS: [&str; 9] = [
+    "azure", "gcp", "aws", "cache", "cluster", "policy", "sidecar", "webhook", "dev",
 ];
 /// Environment names kept short for the sidecar, as the webhook sets them.
 const ALIASES: [(&str, &str); 2] = [
@@ -460,6 +487,13 @@ impl Config {
                     t,
                 ));
             }
+        }
+        if !(1..=3600).contains(&self.policy.reload_seconds) {
+            return Err(invalid(
+                "policy.reload_seconds",
+                "seconds from 1 to 3600",
+                &self.policy.reload_seconds.to_string(),
+            ));
         }
         if self.azure.audience.trim().is_empty() {
             return Err(invalid(

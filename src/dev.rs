@@ -228,6 +228,7 @@ impl DevStack {
 
         // Directory: the dev ServiceAccount plus any configured ones.
         let mut entries = vec![ServiceAccountEntry {
+            labels: Default::default(),
             namespace: dev.namespace.clone(),
             name: dev.service_account.clone(),
             annotations: [
@@ -252,7 +253,8 @@ impl DevStack {
             .collect(),
         }];
         entries.extend(dev.service_accounts.iter().cloned());
-        let directory = Arc::new(StaticDirectory::new(&entries));
+        let directory =
+            Arc::new(StaticDirectory::new(&entries).with_namespaces(&config.cluster.namespaces));
 
         let verifier = Verifier::new(
             issuer.url(),

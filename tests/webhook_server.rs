@@ -87,6 +87,7 @@ async fn start_with_metrics(
     std::fs::write(&cert, &pki.cert_pem).unwrap();
     std::fs::write(&key, &pki.key_pem).unwrap();
     let accounts = [ServiceAccountEntry {
+        labels: Default::default(),
         namespace: "ml".into(),
         name: "raycluster-kuberay".into(),
         annotations: [(

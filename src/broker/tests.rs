@@ -173,6 +173,7 @@ async fn fixture() -> Fixture {
         KeySet::new(KeySource::Discovery { issuer: url }, crate::http::client()),
     );
     let bound = ServiceAccountEntry {
+        labels: Default::default(),
         namespace: "ml".into(),
         name: "ray".into(),
         annotations: [(
@@ -415,12 +416,9 @@ async fn cache_keys_follow_the_configured_scope() {
         exchanges: Default::default(),
     }
     .identity(&"id-ray".to_string());
-    let key = f.broker.core.cache_key(&identity, "s".into(), &caller);
+    let key = f.broker.core.cache_key(&identity, "s", &caller);
     assert_eq!(key.pod_uid, None);
-    assert_eq!(
-        (key.namespace.as_str(), key.service_account.as_str()),
-        ("ml", "ray")
-    );
+    assert_eq!((key.namespace, key.service_account), ("ml", "ray"));
     let metrics = Arc::new(Metrics::new());
     let per_pod = Cache::new(
         CacheConfig {
@@ -430,6 +428,6 @@ async fn cache_keys_follow_the_configured_scope() {
         metrics.clone(),
     );
     let broker = fixture().await.broker.with_cache(per_pod, metrics);
-    let key = broker.core.cache_key(&identity, "s".into(), &caller);
-    assert_eq!(key.pod_uid.as_deref(), Some("pod-uid-7"));
+    let key = broker.core.cache_key(&identity, "s", &caller);
+    assert_eq!(key.pod_uid, Some("pod-uid-7"));
 }

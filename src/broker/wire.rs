@@ -135,35 +135,38 @@ impl From<WireGrant> for Grant {
         };
         Grant {
             identity: wire.identity,
-            credential: wire.credential.map(|c| match c {
-                WireCredential::Token {
-                    access_token,
-                    issued_at,
-                    expires_at,
-                } => Credential::Token(token(access_token, issued_at, expires_at)),
-                WireCredential::IdToken {
-                    token: t,
-                    issued_at,
-                    expires_at,
-                } => Credential::IdToken(token(t, issued_at, expires_at)),
-                WireCredential::Aws {
-                    access_key_id,
-                    secret_access_key,
-                    session_token,
-                    issued_at,
-                    expires_at,
-                    account_id,
-                    assumed_role_arn,
-                } => Credential::Aws(AwsCredentials {
-                    access_key_id,
-                    secret_access_key: SecretString::from(secret_access_key),
-                    session_token: SecretString::from(session_token),
-                    expires_at,
-                    issued_at,
-                    account_id,
-                    assumed_role_arn,
-                }),
-            }).map(Arc::new),
+            credential: wire
+                .credential
+                .map(|c| match c {
+                    WireCredential::Token {
+                        access_token,
+                        issued_at,
+                        expires_at,
+                    } => Credential::Token(token(access_token, issued_at, expires_at)),
+                    WireCredential::IdToken {
+                        token: t,
+                        issued_at,
+                        expires_at,
+                    } => Credential::IdToken(token(t, issued_at, expires_at)),
+                    WireCredential::Aws {
+                        access_key_id,
+                        secret_access_key,
+                        session_token,
+                        issued_at,
+                        expires_at,
+                        account_id,
+                        assumed_role_arn,
+                    } => Credential::Aws(AwsCredentials {
+                        access_key_id,
+                        secret_access_key: SecretString::from(secret_access_key),
+                        session_token: SecretString::from(session_token),
+                        expires_at,
+                        issued_at,
+                        account_id,
+                        assumed_role_arn,
+                    }),
+                })
+                .map(Arc::new),
         }
     }
 }

@@ -65,6 +65,7 @@ impl Upstream {
 fn key(cloud: Cloud, sa: &str, scope: &str) -> CacheKey {
     CacheKey {
         cloud,
+        account: "tenant".into(),
         identity: "client-1".into(),
         scope: scope.into(),
         namespace: "default".into(),
@@ -94,7 +95,7 @@ fn token_of(c: &Credential) -> String {
 
 async fn get(cache: &Cache, k: &CacheKey, up: &Upstream) -> Result<String, CloudError> {
     cache
-        .get(k.clone(), &subject("subject-a"), far(), || up.fetcher())
+        .get(k.as_ref(), &subject("subject-a"), far(), || up.fetcher())
         .await
         .map(|c| token_of(&c))
 }
@@ -393,11 +394,11 @@ async fn refresh_uses_the_newest_subject_and_never_an_expired_one() {
     let k = key(Cloud::Azure, "ray-worker", "s");
     let soon = now_unix() + 1200;
     cache
-        .get(k.clone(), &subject("old"), soon, || up.fetcher())
+        .get(k.as_ref(), &subject("old"), soon, || up.fetcher())
         .await
         .unwrap();
     cache
-        .get(k.clone(), &subject("new"), soon + 3600, || up.fetcher())
+        .get(k.as_ref(), &subject("new"), soon + 3600, || up.fetcher())
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_secs(1801)).await;
@@ -407,7 +408,7 @@ async fn refresh_uses_the_newest_subject_and_never_an_expired_one() {
     // A key whose only subject expires before its refresh is due.
     let k2 = key(Cloud::Azure, "short-subject", "s");
     cache
-        .get(k2.clone(), &subject("brief"), now_unix() + 600, || {
+        .get(k2.as_ref(), &subject("brief"), now_unix() + 600, || {
             up.fetcher()
         })
         .await

@@ -281,6 +281,7 @@ fn only_lists_and_maps_are_structured() {
     assert_eq!(
         keys,
         [
+            "cluster.namespaces",
             "cluster.service_accounts",
             "dev.service_accounts",
             "sidecar.annotations"

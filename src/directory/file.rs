@@ -2,10 +2,11 @@
 //! configuration, in the same shape as in a cluster.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Bindings, Directory, DirectoryError};
+use super::{Attributes, Bindings, Directory, DirectoryError, Metadata};
 
 /// A ServiceAccount as configured: name, namespace and annotations.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -19,25 +20,64 @@ pub struct ServiceAccountEntry {
     /// [`super::annotations`]); none means no bindings.
     #[serde(default)]
     pub annotations: BTreeMap<String, String>,
+    /// Its labels, for policies.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
 }
 
-/// Bindings from a fixed list of ServiceAccounts.
+/// A namespace as configured: its name and labels, for policies.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamespaceEntry {
+    /// The namespace's name.
+    pub name: String,
+    /// Its labels.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// What is kept of one configured ServiceAccount.
+struct Account {
+    bindings: Bindings,
+    labels: Metadata,
+    annotations: Metadata,
+}
+
+/// Bindings from a fixed list of ServiceAccounts (and namespace labels).
 pub struct StaticDirectory {
-    /// namespace → name → bindings: looked up by `&str`, without allocating.
-    entries: HashMap<String, HashMap<String, Bindings>>,
+    /// namespace → name → account: looked up by `&str`, without allocating.
+    entries: HashMap<String, HashMap<String, Account>>,
+    namespaces: HashMap<String, Metadata>,
 }
 
 impl StaticDirectory {
     /// A directory of `entries`, their bindings read once. A ServiceAccount
     /// listed twice keeps its last entry.
     pub fn new(entries: &[ServiceAccountEntry]) -> Self {
-        let mut map: HashMap<String, HashMap<String, Bindings>> = HashMap::new();
+        let mut map: HashMap<String, HashMap<String, Account>> = HashMap::new();
         for e in entries {
-            map.entry(e.namespace.clone())
-                .or_default()
-                .insert(e.name.clone(), Bindings::from_annotations(&e.annotations));
+            map.entry(e.namespace.clone()).or_default().insert(
+                e.name.clone(),
+                Account {
+                    bindings: Bindings::from_annotations(&e.annotations),
+                    labels: Arc::new(e.labels.clone()),
+                    annotations: Arc::new(e.annotations.clone()),
+                },
+            );
         }
-        StaticDirectory { entries: map }
+        StaticDirectory {
+            entries: map,
+            namespaces: HashMap::new(),
+        }
+    }
+
+    /// Also knows the labels of `namespaces`.
+    pub fn with_namespaces(mut self, namespaces: &[NamespaceEntry]) -> Self {
+        self.namespaces = namespaces
+            .iter()
+            .map(|n| (n.name.clone(), Arc::new(n.labels.clone())))
+            .collect();
+        self
     }
 }
 
@@ -52,7 +92,28 @@ impl Directory for StaticDirectory {
             .entries
             .get(namespace)
             .and_then(|names| names.get(name))
-            .cloned())
+            .map(|account| account.bindings.clone()))
+    }
+
+    async fn attributes(
+        &self,
+        namespace: &str,
+        service_account: &str,
+        _pod: &str,
+    ) -> Result<Attributes, DirectoryError> {
+        let account = self
+            .entries
+            .get(namespace)
+            .and_then(|names| names.get(service_account));
+        let mut attributes = Attributes::default();
+        if let Some(account) = account {
+            attributes.service_account_labels = account.labels.clone();
+            attributes.service_account_annotations = account.annotations.clone();
+        }
+        if let Some(labels) = self.namespaces.get(namespace) {
+            attributes.namespace_labels = labels.clone();
+        }
+        Ok(attributes)
     }
 }
 

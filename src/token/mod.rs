@@ -141,11 +141,15 @@ const VERIFIED_TTL: std::time::Duration = std::time::Duration::from_secs(300);
 /// Most remembered verifications; the memo is cleared when full.
 const VERIFIED_MAX: usize = 16_384;
 
+/// Recently verified tokens: (token, audience) digest → caller, verified at.
+type Memo = HashMap<[u8; 32], (Arc<Caller>, std::time::Instant)>;
+
 /// Verifies tokens of one issuer.
 ///
 /// Successful verifications are remembered (keyed by a SHA-256 of token
 /// and audience, for at most five minutes and never past the token's
 /// expiry), so a pod asking again with the same projected token costs a
+
 /// hash instead of a signature check.
 pub struct Verifier {
     issuer: String,
@@ -154,7 +158,7 @@ pub struct Verifier {
     /// signature), and no issuer keys to reach.
     keys: Option<KeySet>,
     review: Option<TokenReviewer>,
-    verified: std::sync::Mutex<HashMap<[u8; 32], (Arc<Caller>, std::time::Instant)>>,
+    verified: std::sync::Mutex<Memo>,
 }
 
 impl Verifier {

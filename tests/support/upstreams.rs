@@ -160,6 +160,7 @@ impl Upstreams {
 /// A ServiceAccount entry with annotations.
 pub fn service_account(ns: &str, name: &str, annotations: &[(&str, &str)]) -> ServiceAccountEntry {
     ServiceAccountEntry {
+        labels: Default::default(),
         namespace: ns.into(),
         name: name.into(),
         annotations: annotations
