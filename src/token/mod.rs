@@ -149,7 +149,6 @@ type Memo = HashMap<[u8; 32], (Arc<Caller>, std::time::Instant)>;
 /// Successful verifications are remembered (keyed by a SHA-256 of token
 /// and audience, for at most five minutes and never past the token's
 /// expiry), so a pod asking again with the same projected token costs a
-
 /// hash instead of a signature check.
 pub struct Verifier {
     issuer: String,
