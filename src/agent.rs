@@ -10,7 +10,7 @@ use crate::broker::Broker;
 use crate::cache::Cache;
 use crate::config::Config;
 use crate::directory::file::StaticDirectory;
-use crate::directory::kube::{Invalidate, KubeDirectory};
+use crate::directory::kube::{Invalidate, KubeDirectory, Watch};
 use crate::directory::Directory;
 use crate::http::{bind, drain, spawn_server, wait_for_signal, Shutdown, DRAIN_TIMEOUT};
 use crate::telemetry::metrics::Metrics;
@@ -77,7 +77,15 @@ pub async fn broker(config: &Config, metrics: Arc<Metrics>) -> anyhow::Result<Br
                 pod: Box::new(move |uid| pod_cache.invalidate_pod(uid)),
             });
             Arc::new(
-                KubeDirectory::start(client, config.cluster.node_name.clone(), invalidate).await?,
+                KubeDirectory::start(
+                    client,
+                    Watch {
+                        node_name: config.cluster.node_name.clone(),
+                        namespaces: config.policy.dir.is_some(),
+                    },
+                    invalidate,
+                )
+                .await?,
             )
         }
         None => Arc::new(
@@ -141,7 +149,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
 /// What the agent waits for before it is ready: the issuer's keys, and with
 /// Kubernetes bindings the first ServiceAccount list (and, when it knows its
-/// node, the first list of that node's pods). Static bindings need no list.
+/// node, the first list of that node's pods; with a policy, the first list
+/// of namespaces). Static bindings need no list.
 fn readiness(config: &Config) -> (Readiness, Vec<Condition>) {
     let mut builder = Readiness::builder();
     let mut conditions = vec![builder.condition("issuer keys loaded")];
@@ -149,6 +158,9 @@ fn readiness(config: &Config) -> (Readiness, Vec<Condition>) {
         conditions.push(builder.condition("ServiceAccount list synced"));
         if config.cluster.node_name.is_some() {
             conditions.push(builder.condition("pod list synced"));
+        }
+        if config.policy.dir.is_some() {
+            conditions.push(builder.condition("namespace list synced"));
         }
     }
     (builder.build(), conditions)

@@ -5,19 +5,24 @@
 //! the credential cache through a callback, so a removed binding stops
 //! being served at once.
 //!
-//! Needs `get/list/watch` on serviceaccounts and pods, nothing more.
+//! For policies, the labels and annotations of ServiceAccounts, the labels
+//! of this node's pods and (when a policy is configured) of namespaces are
+//! kept as shared snapshots, so a decision reads them without copying.
+//!
+//! Needs `get/list/watch` on serviceaccounts and pods, and on namespaces
+//! when a policy is configured; nothing more.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, ResourceExt};
 
-use super::{Bindings, Directory, DirectoryError};
+use super::{Attributes, Bindings, Directory, DirectoryError, Metadata};
 
 /// Called with (namespace, name) when a ServiceAccount's bindings change
 /// or it is deleted, and with a pod uid when a pod of this node is gone.
@@ -40,21 +45,44 @@ pub struct KubeDirectory {
     client: Client,
     service_accounts: Store<ServiceAccount>,
     pods: Option<Store<Pod>>,
+    known: Arc<Mutex<HashMap<Key, Known>>>,
+    pod_labels: Arc<Mutex<HashMap<Key, Metadata>>>,
+    namespace_labels: Option<Arc<Mutex<HashMap<String, Metadata>>>>,
 }
 
 type Key = (String, String);
 
+/// What is kept of a ServiceAccount: its bindings (to notice changes) and
+/// its labels and annotations (for policies), shared.
+#[derive(Clone)]
+struct Known {
+    bindings: Bindings,
+    labels: Metadata,
+    annotations: Metadata,
+}
+
+/// What the agent watches besides ServiceAccounts.
+#[derive(Debug, Clone, Default)]
+pub struct Watch {
+    /// This node's name: its pods are watched (liveness, labels).
+    pub node_name: Option<String>,
+    /// Whether namespaces are watched (for their labels; a policy needs them).
+    pub namespaces: bool,
+}
+
 impl KubeDirectory {
-    /// Starts the reflectors (pods only when `node_name` is known) and
-    /// waits until their first list is in memory.
+    /// Starts the reflectors (pods only when the node name is known,
+    /// namespaces only when asked) and waits until their first list is in
+    /// memory.
     pub async fn start(
         client: Client,
-        node_name: Option<String>,
+        watch: Watch,
         invalidate: Arc<Invalidate>,
     ) -> anyhow::Result<KubeDirectory> {
         let (sa_store, sa_writer) = reflector::store::<ServiceAccount>();
         let sa_api: Api<ServiceAccount> = Api::all(client.clone());
-        let known: Arc<Mutex<HashMap<Key, Bindings>>> = Arc::default();
+        let known: Arc<Mutex<HashMap<Key, Known>>> = Arc::default();
+        let known_by_watch = known.clone();
         let inv = invalidate.clone();
         let stream = reflector::reflector(
             sa_writer,
@@ -66,13 +94,16 @@ impl KubeDirectory {
             let mut relisted: Option<HashSet<Key>> = None;
             while let Some(event) = stream.next().await {
                 match event {
-                    Ok(event) => track_service_accounts(event, &known, &mut relisted, &inv),
+                    Ok(event) => {
+                        track_service_accounts(event, &known_by_watch, &mut relisted, &inv)
+                    }
                     Err(e) => tracing::warn!(error = %e, "ServiceAccount watch failed; retrying"),
                 }
             }
         });
 
-        let pods = match node_name {
+        let pod_labels: Arc<Mutex<HashMap<Key, Metadata>>> = Arc::default();
+        let pods = match watch.node_name {
             Some(node) => {
                 let (pod_store, pod_writer) = reflector::store::<Pod>();
                 let pod_api: Api<Pod> = Api::all(client.clone());
@@ -82,16 +113,21 @@ impl KubeDirectory {
                 let stream = reflector::reflector(pod_writer, watcher::watcher(pod_api, config))
                     .default_backoff();
                 let inv = invalidate.clone();
+                let labels = LabelIndex::new(pod_labels.clone());
                 tokio::spawn(async move {
                     let mut stream = std::pin::pin!(stream);
+                    let key_of = |pod: &Pod| (pod.namespace().unwrap_or_default(), pod.name_any());
+                    let mut labels = labels;
                     while let Some(event) = stream.next().await {
                         match event {
-                            Ok(Event::Delete(pod)) => {
-                                if let Some(uid) = pod.uid() {
-                                    (inv.pod)(&uid);
+                            Ok(event) => {
+                                if let Event::Delete(pod) = &event {
+                                    if let Some(uid) = pod.uid() {
+                                        (inv.pod)(&uid);
+                                    }
                                 }
+                                labels.track(&event, key_of);
                             }
-                            Ok(_) => {}
                             Err(e) => tracing::warn!(error = %e, "pod watch failed; retrying"),
                         }
                     }
@@ -101,10 +137,40 @@ impl KubeDirectory {
             None => None,
         };
 
+        let namespaces = match watch.namespaces {
+            true => {
+                let (ns_store, ns_writer) = reflector::store::<Namespace>();
+                let ns_api: Api<Namespace> = Api::all(client.clone());
+                let stream = reflector::reflector(
+                    ns_writer,
+                    watcher::watcher(ns_api, watcher::Config::default().any_semantic()),
+                )
+                .default_backoff();
+                let map: Arc<Mutex<HashMap<String, Metadata>>> = Arc::default();
+                let mut labels = LabelIndex::new(map.clone());
+                tokio::spawn(async move {
+                    let mut stream = std::pin::pin!(stream);
+                    while let Some(event) = stream.next().await {
+                        match event {
+                            Ok(event) => labels.track(&event, |ns: &Namespace| ns.name_any()),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "namespace watch failed; retrying")
+                            }
+                        }
+                    }
+                });
+                Some((ns_store, map))
+            }
+            false => None,
+        };
+
         let wait = async {
             sa_store.wait_until_ready().await?;
             if let Some(p) = &pods {
                 p.wait_until_ready().await?;
+            }
+            if let Some((n, _)) = &namespaces {
+                n.wait_until_ready().await?;
             }
             Ok::<_, reflector::store::WriterDropped>(())
         };
@@ -112,14 +178,65 @@ impl KubeDirectory {
             Ok(Ok(())) => {}
             Ok(Err(e)) => anyhow::bail!("Kubernetes watch ended before its first list: {e}"),
             Err(_) => anyhow::bail!(
-                "no initial list of serviceaccounts/pods from the Kubernetes API within 30 s (check the API server address and that the agent may get/list/watch serviceaccounts and pods)"
+                "no initial list of serviceaccounts/pods/namespaces from the Kubernetes API within 30 s (check the API server address and that the agent may get/list/watch serviceaccounts and pods, and namespaces when a policy is configured)"
             ),
         }
         Ok(KubeDirectory {
             client,
             service_accounts: sa_store,
             pods,
+            known,
+            pod_labels,
+            namespace_labels: namespaces.map(|(_, map)| map),
         })
+    }
+}
+
+/// Labels of watched objects by key, kept current from watch events: a
+/// relist replaces the whole map when it is done, so objects deleted while
+/// the watch was down go too.
+struct LabelIndex<K> {
+    map: Arc<Mutex<HashMap<K, Metadata>>>,
+    relisting: Option<HashMap<K, Metadata>>,
+}
+
+impl<K: std::hash::Hash + Eq> LabelIndex<K> {
+    fn new(map: Arc<Mutex<HashMap<K, Metadata>>>) -> Self {
+        LabelIndex {
+            map,
+            relisting: None,
+        }
+    }
+
+    fn track<T: ResourceExt>(&mut self, event: &Event<T>, key_of: impl Fn(&T) -> K) {
+        match event {
+            Event::Apply(o) => {
+                let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+                map.insert(key_of(o), Arc::new(o.labels().clone()));
+            }
+            Event::Delete(o) => {
+                let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+                map.remove(&key_of(o));
+            }
+            Event::Init => self.relisting = Some(HashMap::new()),
+            Event::InitApply(o) => {
+                let entry = (key_of(o), Arc::new(o.labels().clone()));
+                match self.relisting.as_mut() {
+                    Some(next) => {
+                        next.insert(entry.0, entry.1);
+                    }
+                    None => {
+                        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+                        map.insert(entry.0, entry.1);
+                    }
+                }
+            }
+            Event::InitDone => {
+                if let Some(next) = self.relisting.take() {
+                    *self.map.lock().unwrap_or_else(|p| p.into_inner()) = next;
+                }
+            }
+        }
     }
 }
 
@@ -128,17 +245,22 @@ impl KubeDirectory {
 /// that vanished while the watch was down, found at the next relist).
 fn track_service_accounts(
     event: Event<ServiceAccount>,
-    known: &Mutex<HashMap<Key, Bindings>>,
+    known: &Mutex<HashMap<Key, Known>>,
     relisted: &mut Option<HashSet<Key>>,
     invalidate: &Invalidate,
 ) {
     let key_of = |sa: &ServiceAccount| (sa.namespace().unwrap_or_default(), sa.name_any());
     let mut known = known.lock().unwrap_or_else(|p| p.into_inner());
-    let apply = |sa: &ServiceAccount, known: &mut HashMap<Key, Bindings>| {
+    let apply = |sa: &ServiceAccount, known: &mut HashMap<Key, Known>| {
         let key = key_of(sa);
         let bindings = Bindings::from_annotations(sa.annotations());
-        if let Some(previous) = known.insert(key.clone(), bindings.clone()) {
-            if previous != bindings {
+        let entry = Known {
+            bindings: bindings.clone(),
+            labels: Arc::new(sa.labels().clone()),
+            annotations: Arc::new(sa.annotations().clone()),
+        };
+        if let Some(previous) = known.insert(key.clone(), entry) {
+            if previous.bindings != bindings {
                 tracing::info!(namespace = %key.0, service_account = %key.1, "bindings changed");
                 (invalidate.service_account)(&key.0, &key.1);
             }
@@ -196,6 +318,36 @@ impl Directory for KubeDirectory {
                 "reading serviceaccount {namespace}/{name}: {e}"
             ))),
         }
+    }
+
+    async fn attributes(
+        &self,
+        namespace: &str,
+        service_account: &str,
+        pod: &str,
+    ) -> Result<Attributes, DirectoryError> {
+        let key = |name: &str| (namespace.to_string(), name.to_string());
+        let mut attributes = Attributes::default();
+        {
+            let known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(k) = known.get(&key(service_account)) {
+                attributes.service_account_labels = k.labels.clone();
+                attributes.service_account_annotations = k.annotations.clone();
+            }
+        }
+        {
+            let pods = self.pod_labels.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(labels) = pods.get(&key(pod)) {
+                attributes.pod_labels = labels.clone();
+            }
+        }
+        if let Some(namespaces) = &self.namespace_labels {
+            let namespaces = namespaces.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(labels) = namespaces.get(namespace) {
+                attributes.namespace_labels = labels.clone();
+            }
+        }
+        Ok(attributes)
     }
 
     async fn pod_exists(

@@ -347,7 +347,8 @@ pub async fn run(config: crate::config::Config) -> anyhow::Result<()> {
         });
         // `start` returns once the reflector holds its first list.
         let directory =
-            crate::directory::kube::KubeDirectory::start(client, None, invalidate).await?;
+            crate::directory::kube::KubeDirectory::start(client, Default::default(), invalidate)
+                .await?;
         if let Some(synced) = &synced {
             synced.set();
         }
