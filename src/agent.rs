@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use crate::audit::{AuditSink, LogSink};
 use crate::broker::assemble::Parts;
 use crate::broker::Broker;
 use crate::cache::Cache;
@@ -13,6 +14,7 @@ use crate::directory::file::StaticDirectory;
 use crate::directory::kube::{Invalidate, KubeDirectory, Watch};
 use crate::directory::Directory;
 use crate::http::{bind, drain, spawn_server, wait_for_signal, Shutdown, DRAIN_TIMEOUT};
+use crate::pod_events::Explained;
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::{Condition, Readiness};
 use crate::token::{kube_get, Discovery, KeySet, KeySource, Lookup, Verifier};
@@ -67,6 +69,17 @@ pub async fn broker(config: &Config, metrics: Arc<Metrics>) -> anyhow::Result<Br
         })?;
         verifier = verifier.with_token_review(crate::token::TokenReviewer::new(client));
     }
+    let audit: Arc<dyn AuditSink> = match (&kube, &config.cluster.node_name) {
+        // Denials explained on the calling pod need the API and a node name
+        // to report as.
+        (Some(client), Some(node)) => Arc::new(Explained::new(
+            LogSink,
+            client.clone(),
+            node.clone(),
+            metrics.clone(),
+        )),
+        _ => Arc::new(LogSink),
+    };
     let directory: Arc<dyn Directory> = match kube {
         Some(client) => {
             let (sa_cache, pod_cache) = (cache.clone(), cache.clone());
@@ -100,6 +113,7 @@ pub async fn broker(config: &Config, metrics: Arc<Metrics>) -> anyhow::Result<Br
             directory,
             cache,
             metrics,
+            audit,
         },
         http,
     )

@@ -23,6 +23,7 @@ pub mod directory;
 pub mod emulator;
 pub mod http;
 pub mod names;
+pub mod pod_events;
 pub mod policy;
 pub mod secret;
 pub mod serve;

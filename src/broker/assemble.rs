@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Broker;
+use crate::audit::{AuditSink, LogSink};
 use crate::cache::Cache;
 use crate::cloud::aws::{AwsCloud, AwsExchanger};
 use crate::cloud::azure::{authority_for_cloud, AzureCloud, AzureExchanger, PUBLIC_CLOUD};
@@ -31,6 +32,8 @@ pub struct Parts {
     pub cache: Cache,
     /// The metrics `cache` reports to, which the broker reports to as well.
     pub metrics: Arc<Metrics>,
+    /// Where decisions (and policy reloads) are recorded.
+    pub audit: Arc<dyn AuditSink>,
 }
 
 impl Parts {
@@ -42,14 +45,16 @@ impl Parts {
             directory,
             cache: Cache::new(config.cache.to_cache_config(), metrics.clone()),
             metrics,
+            audit: Arc::new(LogSink),
         }
     }
 }
 
 /// The broker `config` describes, over `parts`.
 pub fn broker(config: &Config, parts: Parts, http: reqwest::Client) -> anyhow::Result<Broker> {
-    let mut broker =
-        Broker::new(parts.verifier, parts.directory).with_cache(parts.cache, parts.metrics);
+    let mut broker = Broker::new(parts.verifier, parts.directory)
+        .with_cache(parts.cache, parts.metrics)
+        .with_audit(parts.audit);
     if let Some(node) = &config.cluster.node_name {
         broker = broker.with_node_name(node.clone());
     }

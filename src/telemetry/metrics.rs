@@ -95,6 +95,23 @@ pub struct Metrics {
     /// `lanyard_decisions`: credential requests decided, by cloud, decision and
     /// reason.
     pub decisions: Family<RequestLabel, Counter>,
+    /// `lanyard_policy_reloads`: policy sets loaded or rejected, by result.
+    pub policy_reloads: Family<ResultLabel, Counter>,
+    /// `lanyard_policy_policies`: policies in the set in force.
+    pub policy_policies: Gauge,
+    /// `lanyard_pod_events`: denials explained as Kubernetes Events on the
+    /// calling pod, by result.
+    pub pod_events: Family<ResultLabel, Counter>,
+}
+
+/// How an operation ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    /// Policy reloads: `loaded` or `rejected`. Pod events: `published`,
+    /// `deduplicated` (the same denial was explained within the minute),
+    /// `rate_limited`, `dropped` (the queue was full) or `failed` (the API
+    /// server refused it).
+    pub result: &'static str,
 }
 
 /// An admission review's label: what the webhook did with the pod.
@@ -131,6 +148,9 @@ impl Metrics {
                 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
             ]),
             decisions: Family::default(),
+            policy_reloads: Family::default(),
+            policy_policies: Gauge::default(),
+            pod_events: Family::default(),
         };
         registry.register(
             "cache_hits",
@@ -196,6 +216,21 @@ impl Metrics {
             "decisions",
             "Credential requests decided, by cloud, decision and reason",
             m.decisions.clone(),
+        );
+        registry.register(
+            "policy_reloads",
+            "Policy sets loaded or rejected, by result",
+            m.policy_reloads.clone(),
+        );
+        registry.register(
+            "policy_policies",
+            "Policies in the set in force",
+            m.policy_policies.clone(),
+        );
+        registry.register(
+            "pod_events",
+            "Denials explained as Kubernetes Events on the calling pod, by result",
+            m.pod_events.clone(),
         );
         Metrics { registry, ..m }
     }
