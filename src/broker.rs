@@ -314,6 +314,7 @@ impl Core {
             identity,
             request,
             attributes,
+            lifetime: cloud.lifetime(request),
             time: SystemTime::now(),
         };
         match self.policy.decide(&input) {

@@ -298,6 +298,10 @@ impl CloudExchanger for AwsCloud {
         }
     }
 
+    fn lifetime(&self, request: &TokenRequest) -> Option<Duration> {
+        Some(self.duration(request))
+    }
+
     fn selects(&self, role_arn: &String, selector: &Selector) -> bool {
         matches!(selector, Selector::RoleName(name) if role_arn.rsplit('/').next() == Some(name.as_str()))
     }

@@ -44,6 +44,14 @@ pub trait CloudExchanger: Send + Sync + 'static {
         request: &TokenRequest,
     ) -> Result<String, RequestError>;
 
+    /// The lifetime the credential for `request` will be asked for
+    /// upstream (the caller's request, bounded, or the configured one), as
+    /// a policy sees it; `None` where the cloud alone decides (Entra ID,
+    /// Google ID tokens).
+    fn lifetime(&self, request: &TokenRequest) -> Option<std::time::Duration> {
+        request.lifetime
+    }
+
     /// The exchange for `request`; built only on a cache miss, and kept by
     /// the cache to refresh ahead.
     fn fetcher(&self, binding: &Self::Binding, request: &TokenRequest, caller: &Caller) -> Fetcher;

@@ -345,6 +345,11 @@ impl CloudExchanger for GcpCloud {
         }
     }
 
+    fn lifetime(&self, request: &TokenRequest) -> Option<Duration> {
+        // Google's ID tokens live an hour, whatever is asked.
+        (request.kind == Kind::AccessToken).then(|| GcpCloud::lifetime(self, request))
+    }
+
     fn selects(&self, bound: &GcpBound, selector: &Selector) -> bool {
         matches!(selector, Selector::Email(e) if e.eq_ignore_ascii_case(&bound.email))
     }

@@ -10,7 +10,7 @@
 //! policy says whether it *may*. The default, [`AllowBound`], allows what
 //! the bindings allow.
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use crate::cloud::{Identity, TokenRequest};
 use crate::directory::Attributes;
@@ -28,6 +28,10 @@ pub struct PolicyInput<'a> {
     /// Labels and annotations of the caller's ServiceAccount, namespace and
     /// pod; empty unless [`Policy::wants_attributes`] says so.
     pub attributes: &'a Attributes,
+    /// The lifetime the credential will be asked for upstream: the
+    /// caller's, bounded, or the configured one; `None` where the cloud
+    /// alone decides (Entra ID, Google ID tokens).
+    pub lifetime: Option<Duration>,
     /// When the request is decided.
     pub time: SystemTime,
 }
