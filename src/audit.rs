@@ -144,12 +144,45 @@ pub enum AuditError {
     Unavailable(String),
 }
 
+/// A policy set loaded, or a new one rejected (the last good set stays in
+/// force): an event of the audit trail too, since it changes what is
+/// decided.
+#[derive(Debug, Clone)]
+pub struct PolicyReload {
+    /// When it happened.
+    pub time: SystemTime,
+    /// The policy directory.
+    pub dir: String,
+    /// What happened.
+    pub outcome: ReloadOutcome,
+}
+
+/// How a policy reload ended.
+#[derive(Debug, Clone)]
+pub enum ReloadOutcome {
+    /// The new set is in force.
+    Loaded {
+        /// Policies in it.
+        policies: usize,
+        /// Digest of its files, to tell sets apart.
+        digest: String,
+    },
+    /// The new set was refused; the previous one stays in force.
+    Rejected {
+        /// Why, naming the file and line.
+        error: String,
+    },
+}
+
 /// Where events go.
 #[async_trait::async_trait]
 pub trait AuditSink: Send + Sync {
     /// Records `event`. A sink that must be durable returns only once the
     /// event is; an error means it is not recorded.
     async fn record(&self, event: &AuditEvent<'_>) -> Result<(), AuditError>;
+
+    /// Records a policy reload.
+    async fn record_reload(&self, reload: &PolicyReload) -> Result<(), AuditError>;
 }
 
 /// Caller-supplied text as it may appear in a record: at most
@@ -221,6 +254,23 @@ impl AuditSink for LogSink {
                 error = e.message.as_deref().unwrap_or(""),
                 token_fingerprint = %e.token_fingerprint, latency_ms,
                 "credential refused"
+            ),
+        }
+        Ok(())
+    }
+
+    async fn record_reload(&self, reload: &PolicyReload) -> Result<(), AuditError> {
+        let dir = reload.dir.as_str();
+        match &reload.outcome {
+            ReloadOutcome::Loaded { policies, digest } => tracing::info!(
+                target: "lanyard::audit",
+                event = "policy_reload", result = "loaded", dir, policies, digest = %digest,
+                "policy set in force"
+            ),
+            ReloadOutcome::Rejected { error } => tracing::warn!(
+                target: "lanyard::audit",
+                event = "policy_reload", result = "rejected", dir, error = %error,
+                "policy set rejected; the previous set stays in force"
             ),
         }
         Ok(())

@@ -28,7 +28,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::audit::{AuditError, AuditEvent, AuditSink, Verdict};
+use crate::audit::{AuditError, AuditEvent, AuditSink, PolicyReload, Verdict};
 use crate::telemetry::metrics::{Metrics, ResultLabel};
 
 /// The Event's reason, as `kubectl describe pod` shows it.
@@ -104,6 +104,10 @@ impl<S: AuditSink> AuditSink for Explained<S> {
             }
         }
         Ok(())
+    }
+
+    async fn record_reload(&self, reload: &PolicyReload) -> Result<(), AuditError> {
+        self.inner.record_reload(reload).await
     }
 }
 

@@ -146,6 +146,10 @@ impl AuditSink for MemorySink {
         });
         Ok(())
     }
+
+    async fn record_reload(&self, _: &crate::audit::PolicyReload) -> Result<(), AuditError> {
+        Ok(())
+    }
 }
 
 struct Fixture {
