@@ -35,6 +35,27 @@ enum Command {
     /// Run the mutating admission webhook that injects the sidecar,
     /// projected tokens and SDK environment into opted-in pods.
     Webhook(WebhookArgs),
+    /// Check and test Cedar policies (see docs/policy.md).
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+}
+
+#[derive(Subcommand)]
+enum PolicyCommand {
+    /// Validate the policies in DIR against Lanyard's schema (exit 1 when
+    /// invalid, naming each file, line and problem).
+    Check {
+        /// The policy directory.
+        dir: PathBuf,
+    },
+    /// Evaluate the example requests in CASES against the policies in DIR
+    /// (exit 1 when a case gets another decision, 2 when CASES is unusable).
+    Test {
+        /// The policy directory.
+        dir: PathBuf,
+        /// The CASES file (YAML).
+        cases: PathBuf,
+    },
 }
 
 #[derive(Args)]
@@ -147,6 +168,12 @@ fn main() -> ExitCode {
         Command::Dev(args) => cli::run(global, args.overrides(global), lanyard::dev::run),
         Command::Agent(args) => cli::run(global, args.overrides(global), lanyard::agent::run),
         Command::Sidecar(args) => cli::run(global, args.overrides(global), lanyard::sidecar::run),
+        Command::Policy(PolicyCommand::Check { dir }) => {
+            lanyard::policy::cases::check_command(&dir)
+        }
+        Command::Policy(PolicyCommand::Test { dir, cases }) => {
+            lanyard::policy::cases::test_command(&dir, &cases)
+        }
         Command::Webhook(args) => cli::run(
             global,
             args.overrides(global),

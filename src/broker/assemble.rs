@@ -5,18 +5,20 @@
 //! the cache and the node check come from configuration, the same way for
 //! all of them.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::Broker;
-use crate::audit::{AuditSink, LogSink};
+use crate::audit::{AuditSink, LogSink, PolicyReload, ReloadOutcome};
 use crate::cache::Cache;
 use crate::cloud::aws::{AwsCloud, AwsExchanger};
 use crate::cloud::azure::{authority_for_cloud, AzureCloud, AzureExchanger, PUBLIC_CLOUD};
 use crate::cloud::gcp::{GcpCloud, GcpExchanger, IAMCREDENTIALS_ENDPOINT, STS_ENDPOINT};
 use crate::config::Config;
 use crate::directory::Directory;
-use crate::telemetry::metrics::Metrics;
+use crate::policy::cedar::{CedarPolicy, ReloadEvent};
+use crate::telemetry::metrics::{Metrics, ResultLabel};
 use crate::token::Verifier;
 
 /// What a role supplies: how callers are verified and where bindings come
@@ -50,11 +52,73 @@ impl Parts {
     }
 }
 
+/// The Cedar policy set in `dir`, checked for changes every `every`:
+/// loaded now (an invalid set refuses to start, naming each problem), and
+/// each reload logged, counted and audited.
+fn policy(
+    dir: &Path,
+    every: Duration,
+    metrics: Arc<Metrics>,
+    audit: Arc<dyn AuditSink>,
+) -> anyhow::Result<Arc<CedarPolicy>> {
+    let policy =
+        Arc::new(CedarPolicy::load(dir).map_err(|e| {
+            anyhow::anyhow!("the policy set in {} is invalid:\n{e}", dir.display())
+        })?);
+    let shown = dir.display().to_string();
+    tracing::info!(dir = %shown, policies = policy.policies(), digest = %policy.digest(), "policy set loaded");
+    metrics.policy_policies.set(policy.policies() as i64);
+    count_reload(&metrics, "loaded");
+    let on_event = move |event: ReloadEvent| {
+        let outcome = match event {
+            ReloadEvent::Loaded { policies, digest } => {
+                tracing::info!(dir = %shown, policies, digest = %digest, "policy set reloaded");
+                metrics.policy_policies.set(policies as i64);
+                count_reload(&metrics, "loaded");
+                ReloadOutcome::Loaded { policies, digest }
+            }
+            ReloadEvent::Rejected { error } => {
+                tracing::error!(dir = %shown, error = %error, "new policy set rejected; the previous set stays in force");
+                count_reload(&metrics, "rejected");
+                ReloadOutcome::Rejected { error }
+            }
+        };
+        let reload = PolicyReload {
+            time: std::time::SystemTime::now(),
+            dir: shown.clone(),
+            outcome,
+        };
+        let audit = audit.clone();
+        tokio::spawn(async move {
+            if let Err(e) = audit.record_reload(&reload).await {
+                tracing::error!(error = %e, "policy reload not recorded in the audit trail");
+            }
+        });
+    };
+    policy.clone().watch(every, on_event);
+    Ok(policy)
+}
+
+fn count_reload(metrics: &Metrics, result: &'static str) {
+    metrics
+        .policy_reloads
+        .get_or_create(&ResultLabel { result })
+        .inc();
+}
+
 /// The broker `config` describes, over `parts`.
 pub fn broker(config: &Config, parts: Parts, http: reqwest::Client) -> anyhow::Result<Broker> {
     let mut broker = Broker::new(parts.verifier, parts.directory)
-        .with_cache(parts.cache, parts.metrics)
-        .with_audit(parts.audit);
+        .with_cache(parts.cache, parts.metrics.clone())
+        .with_audit(parts.audit.clone());
+    if let Some(dir) = &config.policy.dir {
+        broker = broker.with_policy(policy(
+            dir,
+            Duration::from_secs(config.policy.reload_seconds),
+            parts.metrics,
+            parts.audit,
+        )?);
+    }
     if let Some(node) = &config.cluster.node_name {
         broker = broker.with_node_name(node.clone());
     }

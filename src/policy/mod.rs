@@ -8,7 +8,14 @@
 //! credential or not. Cloud-side trust (federated credentials, IAM trust
 //! policies) says whether a service account *can* become an identity; a
 //! policy says whether it *may*. The default, [`AllowBound`], allows what
-//! the bindings allow.
+//! the bindings allow; [`cedar::CedarPolicy`] answers from a Cedar policy
+//! set (`docs/policy.md`).
+
+pub mod cases;
+pub mod cedar;
+pub mod entities;
+pub mod load;
+pub mod schema;
 
 use std::time::{Duration, SystemTime};
 

@@ -90,7 +90,8 @@ class Dev:
                 self.exports[m.group(1)] = m.group(2).strip("'")
         if "IDENTITY_ENDPOINT" not in self.exports:
             self.stop()
-            raise RuntimeError("lanyard dev did not print its exports:\n" + self.read_log())
+            log = self.log_path.read_text(errors="replace")
+            raise RuntimeError("lanyard dev did not print its exports:\n" + log)
 
     def metric(self, name: str, **labels) -> float:
         """Sum of a Prometheus metric's samples whose labels include `labels`."""
