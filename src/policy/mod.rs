@@ -84,3 +84,6 @@ impl Policy for AllowBound {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
