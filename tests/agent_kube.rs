@@ -294,3 +294,111 @@ async fn token_review_on_first_sight() {
     assert_eq!(status, 401);
     assert_eq!(body["error"]["code"], "token_review");
 }
+
+fn namespace(name: &str, labels: &[(&str, &str)]) -> k8s_openapi::api::core::v1::Namespace {
+    k8s_openapi::api::core::v1::Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// Events stored by the fake API server about `pod` with `reason`.
+fn events_on(kube: &FakeKube, pod: &str, reason: &str) -> Vec<Value> {
+    kube.events()
+        .into_iter()
+        .filter(|e| e["regarding"]["name"] == pod && e["reason"] == reason)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_follows_namespace_labels_and_denials_are_explained_on_the_pod() {
+    let pod = PodIdentity::new("team-a", "ray-worker", "ray-worker-0", NODE);
+    let c = cluster(&pod).await;
+    let (up, kube) = (&c.up, &c.kube);
+    kube.apply_namespace(namespace("team-a", &[("team", "a")]));
+    let policies = c.dir.path().join("policies");
+    std::fs::create_dir(&policies).unwrap();
+    std::fs::write(
+        policies.join("team.cedar"),
+        r#"@id("team-a-only")
+permit (principal, action, resource)
+when { principal.namespace.hasTag("team") && principal.namespace.getTag("team") == "a" };
+"#,
+    )
+    .unwrap();
+    let config = c.dir.path().join("agent.yaml");
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str(&format!(
+        "policy:\n  dir: {}\n  reload_seconds: 1\n",
+        policies.display()
+    ));
+    std::fs::write(&config, text).unwrap();
+
+    let (agent, port) = c.start_agent(&["--node-name", NODE]).await;
+    let token = up
+        .issuer
+        .mint(
+            &pod,
+            &["api://AzureADTokenExchange"],
+            Duration::from_secs(3600),
+        )
+        .unwrap();
+    // The namespace's labels come from the namespace watch.
+    eventually_status(port, &token, 200).await;
+    assert!(
+        kube.requests("/api/v1/namespaces") >= 1,
+        "namespaces watched"
+    );
+
+    // Relabelled: the cached credential is no longer served, and the pod
+    // says why.
+    kube.apply_namespace(namespace("team-a", &[("team", "b")]));
+    let body = eventually_status(port, &token, 403).await;
+    assert_eq!(body["error"]["kind"], "policy_denied", "{body}");
+    let mut explained = Vec::new();
+    for _ in 0..100 {
+        explained = events_on(kube, "ray-worker-0", "CredentialDenied");
+        if !explained.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(explained.len(), 1, "{:?}", kube.events());
+    let event = &explained[0];
+    assert_eq!(event["type"], "Warning");
+    assert_eq!(event["regarding"]["kind"], "Pod");
+    assert_eq!(event["regarding"]["uid"], pod.pod_uid.as_str());
+    assert_eq!(event["reportingController"], "lanyard.dev/agent");
+    assert_eq!(event["reportingInstance"], NODE);
+    let note = event["note"].as_str().unwrap();
+    assert!(note.contains(CLIENT), "names the identity: {note}");
+    assert!(note.contains("team-a/ray-worker"), "says who: {note}");
+
+    // A crash-looping pod asking again and again adds no Event.
+    for _ in 0..20 {
+        assert_eq!(ask(port, &token).await.0, 403);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        kube.stats.events_created.load(Ordering::Relaxed),
+        1,
+        "deduplicated"
+    );
+    assert_eq!(
+        kube.stats.forbidden.load(Ordering::Relaxed),
+        0,
+        "least privilege suffices"
+    );
+    let log = agent.stop();
+    assert!(log.contains("policy set loaded"), "{log}");
+    assert!(!log.contains("eyJ"), "no JWT in the log");
+}

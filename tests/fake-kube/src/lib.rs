@@ -49,7 +49,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewStatus, UserInfo};
-use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::Metadata;
 use serde::Serialize;
@@ -99,6 +99,10 @@ pub struct KubeStats {
     /// Requests refused with 403 by the least-privilege RBAC model
     /// (impersonation included).
     pub forbidden: AtomicU64,
+    /// Events created (`events.k8s.io/v1`).
+    pub events_created: AtomicU64,
+    /// Events patched (a repeat counted in the event's series).
+    pub events_patched: AtomicU64,
 }
 
 /// The resources the fake stores.
@@ -106,6 +110,8 @@ pub struct KubeStats {
 enum Kind {
     ServiceAccount,
     Pod,
+    /// Cluster-scoped: stored under the namespace `""`.
+    Namespace,
 }
 
 impl Kind {
@@ -113,8 +119,13 @@ impl Kind {
         match plural {
             "serviceaccounts" => Some(Kind::ServiceAccount),
             "pods" => Some(Kind::Pod),
+            "namespaces" => Some(Kind::Namespace),
             _ => None,
         }
+    }
+
+    fn cluster_scoped(self) -> bool {
+        self == Kind::Namespace
     }
 
     fn index(self) -> usize {
@@ -125,6 +136,7 @@ impl Kind {
         match self {
             Kind::ServiceAccount => "serviceaccounts",
             Kind::Pod => "pods",
+            Kind::Namespace => "namespaces",
         }
     }
 
@@ -132,6 +144,7 @@ impl Kind {
         match self {
             Kind::ServiceAccount => "ServiceAccount",
             Kind::Pod => "Pod",
+            Kind::Namespace => "Namespace",
         }
     }
 
@@ -186,7 +199,7 @@ struct Store {
     rv: u64,
     /// Every change after `floor` is in `history`; older revisions are gone.
     floor: u64,
-    objects: [BTreeMap<Key, Value>; 2],
+    objects: [BTreeMap<Key, Value>; 3],
     history: VecDeque<Arc<Change>>,
 }
 
@@ -239,6 +252,8 @@ pub struct FakeKube {
     log: Mutex<VecDeque<String>>,
     /// While `true`, LIST requests wait (see [`FakeKube::hold_lists`]).
     lists_held: watch::Sender<bool>,
+    /// Events created through `events.k8s.io/v1`, by (namespace, name).
+    recorded_events: Mutex<BTreeMap<Key, Value>>,
     /// What clients have asked, for tests to assert on.
     pub stats: KubeStats,
 }
@@ -266,7 +281,7 @@ impl FakeKube {
             store: Mutex::new(Store {
                 rv: 0,
                 floor: 0,
-                objects: [BTreeMap::new(), BTreeMap::new()],
+                objects: [BTreeMap::new(), BTreeMap::new(), BTreeMap::new()],
                 history: VecDeque::new(),
             }),
             events: broadcast::channel(BROADCAST_CAPACITY).0,
@@ -275,6 +290,7 @@ impl FakeKube {
             path_counts: Mutex::new(HashMap::new()),
             log: Mutex::new(VecDeque::new()),
             lists_held: watch::channel(false).0,
+            recorded_events: Mutex::new(BTreeMap::new()),
             stats: KubeStats::default(),
         })
     }
@@ -360,6 +376,31 @@ impl FakeKube {
         self.delete(Kind::Pod, namespace, name)
     }
 
+    /// Creates or replaces a Namespace (cluster-scoped), with the semantics
+    /// of [`FakeKube::apply_service_account`].
+    ///
+    /// # Panics
+    /// When neither `metadata.name` nor `metadata.generateName` is set.
+    pub fn apply_namespace(&self, namespace: Namespace) -> Namespace {
+        self.apply(Kind::Namespace, namespace)
+    }
+
+    /// Deletes a Namespace (DELETED); false when there was none.
+    pub fn delete_namespace(&self, name: &str) -> bool {
+        self.delete(Kind::Namespace, "", name)
+    }
+
+    /// Every Event created through `events.k8s.io/v1`, as stored (patches
+    /// applied), oldest first.
+    pub fn events(&self) -> Vec<Value> {
+        self.recorded_events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
     /// Forgets the change history, as an etcd compaction does: a watch or
     /// paginated list resuming from an earlier resourceVersion gets 410.
     pub fn compact(&self) {
@@ -424,10 +465,16 @@ impl FakeKube {
                 kind.kind()
             );
         };
-        let namespace = meta
-            .namespace
-            .get_or_insert_with(|| "default".to_string())
-            .clone();
+        let namespace = match kind.cluster_scoped() {
+            true => {
+                meta.namespace = None;
+                String::new()
+            }
+            false => meta
+                .namespace
+                .get_or_insert_with(|| "default".to_string())
+                .clone(),
+        };
         meta.resource_version = None;
         let key = (namespace, name);
 
@@ -602,10 +649,29 @@ impl FakeKube {
                 let Some(kind) = Kind::from_plural(plural) else {
                     return not_found_path();
                 };
-                match (res.verb, res.namespace.as_deref(), res.name.as_deref()) {
+                // A cluster-scoped resource is stored under "": its URL's
+                // `namespaces/NAME` is the object itself, not a scope.
+                let namespace = match kind.cluster_scoped() {
+                    true => res.name.as_deref().map(|_| ""),
+                    false => res.namespace.as_deref(),
+                };
+                match (res.verb, namespace, res.name.as_deref()) {
                     (Verb::Get, Some(ns), Some(name)) => self.get(kind, ns, name),
+                    (Verb::List, _, None) if kind.cluster_scoped() => self.list(kind, None, &query),
+                    (Verb::Watch, _, name) if kind.cluster_scoped() => {
+                        self.watch(kind, None, name, &query)
+                    }
                     (Verb::List, ns, None) => self.list(kind, ns, &query),
                     (Verb::Watch, ns, name) => self.watch(kind, ns, name, &query),
+                    _ => not_found_path(),
+                }
+            }
+            ("events.k8s.io", "v1", "events") => {
+                match (res.verb, res.namespace.as_deref(), res.name.as_deref()) {
+                    (Verb::Create, Some(ns), None) => self.create_event(ns, body),
+                    (Verb::Patch, Some(ns), Some(name)) => {
+                        self.patch_event(ns, name, headers, body)
+                    }
                     _ => not_found_path(),
                 }
             }
@@ -874,6 +940,108 @@ impl FakeKube {
             Body::from_stream(stream),
         )
             .into_response()
+    }
+
+    /// `POST /apis/events.k8s.io/v1/namespaces/NS/events`, validated as
+    /// the API server validates an `events.k8s.io/v1` Event.
+    fn create_event(&self, namespace: &str, body: &[u8]) -> Response {
+        let mut event: Value = match serde_json::from_slice(body) {
+            Ok(v @ Value::Object(_)) => v,
+            _ => return bad_request("the body of the request was in an unknown format".into()),
+        };
+        let name = event
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        if let Some(invalid) = invalid_event(&event, namespace, &name, true) {
+            return invalid;
+        }
+        let key = (namespace.to_string(), name.clone());
+        let mut events = self
+            .recorded_events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if events.contains_key(&key) {
+            return status_error(
+                StatusCode::CONFLICT,
+                "AlreadyExists",
+                format!("events.events.k8s.io \"{name}\" already exists"),
+                Some(json!({"name": name, "group": "events.k8s.io", "kind": "events"})),
+            );
+        }
+        let rv = {
+            let mut store = self.lock();
+            store.rv += 1;
+            store.rv
+        };
+        if let Some(meta) = event.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.insert("resourceVersion".into(), Value::String(rv.to_string()));
+            meta.insert(
+                "uid".into(),
+                Value::String(uuid::Uuid::new_v4().to_string()),
+            );
+            meta.insert("namespace".into(), Value::String(namespace.to_string()));
+        }
+        event["apiVersion"] = json!("events.k8s.io/v1");
+        event["kind"] = json!("Event");
+        events.insert(key, event.clone());
+        self.stats.events_created.fetch_add(1, Ordering::Relaxed);
+        json_response(StatusCode::CREATED, &event)
+    }
+
+    /// `PATCH …/events/NAME` with a JSON merge patch, as
+    /// `kube::runtime::events::Recorder` sends a repeat.
+    fn patch_event(
+        &self,
+        namespace: &str,
+        name: &str,
+        headers: &HeaderMap,
+        body: &[u8],
+    ) -> Response {
+        let content_type = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        if !content_type.starts_with("application/merge-patch+json") {
+            return status_error(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "UnsupportedMediaType",
+                format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml (got {content_type:?})"),
+                None,
+            );
+        }
+        let patch: Value = match serde_json::from_slice(body) {
+            Ok(v) => v,
+            Err(e) => return bad_request(format!("error decoding patch: {e}")),
+        };
+        let key = (namespace.to_string(), name.to_string());
+        let mut events = self
+            .recorded_events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let Some(stored) = events.get(&key) else {
+            return status_error(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("events.events.k8s.io \"{name}\" not found"),
+                Some(json!({"name": name, "group": "events.k8s.io", "kind": "events"})),
+            );
+        };
+        let mut merged = stored.clone();
+        json_patch::merge(&mut merged, &patch);
+        if let Some(invalid) = invalid_event(&merged, namespace, name, false) {
+            return invalid;
+        }
+        let rv = {
+            let mut store = self.lock();
+            store.rv += 1;
+            store.rv
+        };
+        merged["metadata"]["resourceVersion"] = json!(rv.to_string());
+        events.insert(key, merged.clone());
+        self.stats.events_patched.fetch_add(1, Ordering::Relaxed);
+        json_response(StatusCode::OK, &merged)
     }
 
     fn token_review(&self, body: &[u8]) -> Response {
@@ -1537,9 +1705,10 @@ impl RequestInfo {
             return false;
         }
         match (self.group.as_str(), self.resource.as_str()) {
-            ("", "serviceaccounts" | "pods") => {
+            ("", "serviceaccounts" | "pods" | "namespaces") => {
                 matches!(self.verb, Verb::Get | Verb::List | Verb::Watch)
             }
+            ("events.k8s.io", "events") => matches!(self.verb, Verb::Create | Verb::Patch),
             ("authentication.k8s.io", "tokenreviews") => self.verb == Verb::Create,
             _ => false,
         }
@@ -1572,6 +1741,113 @@ fn forbidden(res: &RequestInfo) -> Response {
         details["group"] = json!(res.group);
     }
     status_error(StatusCode::FORBIDDEN, "Forbidden", message, Some(details))
+}
+
+/// The API server's validation of an `events.k8s.io/v1` Event: `None`
+/// when valid, else its 422 `Invalid` Status with one cause per field.
+fn invalid_event(event: &Value, namespace: &str, name: &str, create: bool) -> Option<Response> {
+    let text = |pointer: &str| event.pointer(pointer).and_then(Value::as_str);
+    let mut causes = Vec::new();
+    let mut cause = |reason: &str, message: String, field: &str| {
+        causes.push(json!({"reason": reason, "message": message, "field": field}));
+    };
+    if name.is_empty() {
+        cause(
+            "FieldValueRequired",
+            "Required value: name or generateName is required".into(),
+            "metadata.name",
+        );
+    }
+    match text("/metadata/namespace") {
+        Some(ns) if ns != namespace => cause(
+            "FieldValueInvalid",
+            format!("Invalid value: {ns:?}: does not match the namespace of the request"),
+            "metadata.namespace",
+        ),
+        _ => {}
+    }
+    if text("/eventTime").is_none() {
+        cause("FieldValueRequired", "Required value".into(), "eventTime");
+    }
+    for field in [
+        "reportingController",
+        "reportingInstance",
+        "action",
+        "reason",
+    ] {
+        match text(&format!("/{field}")) {
+            None | Some("") => cause("FieldValueRequired", "Required value".into(), field),
+            Some(v) if v.len() > 128 => cause(
+                "FieldValueTooLong",
+                "Too long: may not be more than 128 bytes".into(),
+                field,
+            ),
+            Some(_) => {}
+        }
+    }
+    match text("/type") {
+        Some("Normal" | "Warning") => {}
+        other => cause(
+            "FieldValueNotSupported",
+            format!(
+                "Unsupported value: {:?}: supported values: \"Normal\", \"Warning\"",
+                other.unwrap_or("")
+            ),
+            "type",
+        ),
+    }
+    if text("/note").is_some_and(|n| n.len() > 1024) {
+        cause(
+            "FieldValueTooLong",
+            "Too long: may not be more than 1024 bytes".into(),
+            "note",
+        );
+    }
+    if event.get("regarding").is_none_or(Value::is_null) {
+        cause("FieldValueRequired", "Required value".into(), "regarding");
+    }
+    if let Some(ns) = text("/regarding/namespace") {
+        if ns != namespace {
+            cause(
+                "FieldValueInvalid",
+                format!("Invalid value: {ns:?}: does not match event.namespace"),
+                "regarding.namespace",
+            );
+        }
+    }
+    if create && event.get("series").is_some_and(|s| !s.is_null()) {
+        let count = event
+            .pointer("/series/count")
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
+        if count < 2 {
+            cause(
+                "FieldValueInvalid",
+                format!("Invalid value: {count}: should be at least 2"),
+                "series.count",
+            );
+        }
+    }
+    if causes.is_empty() {
+        return None;
+    }
+    let summary = causes
+        .iter()
+        .map(|c| {
+            format!(
+                "{}: {}",
+                c["field"].as_str().unwrap_or(""),
+                c["message"].as_str().unwrap_or("")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    Some(status_error(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "Invalid",
+        format!("Event.events.k8s.io \"{name}\" is invalid: [{summary}]"),
+        Some(json!({"name": name, "group": "events.k8s.io", "kind": "Event", "causes": causes})),
+    ))
 }
 
 fn status_body(code: StatusCode, reason: &str, message: String, details: Option<Value>) -> Value {
@@ -1761,6 +2037,28 @@ mod tests {
     fn rbac_is_least_privilege() {
         let allowed = |m: Method, p: &str| RequestInfo::parse(&m, p, &query("")).unwrap().allowed();
         assert!(allowed(Method::GET, "/api/v1/serviceaccounts"));
+        assert!(allowed(Method::GET, "/api/v1/namespaces"));
+        assert!(allowed(Method::GET, "/api/v1/namespaces/team-a"));
+        assert!(allowed(
+            Method::POST,
+            "/apis/events.k8s.io/v1/namespaces/a/events"
+        ));
+        assert!(allowed(
+            Method::PATCH,
+            "/apis/events.k8s.io/v1/namespaces/a/events/e"
+        ));
+        assert!(
+            !allowed(Method::POST, "/api/v1/namespaces/a/events"),
+            "core events: no"
+        );
+        assert!(!allowed(
+            Method::DELETE,
+            "/apis/events.k8s.io/v1/namespaces/a/events/e"
+        ));
+        assert!(
+            !allowed(Method::POST, "/api/v1/namespaces"),
+            "no namespace writes"
+        );
         assert!(allowed(Method::GET, "/api/v1/namespaces/a/pods/b"));
         assert!(!allowed(Method::GET, "/api/v1/secrets"));
         assert!(!allowed(Method::GET, "/api/v1/namespaces/a/pods/b/log"));
@@ -2025,5 +2323,34 @@ mod tests {
         assert_eq!(config["users"][0]["user"]["token"], "t");
         assert_eq!(config["current-context"], "lanyard-fake");
         assert_eq!(config["contexts"][0]["context"]["namespace"], "default");
+    }
+
+    #[test]
+    fn events_are_validated_like_the_apiserver() {
+        let valid = json!({
+            "metadata": {"name": "p.1", "namespace": "a"},
+            "eventTime": "2026-12-02T00:00:00.000000Z",
+            "reportingController": "c", "reportingInstance": "i",
+            "action": "A", "reason": "R", "type": "Warning", "note": "n",
+            "regarding": {"kind": "Pod", "namespace": "a", "name": "p"},
+        });
+        assert!(invalid_event(&valid, "a", "p.1", true).is_none());
+        let mut missing = valid.clone();
+        for field in [
+            "eventTime",
+            "reportingController",
+            "action",
+            "reason",
+            "regarding",
+        ] {
+            missing.as_object_mut().unwrap().remove(field);
+        }
+        missing["type"] = json!("Error");
+        missing["note"] = json!("x".repeat(2000));
+        let response = invalid_event(&missing, "a", "p.1", true).expect("invalid");
+        assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        let mut other_ns = valid.clone();
+        other_ns["regarding"]["namespace"] = json!("b");
+        assert!(invalid_event(&other_ns, "a", "p.1", true).is_some());
     }
 }
