@@ -7,15 +7,18 @@
 //! effect only if all of it is valid; otherwise the last good set stays in
 //! force and the rejection is reported.
 
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use cedar_policy::Authorizer;
+use cedar_policy::{Authorizer, Entities};
 
-use super::entities;
+use super::entities::{self, MappingError};
 use super::load::{self, LoadError, Loaded};
 use super::{Decision, Policy, PolicyInput};
+use crate::directory::{Attributes, Metadata};
 
 /// What a reload did, for logs, metrics and the audit trail.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,6 +43,84 @@ pub struct CedarPolicy {
     dir: PathBuf,
     current: RwLock<Arc<Loaded>>,
     authorizer: Authorizer,
+    entities: EntityCache,
+}
+
+/// Most remembered entity sets; the cache is cleared when full.
+const ENTITY_CACHE_MAX: usize = 4096;
+
+/// The entities of recent callers: they depend on who asks for which
+/// identity (and their labels), not on what is asked, and building them is
+/// most of a decision's cost. A relabelled object comes with new labels,
+/// which no longer match, so nothing stale is reused.
+#[derive(Default)]
+struct EntityCache {
+    map: Mutex<HashMap<u64, (EntityKey, Arc<Entities>)>>,
+    hasher: RandomState,
+}
+
+/// What the entities of a decision are built from.
+struct EntityKey {
+    texts: [String; 9],
+    attributes: [Metadata; 4],
+}
+
+fn key_texts<'a>(input: &'a PolicyInput<'_>) -> [&'a str; 9] {
+    let c = input.caller;
+    let i = input.identity;
+    [
+        &c.namespace,
+        &c.service_account,
+        c.pod.as_ref().map_or("", |p| p.name.as_str()),
+        c.pod.as_ref().map_or("", |p| p.uid.as_str()),
+        c.node.as_ref().map_or("", |n| n.name.as_str()),
+        i.cloud.name(),
+        &i.account,
+        &i.id,
+        i.account_number.as_deref().unwrap_or("\0"),
+    ]
+}
+
+fn key_attributes(a: &Attributes) -> [&Metadata; 4] {
+    [
+        &a.service_account_labels,
+        &a.service_account_annotations,
+        &a.namespace_labels,
+        &a.pod_labels,
+    ]
+}
+
+impl EntityCache {
+    fn get_or_build(&self, input: &PolicyInput<'_>) -> Result<Arc<Entities>, MappingError> {
+        let texts = key_texts(input);
+        let attributes = key_attributes(input.attributes);
+        let hash = self.hasher.hash_one(texts);
+        {
+            let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((key, entities)) = map.get(&hash) {
+                let same_texts = key.texts.iter().zip(texts).all(|(a, b)| a == b);
+                let same_attributes = key
+                    .attributes
+                    .iter()
+                    .zip(attributes)
+                    .all(|(a, b)| Arc::ptr_eq(a, b) || a == b);
+                if same_texts && same_attributes {
+                    return Ok(entities.clone());
+                }
+            }
+        }
+        let entities = Arc::new(entities::entities(input)?);
+        let key = EntityKey {
+            texts: texts.map(str::to_string),
+            attributes: attributes.map(Arc::clone),
+        };
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if map.len() >= ENTITY_CACHE_MAX {
+            map.clear();
+        }
+        map.insert(hash, (key, entities.clone()));
+        Ok(entities)
+    }
 }
 
 impl CedarPolicy {
@@ -51,6 +132,7 @@ impl CedarPolicy {
             dir,
             current: RwLock::new(Arc::new(loaded)),
             authorizer: Authorizer::new(),
+            entities: EntityCache::default(),
         })
     }
 
@@ -161,7 +243,9 @@ fn bounded(mut s: String) -> String {
 
 impl Policy for CedarPolicy {
     fn decide(&self, input: &PolicyInput<'_>) -> Decision {
-        let (request, entities) = match entities::request(input) {
+        let built = entities::cedar_request(input)
+            .and_then(|request| Ok((request, self.entities.get_or_build(input)?)));
+        let (request, entities) = match built {
             Ok(r) => r,
             Err(e) => {
                 return Decision::Deny {
@@ -171,9 +255,11 @@ impl Policy for CedarPolicy {
             }
         };
         let loaded = self.loaded();
-        let response = self
-            .authorizer
-            .is_authorized(&request, &loaded.set, &entities);
+        let response = self.authorizer.is_authorized(
+            &request,
+            loaded.index.for_namespace(&input.caller.namespace),
+            &entities,
+        );
         let diagnostics = response.diagnostics();
         let failed: Vec<String> = diagnostics
             .errors()

@@ -53,6 +53,46 @@ pub fn action_name(kind: Kind) -> Option<&'static str> {
 
 /// The Cedar request and entities for `input`.
 pub fn request(input: &PolicyInput<'_>) -> Result<(Request, Entities), MappingError> {
+    Ok((cedar_request(input)?, entities(input)?))
+}
+
+/// The uids a request names: principal, pod, resource.
+struct Uids {
+    principal: EntityUid,
+    pod: EntityUid,
+    resource: EntityUid,
+}
+
+impl Uids {
+    fn of(input: &PolicyInput<'_>) -> Result<Uids, MappingError> {
+        let caller = input.caller;
+        let ns = caller.namespace.as_str();
+        let pod_name = caller.pod.as_ref().map_or("", |p| p.name.as_str());
+        let identity = input.identity;
+        Ok(Uids {
+            principal: uid(
+                "ServiceAccount",
+                &format!("{ns}/{}", caller.service_account),
+            )?,
+            pod: uid("Pod", &format!("{ns}/{pod_name}"))?,
+            resource: uid(
+                "CloudIdentity",
+                &format!(
+                    "{}/{}/{}",
+                    identity.cloud.name(),
+                    identity.account,
+                    identity.id
+                ),
+            )?,
+        })
+    }
+}
+
+/// The entities `input` names: its ServiceAccount, namespace, annotations,
+/// pod and cloud identity, and the schema's actions. They depend only on
+/// who asks for which identity, not on what is asked, so a decision may
+/// reuse them.
+pub fn entities(input: &PolicyInput<'_>) -> Result<Entities, MappingError> {
     let caller = input.caller;
     let ns = caller.namespace.as_str();
     let sa_key = format!("{ns}/{}", caller.service_account);
@@ -74,11 +114,6 @@ pub fn request(input: &PolicyInput<'_>) -> Result<(Request, Entities), MappingEr
             identity.account,
             identity.id
         ),
-    )?;
-    let action = uid(
-        "Action",
-        action_name(input.request.kind)
-            .ok_or_else(|| MappingError("identity lookups are not decided".into()))?,
     )?;
 
     let bad = |e: cedar_policy::EntityAttrEvaluationError| MappingError(e.to_string());
@@ -135,11 +170,25 @@ pub fn request(input: &PolicyInput<'_>) -> Result<(Request, Entities), MappingEr
         .map_err(bad)?,
         Entity::new_with_tags(resource.clone(), identity_attrs, [], []).map_err(bad)?,
     ];
-    let entities = super::schema::actions()
-        .clone()
-        .add_entities(entities, None)
+    let actions = super::schema::actions().iter().cloned();
+    let entities = Entities::from_entities(actions.chain(entities), None)
         .map_err(|e| MappingError(e.to_string()))?;
+    Ok(entities)
+}
 
+/// The Cedar request for `input`: principal, action, resource, context.
+pub fn cedar_request(input: &PolicyInput<'_>) -> Result<Request, MappingError> {
+    let Uids {
+        principal,
+        pod,
+        resource,
+    } = Uids::of(input)?;
+    let action = uid(
+        "Action",
+        action_name(input.request.kind)
+            .ok_or_else(|| MappingError("identity lookups are not decided".into()))?,
+    )?;
+    let node = input.caller.node.as_ref().map_or("", |n| n.name.as_str());
     let request = input.request;
     let time = input
         .time
@@ -169,7 +218,6 @@ pub fn request(input: &PolicyInput<'_>) -> Result<(Request, Entities), MappingEr
         ));
     }
     let context = Context::from_pairs(context).map_err(|e| MappingError(e.to_string()))?;
-    let request = Request::new(principal, action, resource, context, None)
-        .map_err(|e| MappingError(e.to_string()))?;
-    Ok((request, entities))
+    Request::new(principal, action, resource, context, None)
+        .map_err(|e| MappingError(e.to_string()))
 }

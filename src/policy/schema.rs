@@ -3,14 +3,14 @@
 
 use std::sync::LazyLock;
 
-use cedar_policy::{Entities, Schema};
+use cedar_policy::{Entity, Schema};
 
 /// The schema's text (`policies/schema.cedarschema`).
 pub const SCHEMA: &str = include_str!("../../policies/schema.cedarschema");
 
 struct Parsed {
     schema: Schema,
-    actions: Entities,
+    actions: Vec<Entity>,
 }
 
 static PARSED: LazyLock<Parsed> = LazyLock::new(|| {
@@ -19,7 +19,10 @@ static PARSED: LazyLock<Parsed> = LazyLock::new(|| {
     let (schema, _) = Schema::from_cedarschema_str(SCHEMA).expect("the built-in schema parses");
     let actions = schema
         .action_entities()
-        .expect("the built-in schema's actions form entities");
+        .expect("the built-in schema's actions form entities")
+        .iter()
+        .cloned()
+        .collect();
     Parsed { schema, actions }
 });
 
@@ -30,7 +33,7 @@ pub fn schema() -> &'static Schema {
 
 /// The schema's action entities (with their group), which every request's
 /// entities include so `action in Action::"credential"` holds.
-pub fn actions() -> &'static Entities {
+pub fn actions() -> &'static [Entity] {
     &PARSED.actions
 }
 
@@ -40,6 +43,6 @@ mod tests {
     fn the_schema_parses_without_warnings() {
         let (_, warnings) = cedar_policy::Schema::from_cedarschema_str(super::SCHEMA).unwrap();
         assert_eq!(warnings.count(), 0);
-        assert!(super::actions().iter().count() >= 4);
+        assert!(super::actions().len() >= 4);
     }
 }

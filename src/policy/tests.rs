@@ -460,3 +460,32 @@ fn load_errors_are_enums() {
         Err(LoadError::Invalid { .. })
     ));
 }
+
+#[test]
+fn reused_entities_never_outlive_a_relabel() {
+    let dir = dir_with(&[(
+        "p.cedar",
+        "permit (principal, action, resource) when { principal.namespace.hasTag(\"team\") && principal.namespace.getTag(\"team\") == \"a\" };",
+    )]);
+    let policy = CedarPolicy::load(dir.path()).unwrap();
+    let (c, i, r) = (caller(), identity(), request());
+    let decide_with = |team: &str| {
+        let mut a = attributes();
+        a.namespace_labels = labels(&[("team", team)]);
+        policy.decide(&PolicyInput {
+            caller: &c,
+            identity: &i,
+            request: &r,
+            attributes: &a,
+            lifetime: None,
+            time: SystemTime::now(),
+        })
+    };
+    for _ in 0..3 {
+        assert!(matches!(decide_with("a"), Decision::Allow { .. }));
+        assert!(
+            matches!(decide_with("b"), Decision::Deny { .. }),
+            "relabelled"
+        );
+    }
+}

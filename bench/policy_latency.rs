@@ -1,0 +1,125 @@
+//! Decision latency of the Cedar policy engine: p50 and p99 of one
+//! `CedarPolicy::decide` (entity mapping included), with 10 and with 1,000
+//! policies of the shape operators write (per-namespace permits on labels,
+//! a few forbids). Run: `cargo bench --bench policy_latency` (or
+//! `bench/policy`). It prints figures; it asserts none.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use lanyard::cloud::{Cloud, Identity, Kind, Surface, TokenRequest};
+use lanyard::directory::Attributes;
+use lanyard::policy::cedar::CedarPolicy;
+use lanyard::policy::{Decision, Policy, PolicyInput};
+use lanyard::token::{Caller, ObjectRef};
+
+/// `n` policies: per-team permits (one matches the caller, the last team),
+/// plus forbids every caller's request is checked against.
+fn policy_text(n: usize) -> String {
+    let mut text = String::new();
+    text.push_str(
+        "@id(\"no-management\")\nforbid (principal, action, resource) when { context.scopes.contains(\"https://management.azure.com/\") };\n\
+         @id(\"untrusted\")\nforbid (principal, action, resource) when { context.pod.hasTag(\"tier\") && context.pod.getTag(\"tier\") == \"untrusted\" };\n",
+    );
+    for team in 0..n.saturating_sub(2) {
+        text.push_str(&format!(
+            "@id(\"team-{team}\")\npermit (principal in Namespace::\"team-{team}\", action in Action::\"credential\", resource)\n\
+             when {{ principal.namespace.hasTag(\"team\") && principal.namespace.getTag(\"team\") == \"{team}\" && resource.cloud == \"azure\" && context.scopes.contains(\"https://storage.azure.com/\") }};\n"
+        ));
+    }
+    text
+}
+
+fn labels(pairs: &[(&str, &str)]) -> Arc<BTreeMap<String, String>> {
+    Arc::new(
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    )
+}
+
+fn main() {
+    let iterations: usize = std::env::var("BENCH_POLICY_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000);
+    println!("| policies | decision | p50 µs | p99 µs | max µs |");
+    println!("|---:|---|---:|---:|---:|");
+    for n in [10usize, 1000] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("bench.cedar"), policy_text(n)).expect("write");
+        let policy = CedarPolicy::load(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        let team = n.saturating_sub(3);
+        let caller = Caller {
+            namespace: format!("team-{team}"),
+            service_account: "ray-worker".into(),
+            service_account_uid: "uid".into(),
+            pod: Some(ObjectRef {
+                name: "raycluster-worker-7".into(),
+                uid: "pod-uid".into(),
+            }),
+            node: Some(ObjectRef {
+                name: "node-1".into(),
+                uid: "node-uid".into(),
+            }),
+            token_expires_at: 0,
+            token_fingerprint: "sha256:0".into(),
+        };
+        let identity = Identity {
+            cloud: Cloud::Azure,
+            id: "5f2c9e1a-8d4b-4c7e-9a13-0d6e2b7f4c21".into(),
+            account: "contoso.onmicrosoft.com".into(),
+            account_number: None,
+        };
+        let request = TokenRequest::new(Cloud::Azure, Kind::AccessToken, Surface::AzureImds)
+            .with_scopes(vec!["https://storage.azure.com/".into()]);
+        let attributes = Attributes {
+            service_account_labels: labels(&[("app.kubernetes.io/name", "ray")]),
+            service_account_annotations: labels(&[(
+                "azure.workload.identity/client-id",
+                "5f2c9e1a",
+            )]),
+            namespace_labels: labels(&[
+                ("team", &team.to_string()),
+                ("kubernetes.io/metadata.name", "x"),
+            ]),
+            pod_labels: labels(&[
+                ("ray.io/node-type", "worker"),
+                ("ray.io/cluster", "raycluster"),
+            ]),
+        };
+        let input = PolicyInput {
+            caller: &caller,
+            identity: &identity,
+            request: &request,
+            attributes: &attributes,
+            lifetime: None,
+            time: SystemTime::now(),
+        };
+        let decided = match policy.decide(&input) {
+            Decision::Allow { policies } => format!("allow ({})", policies.join(",")),
+            Decision::Deny { reason, .. } => format!("deny: {reason}"),
+        };
+        for _ in 0..iterations / 10 {
+            std::hint::black_box(policy.decide(&input));
+        }
+        let mut samples: Vec<Duration> = Vec::with_capacity(iterations);
+        for _ in 0..iterations {
+            let started = Instant::now();
+            std::hint::black_box(policy.decide(&input));
+            samples.push(started.elapsed());
+        }
+        samples.sort();
+        let at = |q: f64| samples[((samples.len() as f64 * q) as usize).min(samples.len() - 1)];
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        println!(
+            "| {} | {decided} | {:.1} | {:.1} | {:.1} |",
+            policy.policies(),
+            us(at(0.50)),
+            us(at(0.99)),
+            us(samples[samples.len() - 1])
+        );
+    }
+}
