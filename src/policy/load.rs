@@ -114,20 +114,20 @@ impl Index {
         self.by_namespace.get(namespace).unwrap_or(&self.general)
     }
 
-    fn build(set: &PolicySet) -> Result<Index, cedar_policy::PolicySetError> {
+    fn build(set: &PolicySet) -> Result<Index, String> {
         let mut general = PolicySet::new();
         let mut scoped: HashMap<String, Vec<cedar_policy::Policy>> = HashMap::new();
         for policy in set.policies() {
             match scope_namespace(policy) {
                 Some(ns) => scoped.entry(ns).or_default().push(policy.clone()),
-                None => general.add(policy.clone())?,
+                None => general.add(policy.clone()).map_err(|e| e.to_string())?,
             }
         }
         let mut by_namespace = HashMap::with_capacity(scoped.len());
         for (ns, policies) in scoped {
             let mut own = general.clone();
             for p in policies {
-                own.add(p)?;
+                own.add(p).map_err(|e| e.to_string())?;
             }
             by_namespace.insert(ns, Arc::new(own));
         }
@@ -297,7 +297,7 @@ pub fn parse(files: &[(String, Vec<u8>)]) -> Result<Loaded, LoadError> {
         problems: vec![Problem {
             file: "(policy set)".into(),
             at: None,
-            message: e.to_string(),
+            message: e,
         }],
         more: 0,
     })?;
