@@ -44,6 +44,7 @@ pub struct CedarPolicy {
     current: RwLock<Arc<Loaded>>,
     authorizer: Authorizer,
     entities: EntityCache,
+    decisions: DecisionCache,
 }
 
 /// Most remembered entity sets; the cache is cleared when full.
@@ -90,30 +91,38 @@ fn key_attributes(a: &Attributes) -> [&Metadata; 4] {
     ]
 }
 
+impl EntityKey {
+    fn of(input: &PolicyInput<'_>) -> EntityKey {
+        EntityKey {
+            texts: key_texts(input).map(str::to_string),
+            attributes: key_attributes(input.attributes).map(Arc::clone),
+        }
+    }
+
+    fn matches(&self, input: &PolicyInput<'_>) -> bool {
+        self.texts.iter().zip(key_texts(input)).all(|(a, b)| a == b)
+            && self
+                .attributes
+                .iter()
+                .zip(key_attributes(input.attributes))
+                .all(|(a, b)| Arc::ptr_eq(a, b) || a == b)
+    }
+}
+
 impl EntityCache {
     fn get_or_build(&self, input: &PolicyInput<'_>) -> Result<Arc<Entities>, MappingError> {
         let texts = key_texts(input);
-        let attributes = key_attributes(input.attributes);
         let hash = self.hasher.hash_one(texts);
         {
             let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
             if let Some((key, entities)) = map.get(&hash) {
-                let same_texts = key.texts.iter().zip(texts).all(|(a, b)| a == b);
-                let same_attributes = key
-                    .attributes
-                    .iter()
-                    .zip(attributes)
-                    .all(|(a, b)| Arc::ptr_eq(a, b) || a == b);
-                if same_texts && same_attributes {
+                if key.matches(input) {
                     return Ok(entities.clone());
                 }
             }
         }
         let entities = Arc::new(entities::entities(input)?);
-        let key = EntityKey {
-            texts: texts.map(str::to_string),
-            attributes: attributes.map(Arc::clone),
-        };
+        let key = EntityKey::of(input);
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         if map.len() >= ENTITY_CACHE_MAX {
             map.clear();
@@ -133,6 +142,7 @@ impl CedarPolicy {
             current: RwLock::new(Arc::new(loaded)),
             authorizer: Authorizer::new(),
             entities: EntityCache::default(),
+            decisions: DecisionCache::default(),
         })
     }
 
@@ -180,6 +190,13 @@ impl CedarPolicy {
                     digest: loaded.digest.clone(),
                 };
                 *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(loaded);
+                // Decisions of the old set would never match again; drop
+                // them, and the old set with them.
+                self.decisions
+                    .map
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clear();
                 event
             }
             Err(e) => ReloadEvent::Rejected {
@@ -243,6 +260,116 @@ fn bounded(mut s: String) -> String {
 
 impl Policy for CedarPolicy {
     fn decide(&self, input: &PolicyInput<'_>) -> Decision {
+        let loaded = self.loaded();
+        let second = input
+            .time
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let hash = self.decisions.hash(input, &loaded, second);
+        if let Some(decision) = self.decisions.get(hash, input, &loaded, second) {
+            return decision;
+        }
+        let decision = self.evaluate(input, &loaded);
+        self.decisions.put(hash, input, &loaded, second, &decision);
+        decision
+    }
+
+    fn wants_attributes(&self) -> bool {
+        true
+    }
+}
+
+/// Most remembered decisions; cleared when full.
+const DECISION_CACHE_MAX: usize = 4096;
+
+/// Recent decisions. A decision is a function of the set in force, the
+/// entities (who asks for which identity, with which labels), the request
+/// (kind, scopes, audience, lifetime, surface) and the time, which policies
+/// see to the second: the same request within the same second of the same
+/// set gets the same answer, so a cache hit is a lookup, not an evaluation.
+#[derive(Default)]
+struct DecisionCache {
+    map: Mutex<HashMap<u64, (DecisionKey, Decision)>>,
+    hasher: RandomState,
+}
+
+struct DecisionKey {
+    set: Arc<Loaded>,
+    second: u64,
+    entity: EntityKey,
+    kind: crate::cloud::Kind,
+    surface: crate::cloud::Surface,
+    scopes: Vec<String>,
+    audience: Option<String>,
+    lifetime: Option<Duration>,
+}
+
+impl DecisionCache {
+    fn hash(&self, input: &PolicyInput<'_>, set: &Arc<Loaded>, second: u64) -> u64 {
+        let r = input.request;
+        self.hasher.hash_one((
+            Arc::as_ptr(set) as usize,
+            second,
+            key_texts(input),
+            r.kind,
+            r.surface,
+            &r.scopes,
+            &r.audience,
+            input.lifetime,
+        ))
+    }
+
+    fn get(
+        &self,
+        hash: u64,
+        input: &PolicyInput<'_>,
+        set: &Arc<Loaded>,
+        second: u64,
+    ) -> Option<Decision> {
+        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let (key, decision) = map.get(&hash)?;
+        let r = input.request;
+        let same = Arc::ptr_eq(&key.set, set)
+            && key.second == second
+            && key.entity.matches(input)
+            && key.kind == r.kind
+            && key.surface == r.surface
+            && key.scopes == r.scopes
+            && key.audience == r.audience
+            && key.lifetime == input.lifetime;
+        same.then(|| decision.clone())
+    }
+
+    fn put(
+        &self,
+        hash: u64,
+        input: &PolicyInput<'_>,
+        set: &Arc<Loaded>,
+        second: u64,
+        decision: &Decision,
+    ) {
+        let r = input.request;
+        let key = DecisionKey {
+            set: set.clone(),
+            second,
+            entity: EntityKey::of(input),
+            kind: r.kind,
+            surface: r.surface,
+            scopes: r.scopes.clone(),
+            audience: r.audience.clone(),
+            lifetime: input.lifetime,
+        };
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if map.len() >= DECISION_CACHE_MAX {
+            map.clear();
+        }
+        map.insert(hash, (key, decision.clone()));
+    }
+}
+
+impl CedarPolicy {
+    /// Evaluates `input` against `loaded`.
+    fn evaluate(&self, input: &PolicyInput<'_>, loaded: &Loaded) -> Decision {
         let built = entities::cedar_request(input)
             .and_then(|request| Ok((request, self.entities.get_or_build(input)?)));
         let (request, entities) = match built {
@@ -254,7 +381,6 @@ impl Policy for CedarPolicy {
                 }
             }
         };
-        let loaded = self.loaded();
         let response = self.authorizer.is_authorized(
             &request,
             loaded.index.for_namespace(&input.caller.namespace),
@@ -300,9 +426,5 @@ impl Policy for CedarPolicy {
                 policies,
             },
         }
-    }
-
-    fn wants_attributes(&self) -> bool {
-        true
     }
 }

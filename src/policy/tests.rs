@@ -489,3 +489,45 @@ fn reused_entities_never_outlive_a_relabel() {
         );
     }
 }
+
+#[test]
+fn remembered_decisions_never_outlive_their_second_or_request() {
+    // Permits storage scopes until a moment; every repeated request must be
+    // decided for its own time and its own scopes, not from a remembered
+    // answer to another.
+    let until = 1_800_000_010;
+    let dir = dir_with(&[(
+        "p.cedar",
+        &format!(
+            "@id(\"until\") permit (principal, action, resource) when {{ context.time < {until} && context.scopes.contains(\"storage\") }};"
+        ),
+    )]);
+    let policy = CedarPolicy::load(dir.path()).unwrap();
+    let (c, i, a) = (caller(), identity(), attributes());
+    let decide_at = |second: u64, scope: &str| {
+        let r = TokenRequest::new(Cloud::Gcp, Kind::AccessToken, Surface::Gce)
+            .with_scopes(vec![scope.into()]);
+        policy.decide(&PolicyInput {
+            caller: &c,
+            identity: &i,
+            request: &r,
+            attributes: &a,
+            lifetime: None,
+            time: SystemTime::UNIX_EPOCH + Duration::from_secs(second),
+        })
+    };
+    for _ in 0..3 {
+        assert!(matches!(
+            decide_at(until - 1, "storage"),
+            Decision::Allow { .. }
+        ));
+        assert!(
+            matches!(decide_at(until - 1, "compute"), Decision::Deny { .. }),
+            "another scope, same second"
+        );
+        assert!(
+            matches!(decide_at(until, "storage"), Decision::Deny { .. }),
+            "the next second"
+        );
+    }
+}
