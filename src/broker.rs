@@ -314,7 +314,7 @@ impl Core {
             identity,
             request,
             attributes,
-            lifetime: cloud.lifetime(request),
+            lifetime: cloud.lifetime(binding, request),
             time: SystemTime::now(),
         };
         match self.policy.decide(&input) {

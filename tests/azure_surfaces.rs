@@ -306,3 +306,135 @@ async fn unreachable_entra_is_retryable_5xx() {
     assert_eq!(status, 503, "{body}");
     assert_eq!(body["error"], "temporarily_unavailable");
 }
+
+#[tokio::test]
+async fn app_service_2017_protocol_takes_its_secret_header_and_clientid() {
+    let (_up, base) = stack().await;
+    let url = format!(
+        "{base}{MSI}?api-version=2017-09-01&resource={}",
+        urlencode(RESOURCE)
+    );
+    for query in ["", &format!("&clientid={CLIENT}")] {
+        let (status, body) = get(&format!("{url}{query}"), &[("secret", IDENTITY_HEADER)]).await;
+        assert_eq!(status, 200, "{query}: {body}");
+        for field in ["access_token", "expires_on", "resource", "token_type"] {
+            assert!(body[field].is_string(), "{field}: {body}");
+        }
+        assert_eq!(body["resource"], RESOURCE);
+        assert_eq!(body["token_type"], "Bearer");
+        // Unix seconds, which every SDK that speaks 2017 reads.
+        let expires_on: u64 = body["expires_on"].as_str().unwrap().parse().unwrap();
+        assert!(expires_on > 1_700_000_000, "{body}");
+        assert!(body.get("not_before").is_none(), "{body}");
+    }
+    // The 2019 header does not authorize a 2017 request, nor the reverse.
+    for (bad, names) in [
+        (vec![("X-IDENTITY-HEADER", IDENTITY_HEADER)], "secret"),
+        (vec![("secret", "wrong")], "secret"),
+        (vec![], "MSI_SECRET"),
+    ] {
+        let (status, body) = get(&url, &bad).await;
+        assert_eq!(status, 401, "{bad:?}: {body}");
+        assert!(body["message"].as_str().unwrap().contains(names), "{body}");
+        assert!(body.get("access_token").is_none());
+    }
+    let (status, _) = get(
+        &url.replace("2017-09-01", "2019-08-01"),
+        &[("secret", IDENTITY_HEADER)],
+    )
+    .await;
+    assert_eq!(status, 401);
+    // Only a client id selects, and only the bound one.
+    let (status, body) = get(
+        &format!("{url}&client_id={CLIENT}"),
+        &[("secret", IDENTITY_HEADER)],
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("clientid"),
+        "{body}"
+    );
+    let (status, body) = get(
+        &format!("{url}&clientid=99999999-9999-9999-9999-999999999999"),
+        &[("secret", IDENTITY_HEADER)],
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert!(body["message"]
+        .as_str()
+        .unwrap()
+        .contains("Identity not found"));
+}
+
+#[tokio::test]
+async fn token_paths_as_clients_spell_them() {
+    let (_up, base) = stack().await;
+    // msal-node lower-cases the URL and appends a slash; NMI matched
+    // `metadata` in any case.
+    for path in [
+        "/metadata/identity/oauth2/token/",
+        "/Metadata/identity/oauth2/token",
+    ] {
+        let (status, body) = get(&format!("{base}{path}?{}", q("")), &[("Metadata", "true")]).await;
+        assert_eq!(status, 200, "{path}: {body}");
+        assert!(body["access_token"].is_string());
+        // Still the same checks on the other spelling.
+        let (status, body) = get(&format!("{base}{path}?{}", q("")), &[]).await;
+        assert_eq!(status, 400, "{path}");
+        assert_eq!(body["error"], "invalid_request");
+    }
+    let (status, body) = get(
+        &format!(
+            "{base}{MSI}/?api-version=2019-08-01&resource={}",
+            urlencode(RESOURCE)
+        ),
+        &[("X-IDENTITY-HEADER", IDENTITY_HEADER)],
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let resp = reqwest::Client::new()
+        .post(format!("{base}/metadata/identity/oauth2/token/?{}", q("")))
+        .header("Metadata", "true")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 405);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["error"], "invalid_request");
+}
+
+#[tokio::test]
+async fn unknown_paths_fail_fast_in_each_surfaces_shape() {
+    let (_up, base) = stack().await;
+    // MSAL's newer managed-identity probes find the feature absent, as on
+    // an IMDS without it: 404, which sends MSAL to the token endpoint.
+    for path in [
+        "/metadata/identity/getplatformmetadata?cred-api-version=2.0",
+        "/metadata/identity/issuecredential?cred-api-version=2.0",
+        "/metadata/instance?api-version=2021-02-01",
+    ] {
+        let (status, body) = get(&format!("{base}{path}"), &[("Metadata", "true")]).await;
+        assert_eq!(status, 404, "{path}: {body}");
+        assert_eq!(body["error"], "not_found", "{path}: {body}");
+        assert!(body["error_description"]
+            .as_str()
+            .unwrap()
+            .contains("/metadata/identity/oauth2/token"));
+    }
+    let (status, body) = get(&format!("{base}/msi/other"), &[]).await;
+    assert_eq!(status, 404);
+    assert_eq!(body["statusCode"], 404);
+    assert!(body["correlationId"].is_string());
+    let (status, body) = get(&format!("{base}/nowhere"), &[]).await;
+    assert_eq!(status, 404);
+    assert!(body["error_description"]
+        .as_str()
+        .unwrap()
+        .contains("/computeMetadata/v1/"));
+    // A long path is not echoed whole.
+    let long = "a".repeat(4000);
+    let (status, body) = get(&format!("{base}/{long}"), &[]).await;
+    assert_eq!(status, 404);
+    assert!(body.to_string().len() < 1000, "{}", body.to_string().len());
+}

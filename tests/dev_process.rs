@@ -90,6 +90,7 @@ async fn dev_prints_exports_serves_tokens_and_stops_cleanly_without_logging_secr
         "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
         "AWS_EC2_METADATA_SERVICE_ENDPOINT",
         "AWS_REGION",
+        "AWS_DEFAULT_REGION",
     ] {
         assert!(dev.exports.contains_key(name), "missing export {name}");
     }

@@ -441,6 +441,23 @@ fn kuberay_head_gets_every_cloud() {
         "the pod's own value wins"
     );
     assert_eq!(
+        env(head, "AWS_DEFAULT_REGION").unwrap(),
+        "$(AWS_REGION)",
+        "botocore's variable follows the pod's own choice"
+    );
+    let region_at = |name: &str| {
+        head.env
+            .as_deref()
+            .unwrap()
+            .iter()
+            .position(|e| e.name == name)
+            .unwrap()
+    };
+    assert!(
+        region_at("AWS_REGION") < region_at("AWS_DEFAULT_REGION"),
+        "a dependent variable must follow the one it names"
+    );
+    assert_eq!(
         env(head, "NO_PROXY").unwrap(),
         "localhost,.svc,.cluster.local,127.0.0.1"
     );
@@ -529,6 +546,7 @@ fn kuberay_worker_with_wait_gcs_ready_and_irsa_leftovers() {
             "Google is not configured"
         );
         assert_eq!(env(c, "AWS_REGION").unwrap(), "us-east-1");
+        assert_eq!(env(c, "AWS_DEFAULT_REGION").unwrap(), "us-east-1");
         assert!(
             env(c, "AWS_EC2_METADATA_SERVICE_ENDPOINT")
                 .unwrap()

@@ -298,7 +298,7 @@ impl CloudExchanger for AwsCloud {
         }
     }
 
-    fn lifetime(&self, request: &TokenRequest) -> Option<Duration> {
+    fn lifetime(&self, _: &String, request: &TokenRequest) -> Option<Duration> {
         Some(self.duration(request))
     }
 

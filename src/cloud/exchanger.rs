@@ -46,10 +46,16 @@ pub trait CloudExchanger: Send + Sync + 'static {
 
     /// The lifetime the credential for `request` will be asked for
     /// upstream (the caller's request, bounded, or the configured one), as
-    /// a policy sees it; `None` where the cloud alone decides (Entra ID,
-    /// Google ID tokens).
-    fn lifetime(&self, request: &TokenRequest) -> Option<std::time::Duration> {
-        request.lifetime
+    /// a policy sees it; `None` (the default) where the cloud alone decides
+    /// (Entra ID, Google ID tokens, Google's federated principal): what a
+    /// caller asks for there is never sent upstream, so a policy must not
+    /// judge it.
+    fn lifetime(
+        &self,
+        _binding: &Self::Binding,
+        _request: &TokenRequest,
+    ) -> Option<std::time::Duration> {
+        None
     }
 
     /// The exchange for `request`; built only on a cache miss, and kept by

@@ -345,9 +345,11 @@ impl CloudExchanger for GcpCloud {
         }
     }
 
-    fn lifetime(&self, request: &TokenRequest) -> Option<Duration> {
-        // Google's ID tokens live an hour, whatever is asked.
-        (request.kind == Kind::AccessToken).then(|| GcpCloud::lifetime(self, request))
+    fn lifetime(&self, bound: &GcpBound, request: &TokenRequest) -> Option<Duration> {
+        // Google's ID tokens live an hour, whatever is asked; the federated
+        // principal's access token lives as long as STS decides.
+        (request.kind == Kind::AccessToken && bound.impersonated)
+            .then(|| GcpCloud::lifetime(self, request))
     }
 
     fn selects(&self, bound: &GcpBound, selector: &Selector) -> bool {

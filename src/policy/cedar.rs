@@ -45,6 +45,10 @@ pub struct CedarPolicy {
     authorizer: Authorizer,
     entities: EntityCache,
     decisions: DecisionCache,
+    /// What the last refusal refused (the digest of the files, or the
+    /// read error): the same refusal is reported once, however its
+    /// diagnostics are ordered.
+    last_rejected: Mutex<Option<String>>,
 }
 
 /// Most remembered entity sets; the cache is cleared when full.
@@ -143,6 +147,7 @@ impl CedarPolicy {
             authorizer: Authorizer::new(),
             entities: EntityCache::default(),
             decisions: DecisionCache::default(),
+            last_rejected: Mutex::new(None),
         })
     }
 
@@ -168,23 +173,22 @@ impl CedarPolicy {
             .clone()
     }
 
-    /// Reads the directory again: `Ok(Some(event))` when it changed
-    /// (loaded, or rejected with the last good set kept), `Ok(None)` when
-    /// it holds the set in force.
+    /// Reads the directory again: `Some(event)` when it changed (loaded,
+    /// or rejected with the last good set kept), `None` when it holds the
+    /// set in force or the set last rejected.
     pub fn reload(&self) -> Option<ReloadEvent> {
         let files = match load::read_files(&self.dir) {
             Ok(files) => files,
-            Err(e) => {
-                return Some(ReloadEvent::Rejected {
-                    error: e.to_string(),
-                })
-            }
+            Err(e) => return self.rejected(e.to_string(), e.to_string()),
         };
-        if load::digest(&files) == self.loaded().digest {
+        let digest = load::digest(&files);
+        if digest == self.loaded().digest {
+            *self.last_rejected.lock().unwrap_or_else(|p| p.into_inner()) = None;
             return None;
         }
         Some(match load::parse(&files) {
             Ok(loaded) => {
+                *self.last_rejected.lock().unwrap_or_else(|p| p.into_inner()) = None;
                 let event = ReloadEvent::Loaded {
                     policies: loaded.count,
                     digest: loaded.digest.clone(),
@@ -199,44 +203,38 @@ impl CedarPolicy {
                     .clear();
                 event
             }
-            Err(e) => ReloadEvent::Rejected {
-                error: e.to_string(),
-            },
+            Err(e) => return self.rejected(digest, e.to_string()),
         })
     }
 
+    /// A refusal of `what`, unless it is the one refused last.
+    fn rejected(&self, what: String, error: String) -> Option<ReloadEvent> {
+        let mut last = self.last_rejected.lock().unwrap_or_else(|p| p.into_inner());
+        if last.as_deref() == Some(what.as_str()) {
+            return None;
+        }
+        *last = Some(what);
+        Some(ReloadEvent::Rejected { error })
+    }
+
     /// Checks the directory every `every` and reports each change once to
-    /// `on_event` (a rejected set is not reported again until the
-    /// directory changes again). Reading and parsing run off the runtime's
-    /// worker threads.
+    /// `on_event` ([`CedarPolicy::reload`] reports a rejected set once).
+    /// Reading and parsing run off the runtime's worker threads.
     pub fn watch(
         self: Arc<Self>,
         every: Duration,
         on_event: impl Fn(ReloadEvent) + Send + Sync + 'static,
     ) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
-            let mut last_rejected: Option<String> = None;
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             tick.tick().await;
             loop {
                 tick.tick().await;
                 let policy = self.clone();
-                let Ok(event) = tokio::task::spawn_blocking(move || policy.reload()).await else {
-                    continue;
-                };
-                match event {
-                    None => last_rejected = None,
-                    Some(ReloadEvent::Rejected { error }) => {
-                        if last_rejected.as_deref() != Some(error.as_str()) {
-                            last_rejected = Some(error.clone());
-                            on_event(ReloadEvent::Rejected { error });
-                        }
-                    }
-                    Some(loaded) => {
-                        last_rejected = None;
-                        on_event(loaded);
-                    }
+                if let Ok(Some(event)) = tokio::task::spawn_blocking(move || policy.reload()).await
+                {
+                    on_event(event);
                 }
             }
         })

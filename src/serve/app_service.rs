@@ -4,6 +4,16 @@
 //! `GET {IDENTITY_ENDPOINT}?api-version=2019-08-01&resource=` with
 //! `X-IDENTITY-HEADER`. Errors use App Service's
 //! `{statusCode, message, correlationId}` shape.
+//!
+//! The same path serves the older protocol (`MSI_ENDPOINT` + `MSI_SECRET`):
+//! `api-version=2017-09-01`, the secret in a `secret` header, and only
+//! `clientid` to select an identity. Older SDKs (azure-identity for Python
+//! up to 1.8, `@azure/identity` up to 4.3, .NET's legacy mode) speak it as
+//! App Service; current MSAL and azure-identity call the same request
+//! "Azure Machine Learning" and use it only when `IDENTITY_ENDPOINT` is
+//! unset. App Service 2017 answered `expires_on` as a date string, Azure
+//! Machine Learning as Unix seconds; every SDK that speaks it tries a
+//! number first, and MSAL accepts nothing else, so it is Unix seconds here.
 
 use std::sync::Arc;
 
@@ -16,7 +26,11 @@ use serde_json::json;
 use super::azure_imds::{issue, token_request};
 use super::{is_forwarded, seconds_until, with_retry_after, Query, Surfaces};
 use crate::broker::{BrokerError, ErrorClass};
-use crate::cloud::{AccessToken, Surface};
+use crate::cloud::{AccessToken, Cloud, Kind, Selector, Surface, TokenRequest};
+
+/// How a token is rendered: the token, the identity's client id, the
+/// resource.
+type Render = fn(&AccessToken, &str, &str) -> serde_json::Value;
 use crate::secret::{constant_time_eq, ExposeSecret};
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
@@ -59,10 +73,53 @@ fn grant_body(token: &AccessToken, client_id: &str, resource: &str) -> serde_jso
     })
 }
 
+/// The older protocol's version.
+const API_2017: &str = "2017-09-01";
+
+/// The token as the 2017 protocol renders it: no `not_before`, `expires_on`
+/// in Unix seconds (see the module docs).
+fn grant_body_2017(token: &AccessToken, client_id: &str, resource: &str) -> serde_json::Value {
+    json!({
+        "access_token": token.token.expose_secret(),
+        "client_id": client_id,
+        "expires_in": seconds_until(token.expires_at).to_string(),
+        "expires_on": token.expires_at.to_string(),
+        "resource": resource,
+        "token_type": "Bearer",
+    })
+}
+
+/// The request of a 2017 query: `resource`, and the identity only by
+/// `clientid`.
+fn token_request_2017(query: &Query) -> Result<TokenRequest, String> {
+    for other in [
+        "client_id",
+        "object_id",
+        "principal_id",
+        "msi_res_id",
+        "mi_res_id",
+    ] {
+        if query.get(other).is_some() {
+            return Err(format!(
+                "api-version {API_2017} selects a user-assigned identity by its client ID only (clientid), not {other}"
+            ));
+        }
+    }
+    let resource = query
+        .get("resource")
+        .ok_or("The resource parameter is required")?;
+    Ok(
+        TokenRequest::new(Cloud::Azure, Kind::AccessToken, Surface::AppService)
+            .with_selector(query.get("clientid").map(|c| Selector::ClientId(c.into())))
+            .with_scopes(vec![resource.trim().to_string()]),
+    )
+}
+
 /// `GET /msi/token`: the App Service managed-identity protocol. The caller
-/// must present the shared `X-IDENTITY-HEADER` (compared in constant time)
-/// and give `api-version` and `resource`; the token is rendered as App
-/// Service does.
+/// must present the shared secret (compared in constant time) in
+/// `X-IDENTITY-HEADER`, or in `secret` with `api-version=2017-09-01`, and
+/// give `api-version` and `resource`; the token is rendered as App Service
+/// does.
 pub async fn token(
     State(surfaces): State<Arc<Surfaces>>,
     headers: HeaderMap,
@@ -74,8 +131,14 @@ pub async fn token(
             "Requests with an X-Forwarded-For or Forwarded header are not allowed",
         );
     }
+    let query = Query::parse(raw.as_deref());
+    let legacy = query.get("api-version") == Some(API_2017);
+    let (header, shown, variable) = match legacy {
+        true => ("secret", "secret", "MSI_SECRET"),
+        false => ("x-identity-header", "X-IDENTITY-HEADER", "IDENTITY_HEADER"),
+    };
     let presented = headers
-        .get("x-identity-header")
+        .get(header)
         .map(|v| v.as_bytes())
         .unwrap_or_default();
     if !constant_time_eq(
@@ -84,10 +147,9 @@ pub async fn token(
     ) {
         return error(
             StatusCode::UNAUTHORIZED,
-            "The X-IDENTITY-HEADER header is missing or does not match IDENTITY_HEADER",
+            format!("The {shown} header is missing or does not match {variable}"),
         );
     }
-    let query = Query::parse(raw.as_deref());
     if let Some(dup) = query.duplicated() {
         return error(
             StatusCode::BAD_REQUEST,
@@ -106,8 +168,15 @@ pub async fn token(
             "The resource parameter is required",
         );
     }
-    match token_request(&query, Surface::AppService) {
-        Ok(request) => issue(&surfaces, request, grant_body, render_error).await,
+    let (request, render) = match legacy {
+        true => (token_request_2017(&query), grant_body_2017 as Render),
+        false => (
+            token_request(&query, Surface::AppService),
+            grant_body as Render,
+        ),
+    };
+    match request {
+        Ok(request) => issue(&surfaces, request, render, render_error).await,
         Err(msg) => error(StatusCode::BAD_REQUEST, msg),
     }
 }

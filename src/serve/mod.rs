@@ -8,14 +8,15 @@ pub mod aws_container;
 pub mod aws_imds;
 pub mod azure_imds;
 pub mod gce;
+mod paths;
 mod query;
 pub mod sdk_env;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::http::HeaderMap;
+use axum::response::Response;
 use axum::Router;
 
 use crate::broker::{BrokerError, TokenBroker};
@@ -84,12 +85,10 @@ pub fn router(surfaces: Arc<Surfaces>) -> Router {
             "/latest/meta-data/placement/region",
             axum::routing::get(aws_imds::region),
         )
-        .fallback(not_found)
+        // Other spellings of these paths, and not-found answers in each
+        // surface's own shape.
+        .fallback(paths::fallback)
         .with_state(surfaces)
-}
-
-async fn not_found() -> impl IntoResponse {
-    (StatusCode::NOT_FOUND, "Not Found")
 }
 
 /// Requests relayed by a proxy carry `X-Forwarded-For`; metadata services

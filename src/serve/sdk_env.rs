@@ -26,7 +26,8 @@ pub struct AzureEnv<'a> {
     pub client_id: &'a str,
     /// The tenant, as `AZURE_TENANT_ID`; `None` leaves it unset.
     pub tenant_id: Option<&'a str>,
-    /// The App Service `IDENTITY_HEADER` secret.
+    /// The App Service secret (`IDENTITY_HEADER`, and `MSI_SECRET` for the
+    /// older protocol).
     pub identity_header: &'a str,
 }
 
@@ -34,7 +35,8 @@ pub struct AzureEnv<'a> {
 pub struct AwsEnv<'a> {
     /// The file holding the container endpoint's authorization token.
     pub token_file: &'a str,
-    /// The region, as `AWS_REGION`; `None` leaves it unset.
+    /// The region, as `AWS_REGION` and `AWS_DEFAULT_REGION`; `None` leaves
+    /// both unset.
     pub region: Option<&'a str>,
 }
 
@@ -44,10 +46,15 @@ impl SdkEnv<'_> {
         let base = format!("http://{}", self.host_port);
         let mut vars = Vec::new();
         if let Some(az) = &self.azure {
-            // IMDS for Python azure-identity, App Service for the others.
+            // IMDS for Python azure-identity, App Service for the others;
+            // the older App Service protocol (2017-09-01) for SDKs from
+            // before 2019-08-01, which take it first. Current SDKs take
+            // IDENTITY_ENDPOINT first (docs/compatibility.md).
             vars.push(("AZURE_POD_IDENTITY_AUTHORITY_HOST", base.clone()));
             vars.push(("IDENTITY_ENDPOINT", format!("{base}{APP_SERVICE_PATH}")));
             vars.push(("IDENTITY_HEADER", az.identity_header.to_string()));
+            vars.push(("MSI_ENDPOINT", format!("{base}{APP_SERVICE_PATH}")));
+            vars.push(("MSI_SECRET", az.identity_header.to_string()));
             vars.push(("AZURE_CLIENT_ID", az.client_id.to_string()));
             if let Some(tenant) = az.tenant_id {
                 vars.push(("AZURE_TENANT_ID", tenant.to_string()));
@@ -71,8 +78,12 @@ impl SdkEnv<'_> {
             // IMDS goes to the sidecar too, so an SDK that falls back to
             // instance metadata never reaches the node's own role.
             vars.push(("AWS_EC2_METADATA_SERVICE_ENDPOINT", format!("{base}/")));
+            // The JS, Go and Java SDKs read AWS_REGION; botocore (boto3,
+            // the aws CLI) reads only AWS_DEFAULT_REGION. Both, as the EKS
+            // pod identity webhook sets them.
             if let Some(region) = aws.region {
                 vars.push(("AWS_REGION", region.to_string()));
+                vars.push(("AWS_DEFAULT_REGION", region.to_string()));
             }
         }
         vars
@@ -116,11 +127,14 @@ mod tests {
             Some("http://127.0.0.1:8642/msi/token")
         );
         assert_eq!(get("AZURE_TENANT_ID"), None);
+        assert_eq!(get("MSI_ENDPOINT"), get("IDENTITY_ENDPOINT"));
+        assert_eq!(get("MSI_SECRET"), Some("h"));
         assert_eq!(
             get("AWS_CONTAINER_CREDENTIALS_FULL_URI"),
             Some("http://127.0.0.1:8642/v1/credentials")
         );
         assert_eq!(get("AWS_REGION"), Some("eu-west-1"));
+        assert_eq!(get("AWS_DEFAULT_REGION"), Some("eu-west-1"));
         for skipper in [
             "AZURE_FEDERATED_TOKEN_FILE",
             "AWS_WEB_IDENTITY_TOKEN_FILE",

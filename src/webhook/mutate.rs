@@ -66,6 +66,13 @@ const LOOPBACK: &str = "127.0.0.1";
 /// UID of the sidecar process: the distroless `nonroot` user.
 const SIDECAR_UID: i64 = 65532;
 
+/// The two variables that name the AWS region: `AWS_REGION` (read by
+/// most SDKs) and `AWS_DEFAULT_REGION` (botocore), each with the other.
+const REGION_PAIR: [(&str, &str); 2] = [
+    ("AWS_REGION", "AWS_DEFAULT_REGION"),
+    ("AWS_DEFAULT_REGION", "AWS_REGION"),
+];
+
 /// Variables that make an SDK take another credential source before it
 /// reaches the sidecar. They are left alone (the user may mean them) and
 /// reported.
@@ -163,7 +170,8 @@ pub struct InjectionConfig {
     /// Audience of the app-facing token.
     pub app_audience: String,
     /// Region given to the sidecar (`LANYARD_AWS_REGION`) and to the app
-    /// containers of AWS-bound pods (`AWS_REGION`); `None` sets neither.
+    /// containers of AWS-bound pods (`AWS_REGION` and `AWS_DEFAULT_REGION`);
+    /// `None` sets neither.
     pub aws_region: Option<String>,
     /// Tenant for Azure bindings that name none.
     pub azure_tenant_id: Option<String>,
@@ -465,18 +473,30 @@ fn mutate_with(
             .collect();
         let mut additions: Vec<EnvVar> = Vec::new();
         for (name, value) in &wanted {
-            if !names.contains_key(name) {
-                additions.push(plain_env(name, value));
+            if names.contains_key(name) {
+                continue;
+            }
+            // A container that chose its region in one of the two region
+            // variables gets that choice in the other too (a dependent
+            // variable, expanded by the kubelet from the earlier entry), so
+            // botocore and the other SDKs never disagree on the region.
+            let chosen = REGION_PAIR
+                .iter()
+                .find(|(this, other)| this == name && names.contains_key(other));
+            match chosen {
+                Some((_, other)) => additions.push(plain_env(name, &format!("$({other})"))),
+                None => additions.push(plain_env(name, value)),
             }
         }
-        if azure.is_some() {
-            if let Some((_, var)) = names.get("IDENTITY_HEADER") {
-                if var.value_from.is_some() || var.value.as_deref() != Some(&identity_header) {
-                    warnings.push(format!(
-                        "lanyard: container {:?} sets its own IDENTITY_HEADER, which differs from the sidecar's; its App Service credential requests will be refused",
-                        container.name
-                    ));
-                }
+        for secret in ["IDENTITY_HEADER", "MSI_SECRET"] {
+            let Some((_, var)) = names.get(secret).filter(|_| azure.is_some()) else {
+                continue;
+            };
+            if var.value_from.is_some() || var.value.as_deref() != Some(&identity_header) {
+                warnings.push(format!(
+                    "lanyard: container {:?} sets its own {secret}, which differs from the sidecar's; its App Service credential requests will be refused",
+                    container.name
+                ));
             }
         }
         let proxy = no_proxy_plan(

@@ -169,7 +169,8 @@ def all_sdks(dev, split, monkeypatch):
     monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", base + "/v1/credentials")
     monkeypatch.setenv("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", os.path.join(dev.token_dir, "app"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    frozen = boto3.Session(region_name="us-east-1").get_credentials().get_frozen_credentials()
+    monkeypatch.setenv("AWS_DEFAULT_REGION", dev.exports["AWS_DEFAULT_REGION"])
+    frozen = boto3.Session().get_credentials().get_frozen_credentials()
     assert frozen.access_key.startswith("ASIA")
     dev.issued += [frozen.secret_key, frozen.token]
 

@@ -28,10 +28,14 @@ def check_expiry(creds):
 
 
 def test_container_provider(dev, monkeypatch):
-    for name in ("AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", "AWS_REGION"):
-        monkeypatch.setenv(name, dev.exports[name])
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    # Every AWS variable the pod gets, and nothing else: the region too
+    # must come from them (botocore reads AWS_DEFAULT_REGION only).
+    for name, value in dev.exports.items():
+        if name.startswith("AWS_"):
+            monkeypatch.setenv(name, value)
     session = boto3.Session()
+    assert session.region_name == dev.exports["AWS_REGION"]
+    assert session.client("sts").meta.region_name == dev.exports["AWS_REGION"]
     creds, frozen = resolved(session)
     assert creds.method == "container-role"
     assert frozen.access_key.startswith("ASIA")
