@@ -95,9 +95,11 @@ pub struct Sidecar {
     /// The address the SDK endpoints are bound to (the actual port when the
     /// configuration asked for port 0).
     pub addr: std::net::SocketAddr,
+    /// The same endpoints on the IPv6 loopback, when `addr` is the IPv4
+    /// one and the pod has IPv6.
+    pub addr_v6: Option<std::net::SocketAddr>,
     trigger: crate::http::ShutdownTrigger,
-    server: tokio::task::JoinHandle<std::io::Result<()>>,
-    probe_server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    servers: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
 }
 
 impl Sidecar {
@@ -171,20 +173,37 @@ impl Sidecar {
         let (trigger, shutdown) = Shutdown::new();
         let listener = bind(config.listen, "sidecar SDK endpoints").await?;
         let addr = listener.local_addr()?;
-        let server = spawn_server(listener, router, shutdown.clone());
-        let probe_server = match config.sidecar.probe_listen {
-            Some(probe_addr) => {
-                let listener = bind(probe_addr, "sidecar probes").await?;
-                Some(spawn_server(listener, probes, shutdown))
+        let mut servers = Vec::new();
+        // An SDK that resolves `localhost` may try `::1` first: serve there
+        // too, on the same port, where the pod has IPv6. The exported URLs
+        // stay on 127.0.0.1 (some SDKs refuse bracketed IPv6 hosts).
+        let addr_v6 = match addr {
+            std::net::SocketAddr::V4(v4) if v4.ip().is_loopback() => {
+                let v6 = std::net::SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, addr.port()));
+                match bind(v6, "sidecar SDK endpoints (IPv6)").await {
+                    Ok(listener) => {
+                        servers.push(spawn_server(listener, router.clone(), shutdown.clone()));
+                        Some(v6)
+                    }
+                    Err(e) => {
+                        tracing::info!(error = %e, "no IPv6 loopback in this pod: serving on {addr} only");
+                        None
+                    }
+                }
             }
-            None => None,
+            _ => None,
         };
-        tracing::info!(%addr, agent = ?config.sidecar.agent_url, standalone = config.sidecar.standalone, token_dir = %dir.display(), "lanyard sidecar serving");
+        servers.push(spawn_server(listener, router, shutdown.clone()));
+        if let Some(probe_addr) = config.sidecar.probe_listen {
+            let listener = bind(probe_addr, "sidecar probes").await?;
+            servers.push(spawn_server(listener, probes, shutdown));
+        }
+        tracing::info!(%addr, ?addr_v6, agent = ?config.sidecar.agent_url, standalone = config.sidecar.standalone, token_dir = %dir.display(), "lanyard sidecar serving");
         Ok(Sidecar {
             addr,
+            addr_v6,
             trigger,
-            server,
-            probe_server,
+            servers,
         })
     }
 
@@ -192,11 +211,7 @@ impl Sidecar {
     /// [`crate::http::DRAIN_TIMEOUT`].
     pub async fn stop(self) {
         self.trigger.trigger();
-        drain(
-            std::iter::once(self.server).chain(self.probe_server),
-            DRAIN_TIMEOUT,
-        )
-        .await;
+        drain(self.servers, DRAIN_TIMEOUT).await;
     }
 }
 

@@ -211,6 +211,47 @@ async fn all_clouds_through_sidecar_and_agent_and_recovery_after_agent_restart()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_agent_and_a_sidecar_on_both_loopbacks() {
+    if std::net::TcpListener::bind("[::1]:0").is_err() {
+        eprintln!("skipped: this machine has no IPv6 loopback");
+        return;
+    }
+    let pod = PodIdentity::new("default", "ray-worker", "ray-worker-0", NODE);
+    let s = setup(&pod).await;
+    let tokens = s.dir.path().join("tokens");
+    // The agent listens on an IPv6 address only; the sidecar reaches it by
+    // a bracketed URL.
+    let (agent, agent_port) = start_agent(&s.config, "[::1]:0").await;
+    let mut sidecar = Proc::spawn(
+        Command::new(env!("CARGO_BIN_EXE_lanyard-sidecar"))
+            .args(["--listen", "127.0.0.1:0"])
+            .args(["--agent", &format!("http://[::1]:{agent_port}")])
+            .args(["--token-dir", tokens.to_str().unwrap()])
+            .env("RUST_LOG", "debug"),
+    );
+    let v4 = sidecar.addr("lanyard sidecar serving", "addr").await;
+    let v6 = sidecar.listening("sidecar SDK endpoints (IPv6)").await;
+    assert!(v6.ip().is_loopback() && v6.is_ipv6(), "{v6}");
+    assert_eq!(v6.port(), v4.port(), "one port on both loopbacks");
+    wait_ready(&format!("http://{v4}/readyz")).await;
+    for base in [format!("http://{v4}"), format!("http://{v6}")] {
+        let resp = reqwest::Client::new()
+            .get(format!(
+                "{base}/computeMetadata/v1/instance/service-accounts/default/token"
+            ))
+            .header("Metadata-Flavor", "Google")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{base}");
+        let body: Value = resp.json().await.unwrap();
+        assert!(body["access_token"].as_str().unwrap().starts_with("ya29."));
+    }
+    sidecar.stop();
+    drop(agent);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_refuses_other_node_other_issuer_expired_and_unbound_tokens() {
     let pod = PodIdentity::new("default", "ray-worker", "ray-worker-0", NODE);
     let s = setup(&pod).await;

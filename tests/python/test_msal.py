@@ -1,0 +1,97 @@
+"""MSAL Python's ManagedIdentityClient, the async azure-identity credential,
+and the older App Service protocol (MSI_ENDPOINT + MSI_SECRET, api-version
+2017-09-01), unmodified, against `lanyard dev`.
+
+Each test starts from the Azure variables `lanyard dev` exports, which are
+what the webhook injects; a test that is about one surface drops the
+variables of the surfaces an SDK would take before it, as a container that
+sets its own environment would.
+"""
+
+import asyncio
+import time
+
+import msal
+import pytest
+import requests
+from azure.identity.aio import ManagedIdentityCredential as AsyncManagedIdentityCredential
+
+RESOURCE = "https://storage.azure.com/"
+SCOPE = RESOURCE + ".default"
+AZURE = (
+    "AZURE_POD_IDENTITY_AUTHORITY_HOST", "IDENTITY_ENDPOINT", "IDENTITY_HEADER",
+    "MSI_ENDPOINT", "MSI_SECRET", "AZURE_CLIENT_ID", "AZURE_TENANT_ID",
+)
+# What an SDK takes before each surface (msal's and azure-identity's order:
+# App Service, then the 2017 protocol, then IMDS).
+BEFORE = {
+    "app_service": (),
+    "msi_2017": ("IDENTITY_ENDPOINT", "IDENTITY_HEADER"),
+    "imds": ("IDENTITY_ENDPOINT", "IDENTITY_HEADER", "MSI_ENDPOINT", "MSI_SECRET"),
+}
+
+
+def pod_env(dev, monkeypatch, surface):
+    for name in AZURE:
+        if name in dev.exports and name not in BEFORE[surface]:
+            monkeypatch.setenv(name, dev.exports[name])
+
+
+def identities(dev):
+    return [
+        ("system", msal.SystemAssignedManagedIdentity()),
+        ("user", msal.UserAssignedManagedIdentity(client_id=dev.exports["AZURE_CLIENT_ID"])),
+    ]
+
+
+def check(dev, result):
+    assert "access_token" in result, result
+    assert result["access_token"].startswith("entra-emulated.")
+    dev.issued.append(result["access_token"])
+
+
+@pytest.mark.parametrize("surface", ["imds", "app_service", "msi_2017"])
+def test_msal_managed_identity_client(dev, monkeypatch, surface):
+    pod_env(dev, monkeypatch, surface)
+    expected = {
+        "imds": msal.managed_identity.DEFAULT_TO_VM,
+        "app_service": msal.managed_identity.APP_SERVICE,
+        "msi_2017": msal.managed_identity.MACHINE_LEARNING,
+    }[surface]
+    assert msal.managed_identity.get_managed_identity_source() is expected
+    for name, identity in identities(dev):
+        client = msal.ManagedIdentityClient(identity, http_client=requests.Session())
+        result = client.acquire_token_for_client(resource=RESOURCE)
+        check(dev, result)
+        # msal keeps it: the token is taken from its cache while it is
+        # comfortably valid, so Lanyard's expiry must be far enough out.
+        again = client.acquire_token_for_client(resource=RESOURCE)
+        assert again["access_token"] == result["access_token"], name
+        assert again.get("token_source") == "cache", (name, again.get("token_source"))
+
+
+def test_msal_unbound_client_id_is_refused(dev, monkeypatch):
+    pod_env(dev, monkeypatch, "msi_2017")
+    client = msal.ManagedIdentityClient(
+        msal.UserAssignedManagedIdentity(client_id="99999999-9999-9999-9999-999999999999"),
+        http_client=requests.Session(),
+    )
+    result = client.acquire_token_for_client(resource=RESOURCE)
+    assert "access_token" not in result
+    assert "Identity not found" in str(result), result
+
+
+@pytest.mark.parametrize("surface", ["imds", "app_service", "msi_2017"])
+def test_async_azure_identity(dev, monkeypatch, surface):
+    pod_env(dev, monkeypatch, surface)
+
+    async def get(client_id):
+        async with AsyncManagedIdentityCredential(client_id=client_id) as cred:
+            return await cred.get_token(SCOPE)
+
+    for client_id in (None, dev.exports["AZURE_CLIENT_ID"]):
+        token = asyncio.run(get(client_id))
+        assert token.token.startswith("entra-emulated.")
+        now = time.time()
+        assert now + 3000 < token.expires_on <= now + 3700, (surface, token.expires_on - now)
+        dev.issued.append(token.token)
