@@ -1,0 +1,44 @@
+// google-auth-library and gcp-metadata, unmodified, as an application in a
+// pod would use them: GCE_METADATA_HOST / GCE_METADATA_IP alone point them
+// at the metadata surface.
+//
+//   node google.mjs access-token        GoogleAuth -> getClient -> getAccessToken
+//   node google.mjs id-token AUDIENCE   getIdTokenClient -> fetchIdToken
+//   node google.mjs metadata            gcp-metadata isAvailable/instance/project
+import * as gcpMetadata from "gcp-metadata";
+import { GoogleAuth } from "google-auth-library";
+import { report } from "./report.mjs";
+
+const SCOPES = ["https://www.googleapis.com/auth/devstorage.read_only"];
+
+await report({
+  "access-token": async () => {
+    const auth = new GoogleAuth({ scopes: SCOPES });
+    const client = await auth.getClient();
+    const { token } = await client.getAccessToken();
+    if (!token) throw new Error("getAccessToken returned no token");
+    const projectId = await auth.getProjectId();
+    const credentials = await auth.getCredentials();
+    return {
+      client: client.constructor.name,
+      token,
+      expiryDate: client.credentials.expiry_date ?? null,
+      projectId,
+      email: credentials.client_email ?? null,
+      now: Date.now(),
+    };
+  },
+  "id-token": async (audience) => {
+    if (!audience) throw new Error("id-token needs an AUDIENCE argument");
+    const auth = new GoogleAuth();
+    const client = await auth.getIdTokenClient(audience);
+    const token = await client.idTokenProvider.fetchIdToken(audience);
+    return { client: client.constructor.name, provider: client.idTokenProvider.constructor.name, token };
+  },
+  metadata: async () => {
+    const available = await gcpMetadata.isAvailable();
+    const email = await gcpMetadata.instance("service-accounts/default/email");
+    const projectId = await gcpMetadata.project("project-id");
+    return { available, email, projectId };
+  },
+});
