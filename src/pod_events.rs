@@ -11,7 +11,7 @@
 //!
 //! A crash-looping pod must not flood the API server: the same denial of
 //! the same pod is explained at most once a minute (the Events API then
-//! counts repeats in the event's series), all pods together at most
+//! counts repeats in that denial's event series), all pods together at most
 //! [`RATE_PER_SECOND`] a second, and the queue to the publisher is bounded
 //! (a full queue drops, and counts, the explanation; never the request).
 //! Publishing happens off the request path.
@@ -78,14 +78,11 @@ impl<S: AuditSink> Explained<S> {
     /// here, as `instance` (the node's name, say) of [`CONTROLLER`].
     pub fn new(inner: S, client: kube::Client, instance: String, metrics: Arc<Metrics>) -> Self {
         let (queue, rx) = mpsc::channel(QUEUE);
-        let recorder = Recorder::new(
-            client,
-            Reporter {
-                controller: CONTROLLER.into(),
-                instance: Some(instance),
-            },
-        );
-        tokio::spawn(publish(rx, recorder, metrics.clone()));
+        let reporter = Reporter {
+            controller: CONTROLLER.into(),
+            instance: Some(instance),
+        };
+        tokio::spawn(publish(rx, client, reporter, metrics.clone()));
         Explained {
             inner,
             queue,
@@ -158,14 +155,24 @@ fn count(metrics: &Metrics, result: &'static str) {
 }
 
 /// Publishes queued denials, deduplicated and rate-limited.
-async fn publish(mut rx: mpsc::Receiver<Denial>, recorder: Recorder, metrics: Arc<Metrics>) {
-    let mut last_sent: HashMap<String, Instant> = HashMap::new();
+///
+/// Each denial has a [`Recorder`] of its own: a recorder folds every event
+/// of one type, reason and action on one object into one series that keeps
+/// the first note, so a pod's second, different denial would show the
+/// first one's explanation. Per denial, a repeat joins its own series.
+async fn publish(
+    mut rx: mpsc::Receiver<Denial>,
+    client: kube::Client,
+    reporter: Reporter,
+    metrics: Arc<Metrics>,
+) {
+    let mut last_sent: HashMap<String, (Instant, Recorder)> = HashMap::new();
     let mut bucket = Bucket::new(RATE_PER_SECOND, 2.0 * RATE_PER_SECOND);
     while let Some(denial) = rx.recv().await {
         let now = Instant::now();
         if last_sent
             .get(&denial.key)
-            .is_some_and(|at| now.duration_since(*at) < REPEAT_AFTER)
+            .is_some_and(|(at, _)| now.duration_since(*at) < REPEAT_AFTER)
         {
             count(&metrics, "deduplicated");
             continue;
@@ -175,12 +182,15 @@ async fn publish(mut rx: mpsc::Receiver<Denial>, recorder: Recorder, metrics: Ar
             continue;
         }
         if last_sent.len() >= REMEMBERED {
-            last_sent.retain(|_, at| now.duration_since(*at) < REPEAT_AFTER);
+            last_sent.retain(|_, (at, _)| now.duration_since(*at) < REPEAT_AFTER);
             if last_sent.len() >= REMEMBERED {
                 last_sent.clear();
             }
         }
-        last_sent.insert(denial.key.clone(), now);
+        let recorder = match last_sent.remove(&denial.key) {
+            Some((_, recorder)) => recorder,
+            None => Recorder::new(client.clone(), reporter.clone()),
+        };
         let reference = ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("Pod".into()),
@@ -196,7 +206,9 @@ async fn publish(mut rx: mpsc::Receiver<Denial>, recorder: Recorder, metrics: Ar
             action: ACTION.into(),
             secondary: None,
         };
-        match recorder.publish(&event, &reference).await {
+        let published = recorder.publish(&event, &reference).await;
+        last_sent.insert(denial.key.clone(), (now, recorder));
+        match published {
             Ok(()) => count(&metrics, "published"),
             Err(e) => {
                 count(&metrics, "failed");

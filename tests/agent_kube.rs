@@ -393,6 +393,34 @@ when { principal.namespace.hasTag("team") && principal.namespace.getTag("team") 
         1,
         "deduplicated"
     );
+
+    // Another denial of the same pod (its ServiceAccount now bound to
+    // another identity) is explained in an Event of its own, with its own
+    // note, not folded into the first one's series.
+    const OTHER: &str = "99999999-9999-4999-8999-999999999999";
+    kube.apply_service_account(service_account(
+        &pod,
+        &[("azure.workload.identity/client-id", OTHER)],
+    ));
+    for _ in 0..200 {
+        let (status, body) = ask(port, &token).await;
+        assert_eq!(status, 403, "{body}");
+        if kube.stats.events_created.load(Ordering::Relaxed) == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let explained = events_on(kube, "ray-worker-0", "CredentialDenied");
+    assert_eq!(explained.len(), 2, "{explained:?}");
+    let notes: Vec<&str> = explained
+        .iter()
+        .map(|e| e["note"].as_str().unwrap())
+        .collect();
+    assert!(
+        notes[0].contains(CLIENT) && !notes[0].contains(OTHER),
+        "{notes:?}"
+    );
+    assert!(notes[1].contains(OTHER), "{notes:?}");
     assert_eq!(
         kube.stats.forbidden.load(Ordering::Relaxed),
         0,

@@ -80,6 +80,20 @@ fn a_wrong_expectation_fails_the_test_naming_the_case_and_the_policies() {
     );
     assert!(t.contains("0 of 1 cases passed"), "{t}");
 
+    // The right decision by the wrong policy fails too, saying both.
+    std::fs::write(
+        &cases,
+        "cases:\n  - name: denied by the wrong one\n    principal: { namespace: a, service_account: b }\n    action: aws_credentials\n    identity: { cloud: aws, id: \"arn:aws:iam::111122223333:role/r\", account: \"111122223333\" }\n    expect: deny\n    policies: [all]\n",
+    )
+    .unwrap();
+    let out = lanyard(&["policy", "test", d, cases.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let t = text(&out);
+    assert!(
+        t.contains("expected deny (decided by: all), got deny (decided by: no-aws)"),
+        "{t}"
+    );
+
     std::fs::write(&cases, "cases:\n  - name: x\n    expectation: allow\n").unwrap();
     let out = lanyard(&["policy", "test", d, cases.to_str().unwrap()]);
     assert_eq!(

@@ -66,13 +66,12 @@ fn policy(
             anyhow::anyhow!("the policy set in {} is invalid:\n{e}", dir.display())
         })?);
     let shown = dir.display().to_string();
-    tracing::info!(dir = %shown, policies = policy.policies(), digest = %policy.digest(), "policy set loaded");
-    metrics.policy_policies.set(policy.policies() as i64);
-    count_reload(&metrics, "loaded");
+    // The set in force at start is as much a part of the trail as each
+    // reload: it is counted and audited the same way.
     let on_event = move |event: ReloadEvent| {
         let outcome = match event {
             ReloadEvent::Loaded { policies, digest } => {
-                tracing::info!(dir = %shown, policies, digest = %digest, "policy set reloaded");
+                tracing::info!(dir = %shown, policies, digest = %digest, "policy set loaded");
                 metrics.policy_policies.set(policies as i64);
                 count_reload(&metrics, "loaded");
                 ReloadOutcome::Loaded { policies, digest }
@@ -95,6 +94,10 @@ fn policy(
             }
         });
     };
+    on_event(ReloadEvent::Loaded {
+        policies: policy.policies(),
+        digest: policy.digest(),
+    });
     policy.clone().watch(every, on_event);
     Ok(policy)
 }

@@ -214,6 +214,8 @@ pub struct Outcome {
     pub name: String,
     /// What was expected.
     pub expected: Expect,
+    /// The policies expected to decide it, when the case names them.
+    pub expected_policies: Option<Vec<String>>,
     /// What was decided.
     pub decision: Decision,
     /// Whether it matched (decision and, when given, policies).
@@ -246,6 +248,7 @@ pub fn run(policy: &CedarPolicy, cases: &Cases, file: &str) -> Result<Vec<Outcom
         outcomes.push(Outcome {
             name: case.name.clone(),
             expected: case.expect,
+            expected_policies: case.policies.clone(),
             passed: kind_ok && policies_ok,
             decision,
         });
@@ -353,14 +356,19 @@ pub fn test_command(dir: &Path, cases: &Path) -> std::process::ExitCode {
             Expect::Allow => "allow",
             Expect::Deny => "deny",
         };
+        let by = |policies: &[String]| match policies.is_empty() {
+            true => "no policy".to_string(),
+            false => policies.join(", "),
+        };
+        let expected_by = o
+            .expected_policies
+            .as_deref()
+            .map(|p| format!(" (decided by: {})", by(p)))
+            .unwrap_or_default();
         eprintln!(
-            "FAIL {:?}: expected {expected}, got {got} (decided by: {}){}",
+            "FAIL {:?}: expected {expected}{expected_by}, got {got} (decided by: {}){}",
             o.name,
-            if policies.is_empty() {
-                "no policy".to_string()
-            } else {
-                policies.join(", ")
-            },
+            by(policies),
             reason.map(|r| format!(": {r}")).unwrap_or_default()
         );
     }
