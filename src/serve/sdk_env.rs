@@ -46,10 +46,10 @@ impl SdkEnv<'_> {
         let base = format!("http://{}", self.host_port);
         let mut vars = Vec::new();
         if let Some(az) = &self.azure {
-            // IMDS for Python azure-identity, App Service for the others;
-            // the older App Service protocol (2017-09-01) for SDKs from
-            // before 2019-08-01, which take it first. Current SDKs take
-            // IDENTITY_ENDPOINT first (docs/compatibility.md).
+            // App Service for current SDKs (they take IDENTITY_ENDPOINT
+            // first), IMDS for those that speak only IMDS, the older App
+            // Service protocol (2017-09-01) for SDKs from before
+            // 2019-08-01, which take it first (docs/compatibility.md).
             vars.push(("AZURE_POD_IDENTITY_AUTHORITY_HOST", base.clone()));
             vars.push(("IDENTITY_ENDPOINT", format!("{base}{APP_SERVICE_PATH}")));
             vars.push(("IDENTITY_HEADER", az.identity_header.to_string()));
