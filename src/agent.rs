@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use crate::audit::{AuditSink, LogSink};
+use crate::audit::AuditSink;
 use crate::broker::assemble::Parts;
 use crate::broker::Broker;
 use crate::cache::Cache;
@@ -69,16 +69,17 @@ pub async fn broker(config: &Config, metrics: Arc<Metrics>) -> anyhow::Result<Br
         })?;
         verifier = verifier.with_token_review(crate::token::TokenReviewer::new(client));
     }
+    let sinks = crate::broker::assemble::audit(config, "agent", metrics.clone())?;
     let audit: Arc<dyn AuditSink> = match (&kube, &config.cluster.node_name) {
         // Denials explained on the calling pod need the API and a node name
         // to report as.
         (Some(client), Some(node)) => Arc::new(Explained::new(
-            LogSink,
+            sinks,
             client.clone(),
             node.clone(),
             metrics.clone(),
         )),
-        _ => Arc::new(LogSink),
+        _ => Arc::new(sinks),
     };
     let directory: Arc<dyn Directory> = match kube {
         Some(client) => {

@@ -217,6 +217,48 @@ impl Default for PolicySettings {
     }
 }
 
+/// The audit trail (`docs/audit.md`). Flat keys, so that each has its
+/// environment variable (`LANYARD_AUDIT_FILE_MAX_BYTES`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuditConfig {
+    /// This cluster's name, in every record (many clusters, one collector).
+    pub cluster: String,
+    /// A credential whose record cannot be written: `deny` (refused,
+    /// retryable) or `allow` (issued, the loss counted).
+    pub on_failure: crate::audit::sinks::OnFailure,
+    /// The `lanyard::audit` log record of each decision.
+    pub log: bool,
+    /// One JSON record per line on stdout (for node log collectors).
+    pub stdout: bool,
+    /// The hash-chained JSON Lines file; unset: none.
+    pub file: Option<std::path::PathBuf>,
+    /// Rotate the file at this size.
+    pub file_max_bytes: u64,
+    /// Rotate the file after this many seconds.
+    pub file_max_age_seconds: u64,
+    /// Rotated files kept.
+    pub file_keep: usize,
+    /// Sync each batch of records before the credentials leave.
+    pub fsync: bool,
+}
+
+impl Default for AuditConfig {
+    fn default() -> Self {
+        AuditConfig {
+            cluster: String::new(),
+            on_failure: crate::audit::sinks::OnFailure::Deny,
+            log: true,
+            stdout: false,
+            file: None,
+            file_max_bytes: 100 * 1024 * 1024,
+            file_max_age_seconds: 24 * 3600,
+            file_keep: 10,
+            fsync: true,
+        }
+    }
+}
+
 /// Settings of the sidecar role.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -357,6 +399,8 @@ pub struct Config {
     pub cluster: ClusterConfig,
     /// Authorization policy (`policy.*`).
     pub policy: PolicySettings,
+    /// The audit trail (`audit.*`).
+    pub audit: AuditConfig,
     /// The pod sidecar (`sidecar.*`).
     pub sidecar: SidecarConfig,
     /// The admission webhook and what it injects (`webhook.*`).
@@ -381,6 +425,7 @@ impl Default for Config {
             cache: CacheSettings::default(),
             cluster: ClusterConfig::default(),
             policy: PolicySettings::default(),
+            audit: AuditConfig::default(),
             sidecar: SidecarConfig::default(),
             webhook: WebhookConfig::default(),
             azure: AzureConfig::default(),
@@ -428,8 +473,8 @@ impl figment::Provider for Flags {
 }
 
 /// Sections whose environment variables are `LANYARD_<SECTION>_<KEY>`.
-const SECTIONS: [&str; 9] = [
-    "azure", "gcp", "aws", "cache", "cluster", "policy", "sidecar", "webhook", "dev",
+const SECTIONS: [&str; 10] = [
+    "azure", "gcp", "aws", "cache", "cluster", "policy", "audit", "sidecar", "webhook", "dev",
 ];
 /// Environment names kept short for the sidecar, as the webhook sets them.
 const ALIASES: [(&str, &str); 2] = [
@@ -487,6 +532,27 @@ impl Config {
                     t,
                 ));
             }
+        }
+        if self.audit.file_max_bytes < 4096 {
+            return Err(invalid(
+                "audit.file_max_bytes",
+                "at least 4096 bytes",
+                &self.audit.file_max_bytes.to_string(),
+            ));
+        }
+        if self.audit.file_max_age_seconds < 60 {
+            return Err(invalid(
+                "audit.file_max_age_seconds",
+                "at least 60 seconds",
+                &self.audit.file_max_age_seconds.to_string(),
+            ));
+        }
+        if self.audit.cluster.len() > 253 {
+            return Err(invalid(
+                "audit.cluster",
+                "at most 253 characters",
+                &self.audit.cluster,
+            ));
         }
         if !(1..=3600).contains(&self.policy.reload_seconds) {
             return Err(invalid(

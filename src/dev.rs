@@ -295,7 +295,7 @@ impl DevStack {
         wired.gcp.token_lifetime = config.gcp.token_lifetime.min(dev.token_lifetime.max(300));
         wired.aws.sts_endpoint = Some(aws_endpoint);
         wired.aws.session_duration = config.aws.session_duration.min(dev.token_lifetime.max(900));
-        let parts = Parts::new(&wired, verifier, directory);
+        let parts = Parts::new(&wired, "dev", verifier, directory)?;
         let metrics = parts.metrics.clone();
         let broker = Arc::new(assemble::broker(&wired, parts, http.clone())?);
         let subjects = Arc::new(MintedTokens::new(

@@ -38,6 +38,21 @@ enum Command {
     /// Check and test Cedar policies (see docs/policy.md).
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Work with audit files (see docs/audit.md).
+    #[command(subcommand)]
+    Audit(AuditCommand),
+}
+
+#[derive(Subcommand)]
+enum AuditCommand {
+    /// Verify the hash chain of audit files, oldest first (e.g.
+    /// `audit-*.jsonl audit.jsonl`): exit 1 naming the first altered,
+    /// missing, inserted, reordered or truncated record by file and line.
+    Verify {
+        /// The files, oldest first.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -174,6 +189,7 @@ fn main() -> ExitCode {
         Command::Policy(PolicyCommand::Test { dir, cases }) => {
             lanyard::policy::cases::test_command(&dir, &cases)
         }
+        Command::Audit(AuditCommand::Verify { files }) => lanyard::audit::verify::command(&files),
         Command::Webhook(args) => cli::run(
             global,
             args.overrides(global),

@@ -226,9 +226,10 @@ fn standalone_broker(config: &Config) -> anyhow::Result<crate::broker::Broker> {
     }
     let parts = crate::broker::assemble::Parts::new(
         config,
+        "sidecar",
         crate::token::Verifier::local_files(),
         Arc::new(crate::directory::file::FixedDirectory(bindings)),
-    );
+    )?;
     crate::broker::assemble::broker(config, parts, crate::http::client())
 }
 

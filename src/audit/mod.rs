@@ -7,7 +7,16 @@
 //! credential is returned. An event never holds a token, assertion or key:
 //! tokens appear only as short SHA-256 fingerprints, and caller-supplied
 //! text is bounded. The default sink, [`LogSink`], writes the record on the
-//! `lanyard::audit` tracing target.
+//! `lanyard::audit` tracing target; [`sinks::Sinks`] adds the versioned
+//! JSON record ([`record`]) on stdout and in a hash-chained, rotated,
+//! durable file ([`file`], [`chain`]) that `lanyard audit verify`
+//! ([`verify`]) checks. `docs/audit.md` documents the record.
+
+pub mod chain;
+pub mod file;
+pub mod record;
+pub mod sinks;
+pub mod verify;
 
 use std::borrow::Cow;
 use std::time::{Duration, SystemTime};

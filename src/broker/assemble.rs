@@ -10,7 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Broker;
-use crate::audit::{AuditSink, LogSink, PolicyReload, ReloadOutcome};
+use crate::audit::file::{FileOptions, FileSink};
+use crate::audit::record::Origin;
+use crate::audit::sinks::Sinks;
+use crate::audit::{AuditSink, PolicyReload, ReloadOutcome};
 use crate::cache::Cache;
 use crate::cloud::aws::{AwsCloud, AwsExchanger};
 use crate::cloud::azure::{authority_for_cloud, AzureCloud, AzureExchanger, PUBLIC_CLOUD};
@@ -39,16 +42,69 @@ pub struct Parts {
 }
 
 impl Parts {
-    /// Parts with a new cache configured from `config`.
-    pub fn new(config: &Config, verifier: Verifier, directory: Arc<dyn Directory>) -> Self {
+    /// Parts with a new cache and the audit trail configured from `config`,
+    /// for `role` (named in each audit record).
+    pub fn new(
+        config: &Config,
+        role: &'static str,
+        verifier: Verifier,
+        directory: Arc<dyn Directory>,
+    ) -> anyhow::Result<Self> {
         let metrics = Arc::new(Metrics::new());
-        Parts {
+        let audit = Arc::new(audit(config, role, metrics.clone())?);
+        Ok(Parts {
             verifier,
             directory,
             cache: Cache::new(config.cache.to_cache_config(), metrics.clone()),
             metrics,
-            audit: Arc::new(LogSink),
-        }
+            audit,
+        })
+    }
+}
+
+/// The audit trail `config` describes, for `role`: the log record, stdout,
+/// the chained file (opened now: an unwritable file refuses to start), and
+/// SIGHUP reopening the file.
+pub fn audit(config: &Config, role: &'static str, metrics: Arc<Metrics>) -> anyhow::Result<Sinks> {
+    let a = &config.audit;
+    let node = match role {
+        "dev" => config.dev.node_name.clone(),
+        _ => config.cluster.node_name.clone().unwrap_or_default(),
+    };
+    let origin = Arc::new(Origin::new(a.cluster.clone(), node, role));
+    let mut sinks = Sinks::new(origin.clone(), a.on_failure, metrics.clone())
+        .with_log(a.log)
+        .with_stdout(a.stdout);
+    if let Some(path) = &a.file {
+        let options = FileOptions {
+            path: path.clone(),
+            max_bytes: a.file_max_bytes,
+            max_age: Duration::from_secs(a.file_max_age_seconds),
+            keep: a.file_keep,
+            fsync: a.fsync,
+            handling: a.on_failure.handling(),
+        };
+        let file = FileSink::open(options, origin, metrics)?;
+        reopen_on_hangup(file.clone());
+        sinks = sinks.with_file(file);
+        tracing::info!(file = %path.display(), fsync = a.fsync, on_failure = ?a.on_failure, "audit file open");
+    }
+    Ok(sinks)
+}
+
+/// Reopens the audit file on SIGHUP, as log rotators expect.
+fn reopen_on_hangup(file: FileSink) {
+    #[cfg(unix)]
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(async move {
+            use tokio::signal::unix::{signal, SignalKind};
+            let Ok(mut hangup) = signal(SignalKind::hangup()) else {
+                return;
+            };
+            while hangup.recv().await.is_some() {
+                file.reopen();
+            }
+        });
     }
 }
 

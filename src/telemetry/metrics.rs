@@ -102,6 +102,21 @@ pub struct Metrics {
     /// `lanyard_pod_events`: denials explained as Kubernetes Events on the
     /// calling pod, by result.
     pub pod_events: Family<ResultLabel, Counter>,
+    /// `lanyard_audit_records`: audit records by sink and result.
+    pub audit_records: Family<SinkResultLabels, Counter>,
+    /// `lanyard_audit_write_seconds`: time to write (and sync) one batch
+    /// of the file sink.
+    pub audit_sync_seconds: Histogram,
+}
+
+/// An audit record's labels: which sink, and what became of it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SinkResultLabels {
+    /// `file` or `stdout`.
+    pub sink: &'static str,
+    /// `written`; `failed` (the sink could not take it); `lost` (a
+    /// credential was issued without it, `audit.on_failure: allow`).
+    pub result: &'static str,
 }
 
 /// How an operation ended.
@@ -151,6 +166,10 @@ impl Metrics {
             policy_reloads: Family::default(),
             policy_policies: Gauge::default(),
             pod_events: Family::default(),
+            audit_records: Family::default(),
+            audit_sync_seconds: Histogram::new([
+                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5,
+            ]),
         };
         registry.register(
             "cache_hits",
@@ -231,6 +250,16 @@ impl Metrics {
             "pod_events",
             "Denials explained as Kubernetes Events on the calling pod, by result",
             m.pod_events.clone(),
+        );
+        registry.register(
+            "audit_records",
+            "Audit records by sink and result",
+            m.audit_records.clone(),
+        );
+        registry.register(
+            "audit_write_seconds",
+            "Time to write and sync one batch of audit records to the file",
+            m.audit_sync_seconds.clone(),
         );
         Metrics { registry, ..m }
     }

@@ -212,7 +212,13 @@ pub async fn surfaces_with_issuer(
         ),
     );
     let config = up.config();
-    let parts = Parts::new(&config, verifier, Arc::new(StaticDirectory::new(accounts)));
+    let parts = Parts::new(
+        &config,
+        "dev",
+        verifier,
+        Arc::new(StaticDirectory::new(accounts)),
+    )
+    .unwrap();
     let broker = Arc::new(assemble::broker(&config, parts, http).unwrap());
     let subjects = Arc::new(MintedTokens::new(
         minting_issuer,

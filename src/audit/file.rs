@@ -1,0 +1,698 @@
+//! The file sink: append-only JSON Lines on local disk, each record chained
+//! to the one before it ([`super::chain`]), across rotations and restarts;
+//! durable before the credential leaves.
+//!
+//! One writer thread owns the file. Requests queue their records; the
+//! writer takes every record waiting, writes them in one `write` and makes
+//! them durable with one `fdatasync` before answering each (group commit:
+//! concurrent requests share one sync, and the more requests wait, the
+//! more each sync carries). A failed batch is cut back off the file, so
+//! the file never holds a record whose request was told it failed.
+//!
+//! The file rotates by size and age: the active file is renamed with a
+//! UTC timestamp, the oldest rotated files beyond `keep` are removed, and
+//! the new file begins with a `rotation` record naming the file before it
+//! and carrying the chain on. SIGHUP (after an outside tool moved the file
+//! away) reopens the path the same way. At start the chain continues from
+//! the last complete record on disk; a torn last line (a crash in the
+//! middle of a write, never acknowledged) is cut off.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::chain::{self, Link};
+use super::record::{self, Origin, SinkFailure, Subject};
+use crate::telemetry::metrics::Metrics;
+
+/// How the file sink writes.
+#[derive(Debug, Clone)]
+pub struct FileOptions {
+    /// The active file.
+    pub path: PathBuf,
+    /// Rotate once the file is this large.
+    pub max_bytes: u64,
+    /// Rotate once the file has been open this long.
+    pub max_age: Duration,
+    /// Rotated files kept; older ones are removed.
+    pub keep: usize,
+    /// Sync each batch to disk before answering (durable). Off, a crash may
+    /// lose the last records of credentials already returned.
+    pub fsync: bool,
+    /// What the sink's outage record says happened to records it could not
+    /// write: `refused` or `issued_unrecorded`.
+    pub handling: &'static str,
+}
+
+/// Why the sink cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    /// The file cannot be opened, read or written.
+    #[error("audit file {path}: {error}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        error: std::io::Error,
+    },
+}
+
+/// Where a record's writer answers.
+type Done = oneshot::Sender<Result<(), String>>;
+
+enum Job {
+    Write { line: Vec<u8>, done: Done },
+    Reopen,
+}
+
+/// Records waiting for the writer; a full queue makes requests wait.
+const QUEUE: usize = 16 * 1024;
+/// Most records in one write and sync.
+const BATCH: usize = 4096;
+
+/// The file sink's handle: cheap to share and to clone.
+#[derive(Clone)]
+pub struct FileSink {
+    jobs: mpsc::Sender<Job>,
+}
+
+impl FileSink {
+    /// Opens (or creates) the file, continues its chain, and starts the
+    /// writer thread. Fails when the file cannot be written now.
+    pub fn open(
+        options: FileOptions,
+        origin: Arc<Origin>,
+        metrics: Arc<Metrics>,
+    ) -> Result<FileSink, FileError> {
+        let mut writer = Writer {
+            options,
+            origin,
+            metrics,
+            file: None,
+            link: None,
+            failure: None,
+        };
+        writer.ensure_open().map_err(|error| FileError::Io {
+            path: writer.options.path.clone(),
+            error,
+        })?;
+        let (jobs, rx) = mpsc::channel(QUEUE);
+        std::thread::Builder::new()
+            .name("lanyard-audit-file".into())
+            .spawn(move || writer.run(rx))
+            .map_err(|error| FileError::Io {
+                path: PathBuf::new(),
+                error,
+            })?;
+        Ok(FileSink { jobs })
+    }
+
+    /// Appends `record` (one JSON object) and returns once it is on disk.
+    pub async fn write(&self, record: Vec<u8>) -> Result<(), String> {
+        let (done, answer) = oneshot::channel();
+        self.jobs
+            .send(Job::Write { line: record, done })
+            .await
+            .map_err(|_| "the audit file writer has stopped".to_string())?;
+        answer
+            .await
+            .map_err(|_| "the audit file writer has stopped".to_string())?
+    }
+
+    /// Reopens the path (SIGHUP): an outside tool moved the file away.
+    pub fn reopen(&self) {
+        let _ = self.jobs.try_send(Job::Reopen);
+    }
+}
+
+struct Open {
+    file: File,
+    size: u64,
+    opened: Instant,
+}
+
+impl Open {
+    fn new(file: File, size: u64) -> Open {
+        Open {
+            file,
+            size,
+            opened: Instant::now(),
+        }
+    }
+
+    /// Whether `path` still names this file: a file removed or replaced
+    /// (its directory deleted, a rotator that moved it without SIGHUP)
+    /// would swallow records no reader will see.
+    fn is_at(&self, path: &Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        match (self.file.metadata(), std::fs::metadata(path)) {
+            (Ok(open), Ok(named)) => open.ino() == named.ino() && open.dev() == named.dev(),
+            _ => false,
+        }
+    }
+}
+
+struct Writer {
+    options: FileOptions,
+    origin: Arc<Origin>,
+    metrics: Arc<Metrics>,
+    file: Option<Open>,
+    /// The last record durably written: what the next one follows.
+    link: Option<Link>,
+    /// An outage in progress: recorded once writing works again.
+    failure: Option<SinkFailure>,
+}
+
+impl Writer {
+    fn run(mut self, mut rx: mpsc::Receiver<Job>) {
+        let mut lines: Vec<(Vec<u8>, Done)> = Vec::new();
+        while let Some(job) = rx.blocking_recv() {
+            let mut reopen = false;
+            let mut next = Some(job);
+            while let Some(job) = next.take() {
+                match job {
+                    Job::Write { line, done } => lines.push((line, done)),
+                    Job::Reopen => reopen = true,
+                }
+                if lines.len() < BATCH {
+                    next = rx.try_recv().ok();
+                }
+            }
+            if reopen {
+                self.file = None;
+                tracing::info!(path = %self.options.path.display(), "reopening the audit file");
+            }
+            if lines.is_empty() {
+                continue;
+            }
+            let result = self.write_batch(lines.iter().map(|(l, _)| l.as_slice()));
+            let count = lines.len() as u64;
+            let answer = match result {
+                Ok(()) => {
+                    self.count("written", count);
+                    Ok(())
+                }
+                Err(e) => {
+                    self.count("failed", count);
+                    let error = format!(
+                        "cannot write the audit file {}: {e}",
+                        self.options.path.display()
+                    );
+                    match &mut self.failure {
+                        Some(f) => f.records += count,
+                        None => {
+                            tracing::error!(error = %error, "audit file unavailable");
+                            self.failure = Some(SinkFailure {
+                                sink: "file",
+                                error: error.clone(),
+                                since: SystemTime::now(),
+                                records: count,
+                                handling: self.options.handling,
+                            });
+                        }
+                    }
+                    Err(error)
+                }
+            };
+            for (_, done) in lines.drain(..) {
+                let _ = done.send(answer.clone());
+            }
+        }
+    }
+
+    fn count(&self, result: &'static str, n: u64) {
+        self.metrics
+            .audit_records
+            .get_or_create(&crate::telemetry::metrics::SinkResultLabels {
+                sink: "file",
+                result,
+            })
+            .inc_by(n);
+    }
+
+    /// Writes `records` as one batch, synced; on failure the file is cut
+    /// back to where the batch began and will be reopened.
+    fn write_batch<'a>(&mut self, records: impl Iterator<Item = &'a [u8]>) -> std::io::Result<()> {
+        if self
+            .file
+            .as_ref()
+            .is_some_and(|o| !o.is_at(&self.options.path))
+        {
+            tracing::warn!(path = %self.options.path.display(), "the audit file was removed or replaced; reopening it");
+            self.file = None;
+        }
+        self.ensure_open()?;
+        if self.rotation_due() {
+            self.rotate()?;
+        }
+        let mut buf = Vec::new();
+        let mut link = self.link.clone();
+        if let Some(failure) = &self.failure {
+            let mut rec = Vec::new();
+            record::write(&self.origin, Subject::SinkFailure(failure), &mut rec);
+            link = Some(chain::append(&rec, link.as_ref(), &mut buf));
+        }
+        for r in records {
+            link = Some(chain::append(r, link.as_ref(), &mut buf));
+        }
+        let result = self.append(&buf);
+        match result {
+            Ok(()) => {
+                if let Some(f) = self.failure.take() {
+                    tracing::warn!(
+                        records = f.records,
+                        "audit file writable again; the outage is recorded in it"
+                    );
+                }
+                self.link = link;
+                Ok(())
+            }
+            Err(e) => {
+                if let Some(open) = &self.file {
+                    // Best effort: nothing of a failed batch stays behind.
+                    let _ = open.file.set_len(open.size);
+                }
+                self.file = None;
+                Err(e)
+            }
+        }
+    }
+
+    fn append(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        let fsync = self.options.fsync;
+        let Some(open) = &mut self.file else {
+            return Err(std::io::Error::other("not open"));
+        };
+        let started = Instant::now();
+        open.file.write_all(buf)?;
+        if fsync {
+            open.file.sync_data()?;
+        }
+        open.size += buf.len() as u64;
+        self.metrics
+            .audit_sync_seconds
+            .observe(started.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    fn rotation_due(&self) -> bool {
+        self.file.as_ref().is_some_and(|o| {
+            o.size > 0
+                && (o.size >= self.options.max_bytes || o.opened.elapsed() >= self.options.max_age)
+        })
+    }
+
+    /// Opens the active file if it is not open, continuing the chain.
+    fn ensure_open(&mut self) -> std::io::Result<()> {
+        if self.file.is_some() {
+            return Ok(());
+        }
+        let path = self.options.path.clone();
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        let mut file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .open(&path)?;
+        let size = cut_torn_tail(&mut file, &path)?;
+        let mut open = Open::new(file, size);
+        let on_disk = match size {
+            0 => None,
+            _ => Some(last_record(&mut open.file, size)),
+        };
+        match on_disk {
+            Some(Ok(link)) => {
+                self.link = Some(link);
+                self.file = Some(open);
+            }
+            Some(Err(e)) => {
+                // The file's end is not a record of ours (edited by hand,
+                // another program's): keep it for inspection and start a
+                // new file whose first record says so.
+                tracing::error!(path = %path.display(), error = %e, "the audit file's last record is unreadable; it is set aside and a new file begun");
+                drop(open);
+                let aside = self.rotated_name();
+                std::fs::rename(&path, &aside)?;
+                let file = OpenOptions::new()
+                    .read(true)
+                    .append(true)
+                    .create(true)
+                    .open(&path)?;
+                sync_dir(&path);
+                self.file = Some(Open::new(file, 0));
+                self.begin(Some(&aside), "previous file unreadable")?;
+            }
+            None => {
+                sync_dir(&path);
+                self.file = Some(open);
+                if self.link.is_none() {
+                    self.link = self.newest_rotated_link();
+                }
+                if self.link.is_some() {
+                    self.begin(None, "reopened")?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes a new file's first record: a rotation record that names the
+    /// file before it and carries the chain on.
+    fn begin(&mut self, previous: Option<&Path>, why: &str) -> std::io::Result<()> {
+        #[derive(serde::Serialize)]
+        struct Rotation<'a> {
+            schema: &'static str,
+            id: String,
+            time: String,
+            #[serde(rename = "type")]
+            kind: &'static str,
+            #[serde(flatten)]
+            origin: &'a Origin,
+            previous_file: Option<String>,
+            reason: &'a str,
+        }
+        let rotation = Rotation {
+            schema: record::SCHEMA,
+            id: uuid::Uuid::now_v7().to_string(),
+            time: record::rfc3339(SystemTime::now()),
+            kind: "rotation",
+            origin: &self.origin,
+            previous_file: previous
+                .and_then(|p| p.file_name())
+                .map(|n| n.to_string_lossy().into_owned()),
+            reason: why,
+        };
+        let body = serde_json::to_vec(&rotation).map_err(std::io::Error::other)?;
+        let mut buf = Vec::new();
+        let link = chain::append(&body, self.link.as_ref(), &mut buf);
+        self.append(&buf)?;
+        self.link = Some(link);
+        Ok(())
+    }
+
+    fn rotated_name(&self) -> PathBuf {
+        let path = &self.options.path;
+        let stem = path
+            .file_stem()
+            .map_or("audit".into(), |s| s.to_string_lossy().into_owned());
+        let ext = path
+            .extension()
+            .map_or(String::new(), |e| format!(".{}", e.to_string_lossy()));
+        let now = time::OffsetDateTime::now_utc();
+        let stamp = format!(
+            "{:04}{:02}{:02}T{:02}{:02}{:02}.{:06}Z",
+            now.year(),
+            u8::from(now.month()),
+            now.day(),
+            now.hour(),
+            now.minute(),
+            now.second(),
+            now.microsecond()
+        );
+        // Two rotations within a microsecond must not overwrite each other.
+        let mut name = path.with_file_name(format!("{stem}-{stamp}{ext}"));
+        let mut n = 1;
+        while name.exists() {
+            name = path.with_file_name(format!("{stem}-{stamp}-{n}{ext}"));
+            n += 1;
+        }
+        name
+    }
+
+    /// Rotated files of this path, oldest first (their names sort by time).
+    fn rotated(&self) -> Vec<PathBuf> {
+        let path = &self.options.path;
+        let (Some(dir), Some(stem)) = (path.parent(), path.file_stem()) else {
+            return Vec::new();
+        };
+        let dir = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        };
+        let prefix = format!("{}-", stem.to_string_lossy());
+        let ext = path.extension().map(|e| e.to_string_lossy().into_owned());
+        let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
+                    && p.extension().map(|e| e.to_string_lossy().into_owned()) == ext
+                    && p != path
+            })
+            .collect();
+        found.sort();
+        found
+    }
+
+    fn newest_rotated_link(&self) -> Option<Link> {
+        let newest = self.rotated().pop()?;
+        let mut file = File::open(&newest).ok()?;
+        let size = file.metadata().ok()?.len();
+        last_record(&mut file, size).ok()
+    }
+
+    fn rotate(&mut self) -> std::io::Result<()> {
+        let path = self.options.path.clone();
+        let aside = self.rotated_name();
+        std::fs::rename(&path, &aside)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .open(&path)?;
+        sync_dir(&path);
+        self.file = Some(Open::new(file, 0));
+        self.begin(Some(&aside), "rotated")?;
+        let rotated = self.rotated();
+        let excess = rotated.len().saturating_sub(self.options.keep);
+        for old in &rotated[..excess] {
+            match std::fs::remove_file(old) {
+                Ok(()) => {
+                    tracing::info!(file = %old.display(), "removed an old audit file (audit.file.keep)")
+                }
+                Err(e) => {
+                    tracing::warn!(file = %old.display(), error = %e, "cannot remove an old audit file")
+                }
+            }
+        }
+        tracing::info!(rotated = %aside.display(), "audit file rotated");
+        Ok(())
+    }
+}
+
+/// Makes a new directory entry durable.
+fn sync_dir(path: &Path) {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if let Ok(d) = File::open(dir) {
+            let _ = d.sync_all();
+        }
+    }
+}
+
+/// Cuts off a last line without its newline (a write a crash interrupted,
+/// never acknowledged); returns the file's size after.
+fn cut_torn_tail(file: &mut File, path: &Path) -> std::io::Result<u64> {
+    let size = file.metadata()?.len();
+    if size == 0 {
+        return Ok(0);
+    }
+    let tail = read_tail(file, size)?;
+    if tail.last() == Some(&b'\n') {
+        return Ok(size);
+    }
+    let keep = match tail.iter().rposition(|&b| b == b'\n') {
+        Some(i) => size - (tail.len() - i - 1) as u64,
+        None if tail.len() as u64 == size => 0,
+        // A line longer than the tail read: not ours; leave it for the
+        // reader of the last record to refuse.
+        None => return Ok(size),
+    };
+    tracing::warn!(path = %path.display(), bytes = size - keep, "cutting off a torn last audit record (a write interrupted before it was acknowledged)");
+    file.set_len(keep)?;
+    file.sync_all()?;
+    Ok(keep)
+}
+
+/// The longest record line a reader looks back for.
+const TAIL: u64 = 1 << 20;
+
+fn read_tail(file: &mut File, size: u64) -> std::io::Result<Vec<u8>> {
+    let start = size.saturating_sub(TAIL);
+    file.seek(SeekFrom::Start(start))?;
+    let mut tail = Vec::with_capacity((size - start) as usize);
+    file.take(size - start).read_to_end(&mut tail)?;
+    Ok(tail)
+}
+
+/// The link of the last record of a file that ends in a newline.
+fn last_record(file: &mut File, size: u64) -> Result<Link, String> {
+    let tail = read_tail(file, size).map_err(|e| e.to_string())?;
+    let body = tail.strip_suffix(b"\n").unwrap_or(&tail);
+    let line = match body.iter().rposition(|&b| b == b'\n') {
+        Some(i) => &body[i + 1..],
+        None => body,
+    };
+    chain::read(line).map(|r| r.link).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::audit::verify;
+
+    fn options(path: &Path) -> FileOptions {
+        FileOptions {
+            path: path.to_path_buf(),
+            max_bytes: 1 << 30,
+            max_age: Duration::from_secs(3600),
+            keep: 10,
+            fsync: true,
+            handling: "refused",
+        }
+    }
+
+    fn sink(options: FileOptions) -> FileSink {
+        FileSink::open(
+            options,
+            Arc::new(Origin::new("c", "n", "agent")),
+            Arc::new(Metrics::new()),
+        )
+        .unwrap()
+    }
+
+    fn record(i: usize) -> Vec<u8> {
+        format!("{{\"type\":\"credential\",\"n\":{i}}}").into_bytes()
+    }
+
+    fn files_of(dir: &Path) -> Vec<PathBuf> {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
+            .collect();
+        // Rotated files (audit-STAMP.jsonl) sort before audit.jsonl? No:
+        // '-' sorts before '.', so they do; the active file comes last.
+        files.sort();
+        files
+    }
+
+    #[tokio::test]
+    async fn concurrent_records_chain_and_survive_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let s = Arc::new(sink(options(&path)));
+        let writes: Vec<_> = (0..200)
+            .map(|i| {
+                let s = s.clone();
+                tokio::spawn(async move { s.write(record(i)).await })
+            })
+            .collect();
+        for w in writes {
+            w.await.unwrap().unwrap();
+        }
+        drop(s);
+        // A restart continues the chain (no rotation record: the same file).
+        let s = sink(options(&path));
+        s.write(record(200)).await.unwrap();
+        let v = verify::verify(std::slice::from_ref(&path)).unwrap();
+        assert_eq!(v.records, 201);
+        assert!(v.from_genesis);
+    }
+
+    #[tokio::test]
+    async fn a_torn_last_line_is_cut_and_the_chain_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let s = sink(options(&path));
+        for i in 0..3 {
+            s.write(record(i)).await.unwrap();
+        }
+        drop(s);
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(b"{\"type\":\"credential\",\"n\":3,\"se")
+            .unwrap();
+        assert!(verify::verify(std::slice::from_ref(&path)).is_err(), "torn");
+        let s = sink(options(&path));
+        s.write(record(4)).await.unwrap();
+        assert_eq!(
+            verify::verify(std::slice::from_ref(&path)).unwrap().records,
+            4
+        );
+    }
+
+    #[tokio::test]
+    async fn rotation_keeps_the_chain_and_retention_keeps_it_verifiable() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let mut o = options(&path);
+        o.max_bytes = 300;
+        o.keep = 3;
+        let s = sink(o);
+        for i in 0..30 {
+            s.write(record(i)).await.unwrap();
+        }
+        let files = files_of(dir.path());
+        assert_eq!(
+            files.len(),
+            4,
+            "three rotated files kept and the active one: {files:?}"
+        );
+        assert_eq!(files.last().unwrap(), &path);
+        let v = verify::verify(&files).unwrap();
+        assert!(!v.from_genesis, "the oldest files are gone");
+        // Each file begins with a rotation record naming the one before.
+        let text = std::fs::read_to_string(&path).unwrap();
+        let first: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+        assert_eq!(first["type"], "rotation");
+        assert_eq!(
+            first["previous_file"],
+            files[2].file_name().unwrap().to_str().unwrap()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_removed_directory_fails_then_recovers_and_records_the_outage() {
+        let dir = tempfile::tempdir().unwrap();
+        let logs = dir.path().join("logs");
+        let path = logs.join("audit.jsonl");
+        let s = sink(options(&path));
+        s.write(record(0)).await.unwrap();
+        // The directory is removed and a file put in its place: nothing can
+        // be written, and the writer says so rather than losing records.
+        std::fs::remove_dir_all(&logs).unwrap();
+        std::fs::write(&logs, b"not a directory").unwrap();
+        let err = s.write(record(1)).await.unwrap_err();
+        assert!(err.contains("audit file"), "{err}");
+        assert!(s.write(record(2)).await.is_err());
+        std::fs::remove_file(&logs).unwrap();
+        s.write(record(3)).await.unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let types: Vec<String> = text
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["type"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect();
+        assert_eq!(types, ["rotation", "sink_failure", "credential"], "{text}");
+        let failure: serde_json::Value =
+            serde_json::from_str(text.lines().nth(1).unwrap()).unwrap();
+        assert_eq!(failure["records"], 2);
+        assert_eq!(failure["handling"], "refused");
+        // The new file carries the chain on from the record before.
+        assert!(!text.contains("\"n\":1") && !text.contains("\"n\":2"));
+        assert_eq!(verify::verify(&[path]).unwrap().records, 3);
+    }
+}

@@ -1,0 +1,300 @@
+//! The audit record: one JSON object per line, the same for every sink,
+//! versioned by its `schema` field (`docs/audit.md` documents each field
+//! and each record type).
+//!
+//! A record names where it was written (cluster, node, role, version), so
+//! records of many clusters can share one collector, and carries a unique,
+//! time-sortable id (UUIDv7) by which a receiver drops duplicates of an
+//! at-least-once delivery. It holds no token, assertion or key: tokens
+//! appear as short SHA-256 fingerprints, and caller-supplied text only
+//! bounded ([`super::CallerText`]).
+
+use std::time::SystemTime;
+
+use serde::Serialize;
+
+use super::{AuditEvent, PolicyReload, ReloadOutcome, Verdict};
+use crate::cache::CacheOutcome;
+
+/// The schema every record names; a change that removes or retypes a field
+/// gets a new one.
+pub const SCHEMA: &str = "lanyard.audit/v1";
+
+/// Where records come from: named in each.
+#[derive(Debug, Clone, Serialize)]
+pub struct Origin {
+    /// The cluster (`audit.cluster`): many clusters can share a collector.
+    pub cluster: String,
+    /// The node this process runs on ("" when unknown).
+    pub node: String,
+    /// The role writing: `agent`, `sidecar`, `webhook` or `dev`.
+    pub role: &'static str,
+    /// Lanyard's version.
+    pub version: &'static str,
+}
+
+impl Origin {
+    /// An origin for `role` of this build.
+    pub fn new(cluster: impl Into<String>, node: impl Into<String>, role: &'static str) -> Self {
+        Origin {
+            cluster: cluster.into(),
+            node: node.into(),
+            role,
+            version: env!("CARGO_PKG_VERSION"),
+        }
+    }
+}
+
+/// What a record is about.
+#[derive(Debug, Clone, Copy)]
+pub enum Subject<'a> {
+    /// A credential request, granted or refused.
+    Credential(&'a AuditEvent<'a>),
+    /// A policy set loaded or rejected.
+    PolicyReload(&'a PolicyReload),
+    /// A sink that failed, and for how long; written once it works again.
+    SinkFailure(&'a SinkFailure),
+}
+
+/// An outage of a sink, recorded once it is over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SinkFailure {
+    /// The sink (`file`, `stdout`).
+    pub sink: &'static str,
+    /// The first error seen.
+    pub error: String,
+    /// When the outage began.
+    pub since: SystemTime,
+    /// Records that could not be written: refused credentials
+    /// (`on_failure: deny`) or credentials issued without their record
+    /// (`allow`).
+    pub records: u64,
+    /// What was done with them: `refused` or `issued_unrecorded`.
+    pub handling: &'static str,
+}
+
+/// RFC 3339, UTC, with sub-second digits.
+pub fn rfc3339(t: SystemTime) -> String {
+    time::OffsetDateTime::from(t)
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+fn unix_rfc3339(unix: u64) -> String {
+    rfc3339(SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(unix))
+}
+
+#[derive(Serialize)]
+struct Record<'a> {
+    schema: &'static str,
+    id: String,
+    time: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    #[serde(flatten)]
+    origin: &'a Origin,
+    #[serde(flatten)]
+    body: Body<'a>,
+}
+
+// Built on the stack once per record and serialized at once: boxing the
+// large variant would allocate on the cache-hit path for nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Body<'a> {
+    Credential {
+        caller: Caller<'a>,
+        request: Request<'a>,
+        decision: Decision<'a>,
+        outcome: Outcome<'a>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        credential: Option<Credential<'a>>,
+        latency_ms: f64,
+    },
+    PolicyReload {
+        dir: &'a str,
+        result: &'static str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        policies: Option<usize>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        digest: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        error: Option<&'a str>,
+    },
+    SinkFailure {
+        sink: &'static str,
+        error: &'a str,
+        since: String,
+        records: u64,
+        handling: &'static str,
+    },
+}
+
+#[derive(Serialize)]
+struct Caller<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    namespace: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    service_account: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pod: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pod_uid: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    node: Option<&'a str>,
+    token: &'a str,
+}
+
+#[derive(Serialize)]
+struct Request<'a> {
+    cloud: &'static str,
+    kind: &'static str,
+    surface: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    identity: Option<&'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    scopes: Vec<std::borrow::Cow<'a, str>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    audience: Option<std::borrow::Cow<'a, str>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lifetime_seconds: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct Decision<'a> {
+    verdict: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'static str>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    policies: &'a [String],
+}
+
+#[derive(Serialize)]
+struct Outcome<'a> {
+    /// `issued` (an exchange made for this request), `cached` (served from
+    /// the cache), `refused` (Lanyard said no), `upstream_error` (the cloud
+    /// said no or failed).
+    result: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    code: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct Credential<'a> {
+    fingerprint: &'a str,
+    expires_at: String,
+}
+
+fn outcome_of(e: &AuditEvent<'_>) -> &'static str {
+    match (e.verdict, e.cache) {
+        (Verdict::Allow, Some(CacheOutcome::Hit)) => "cached",
+        (Verdict::Allow, _) => "issued",
+        (Verdict::Deny, Some(CacheOutcome::Negative)) => "upstream_error",
+        (Verdict::Deny, _) => match e.reason {
+            Some("upstream_rejected" | "upstream_unavailable" | "upstream_throttled") => {
+                "upstream_error"
+            }
+            _ => "refused",
+        },
+    }
+}
+
+/// Writes `subject` as one JSON object (no newline) to `out`.
+pub fn write(origin: &Origin, subject: Subject<'_>, out: &mut Vec<u8>) {
+    let (time, kind, body) = match subject {
+        Subject::Credential(e) => {
+            let caller = e.caller;
+            let pod = caller.and_then(|c| c.pod.as_ref());
+            (
+                e.time,
+                "credential",
+                Body::Credential {
+                    caller: Caller {
+                        namespace: caller.map(|c| c.namespace.as_str()),
+                        service_account: caller.map(|c| c.service_account.as_str()),
+                        pod: pod.map(|p| p.name.as_str()),
+                        pod_uid: pod.map(|p| p.uid.as_str()),
+                        node: caller
+                            .and_then(|c| c.node.as_ref())
+                            .map(|n| n.name.as_str()),
+                        token: e.token_fingerprint,
+                    },
+                    request: Request {
+                        cloud: e.cloud.name(),
+                        kind: e.kind.name(),
+                        surface: e.surface.name(),
+                        identity: e.identity,
+                        scopes: e.scopes.iter().collect(),
+                        audience: e.audience.and_then(|a| a.iter().next()),
+                        lifetime_seconds: e.lifetime.map(|l| l.as_secs()),
+                    },
+                    decision: Decision {
+                        verdict: e.verdict.name(),
+                        reason: e.reason,
+                        policies: e.policies,
+                    },
+                    outcome: Outcome {
+                        result: outcome_of(e),
+                        cache: e.cache.map(CacheOutcome::name),
+                        code: e.code,
+                        message: e.message.as_deref(),
+                    },
+                    credential: e.credential.as_ref().map(|c| Credential {
+                        fingerprint: &c.fingerprint,
+                        expires_at: unix_rfc3339(c.expires_at),
+                    }),
+                    latency_ms: (e.latency.as_secs_f64() * 1e6).round() / 1e3,
+                },
+            )
+        }
+        Subject::PolicyReload(r) => {
+            let body = match &r.outcome {
+                ReloadOutcome::Loaded { policies, digest } => Body::PolicyReload {
+                    dir: &r.dir,
+                    result: "loaded",
+                    policies: Some(*policies),
+                    digest: Some(digest),
+                    error: None,
+                },
+                ReloadOutcome::Rejected { error } => Body::PolicyReload {
+                    dir: &r.dir,
+                    result: "rejected",
+                    policies: None,
+                    digest: None,
+                    error: Some(error),
+                },
+            };
+            (r.time, "policy_reload", body)
+        }
+        Subject::SinkFailure(f) => (
+            SystemTime::now(),
+            "sink_failure",
+            Body::SinkFailure {
+                sink: f.sink,
+                error: &f.error,
+                since: rfc3339(f.since),
+                records: f.records,
+                handling: f.handling,
+            },
+        ),
+    };
+    let record = Record {
+        schema: SCHEMA,
+        id: uuid::Uuid::now_v7().to_string(),
+        time: rfc3339(time),
+        kind,
+        origin,
+        body,
+    };
+    // INVARIANT: a record serializes to one JSON object with no newline
+    // (serde_json escapes control characters in strings), which the file
+    // sink's chain and every line-based reader rely on.
+    if serde_json::to_writer(&mut *out, &record).is_err() {
+        out.extend_from_slice(b"{}");
+    }
+}

@@ -1,0 +1,142 @@
+//! The configured audit trail: the log record, JSON lines on stdout, the
+//! chained file, in any combination, behind the one [`AuditSink`].
+//!
+//! A record is rendered once and handed to each sink. The file is the
+//! durable one: with `on_failure: deny` (the default) a request whose
+//! record cannot be written is refused (the caller gets a retryable error)
+//! rather than answered without its record; with `allow` it is answered
+//! and the loss is counted and recorded once the file works again.
+
+use std::io::Write;
+use std::sync::Arc;
+
+use super::file::FileSink;
+use super::record::{self, Origin, Subject};
+use super::{AuditError, AuditEvent, AuditSink, LogSink, PolicyReload};
+use crate::telemetry::metrics::{Metrics, SinkResultLabels};
+
+/// What to do when a record cannot be written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnFailure {
+    /// Refuse the credential with a retryable error (no credential without
+    /// its record).
+    #[default]
+    Deny,
+    /// Issue the credential and count the lost record.
+    Allow,
+}
+
+impl OnFailure {
+    /// How an outage record names what happened to unwritten records.
+    pub fn handling(self) -> &'static str {
+        match self {
+            OnFailure::Deny => "refused",
+            OnFailure::Allow => "issued_unrecorded",
+        }
+    }
+}
+
+/// The configured sinks.
+pub struct Sinks {
+    origin: Arc<Origin>,
+    log: bool,
+    stdout: bool,
+    file: Option<FileSink>,
+    on_failure: OnFailure,
+    metrics: Arc<Metrics>,
+}
+
+impl Sinks {
+    /// Sinks writing records that name `origin`.
+    pub fn new(origin: Arc<Origin>, on_failure: OnFailure, metrics: Arc<Metrics>) -> Self {
+        Sinks {
+            origin,
+            log: false,
+            stdout: false,
+            file: None,
+            on_failure,
+            metrics,
+        }
+    }
+
+    /// Also the `lanyard::audit` log record.
+    pub fn with_log(mut self, on: bool) -> Self {
+        self.log = on;
+        self
+    }
+
+    /// Also one JSON line per record on stdout.
+    pub fn with_stdout(mut self, on: bool) -> Self {
+        self.stdout = on;
+        self
+    }
+
+    /// Also the chained file.
+    pub fn with_file(mut self, file: FileSink) -> Self {
+        self.file = Some(file);
+        self
+    }
+
+    /// Reopens the file (SIGHUP).
+    pub fn reopen(&self) {
+        if let Some(file) = &self.file {
+            file.reopen();
+        }
+    }
+
+    fn count(&self, sink: &'static str, result: &'static str) {
+        self.metrics
+            .audit_records
+            .get_or_create(&SinkResultLabels { sink, result })
+            .inc();
+    }
+
+    async fn write(&self, subject: Subject<'_>) -> Result<(), AuditError> {
+        if !self.stdout && self.file.is_none() {
+            return Ok(());
+        }
+        let mut line = Vec::with_capacity(768);
+        record::write(&self.origin, subject, &mut line);
+        if self.stdout {
+            line.push(b'\n');
+            let mut out = std::io::stdout().lock();
+            match out.write_all(&line).and_then(|()| out.flush()) {
+                Ok(()) => self.count("stdout", "written"),
+                // stdout is for collectors that tail it; it is never the
+                // durable copy.
+                Err(_) => self.count("stdout", "failed"),
+            }
+            line.pop();
+        }
+        if let Some(file) = &self.file {
+            if let Err(e) = file.write(line).await {
+                return match self.on_failure {
+                    OnFailure::Deny => Err(AuditError::Unavailable(e)),
+                    OnFailure::Allow => {
+                        self.count("file", "lost");
+                        Ok(())
+                    }
+                };
+            }
+        }
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl AuditSink for Sinks {
+    async fn record(&self, event: &AuditEvent<'_>) -> Result<(), AuditError> {
+        if self.log {
+            LogSink.record(event).await?;
+        }
+        self.write(Subject::Credential(event)).await
+    }
+
+    async fn record_reload(&self, reload: &PolicyReload) -> Result<(), AuditError> {
+        if self.log {
+            LogSink.record_reload(reload).await?;
+        }
+        self.write(Subject::PolicyReload(reload)).await
+    }
+}
