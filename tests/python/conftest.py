@@ -57,9 +57,10 @@ def sidecar_binary() -> str:
 class Dev:
     """A `lanyard dev` process, its exports and its log."""
 
-    def __init__(self, args, log_path: Path):
+    def __init__(self, args, log_path: Path, extra_env=None):
         env = {k: v for k, v in os.environ.items() if not k.startswith("LANYARD_")}
         env.setdefault("RUST_LOG", "debug")
+        env.update(extra_env or {})
         self.log_path = log_path
         self.log = open(log_path, "wb")
         self.proc = subprocess.Popen(
