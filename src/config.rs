@@ -241,6 +241,12 @@ pub struct AuditConfig {
     pub file_keep: usize,
     /// Sync each batch of records before the credentials leave.
     pub fsync: bool,
+    /// Ship the file's records to syslog: `relp://HOST:PORT` (each
+    /// acknowledged), `tls://HOST:PORT` (RFC 5425) or `tcp://HOST:PORT`.
+    /// Needs `file`: the exporter follows it.
+    pub syslog: Option<String>,
+    /// CA certificates (PEM) for `tls://`; unset: the system's.
+    pub syslog_ca: Option<std::path::PathBuf>,
 }
 
 impl Default for AuditConfig {
@@ -255,6 +261,8 @@ impl Default for AuditConfig {
             file_max_age_seconds: 24 * 3600,
             file_keep: 10,
             fsync: true,
+            syslog: None,
+            syslog_ca: None,
         }
     }
 }
@@ -546,6 +554,22 @@ impl Config {
                 "at least 60 seconds",
                 &self.audit.file_max_age_seconds.to_string(),
             ));
+        }
+        if let Some(url) = &self.audit.syslog {
+            if self.audit.file.is_none() {
+                return Err(invalid(
+                    "audit.syslog",
+                    "audit.file set too: the syslog exporter ships the file's records",
+                    url,
+                ));
+            }
+            if let Err(e) = crate::audit::syslog::SyslogTarget::parse(url, None, "") {
+                return Err(invalid(
+                    "audit.syslog",
+                    "relp://, tls:// or tcp://HOST:PORT",
+                    &e.to_string(),
+                ));
+            }
         }
         if self.audit.cluster.len() > 253 {
             return Err(invalid(

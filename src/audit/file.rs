@@ -78,6 +78,7 @@ const BATCH: usize = 4096;
 #[derive(Clone)]
 pub struct FileSink {
     jobs: mpsc::Sender<Job>,
+    written: Arc<tokio::sync::Notify>,
 }
 
 impl FileSink {
@@ -88,6 +89,7 @@ impl FileSink {
         origin: Arc<Origin>,
         metrics: Arc<Metrics>,
     ) -> Result<FileSink, FileError> {
+        let written = Arc::new(tokio::sync::Notify::new());
         let mut writer = Writer {
             options,
             origin,
@@ -95,6 +97,7 @@ impl FileSink {
             file: None,
             link: None,
             failure: None,
+            written: written.clone(),
         };
         writer.ensure_open().map_err(|error| FileError::Io {
             path: writer.options.path.clone(),
@@ -108,7 +111,13 @@ impl FileSink {
                 path: PathBuf::new(),
                 error,
             })?;
-        Ok(FileSink { jobs })
+        Ok(FileSink { jobs, written })
+    }
+
+    /// Notified after each batch written: exporters following the file
+    /// wake on it.
+    pub fn written(&self) -> Arc<tokio::sync::Notify> {
+        self.written.clone()
     }
 
     /// Appends `record` (one JSON object) and returns once it is on disk.
@@ -165,6 +174,8 @@ struct Writer {
     link: Option<Link>,
     /// An outage in progress: recorded once writing works again.
     failure: Option<SinkFailure>,
+    /// Wakes the exporters.
+    written: Arc<tokio::sync::Notify>,
 }
 
 impl Writer {
@@ -269,6 +280,7 @@ impl Writer {
                     );
                 }
                 self.link = link;
+                self.written.notify_waiters();
                 Ok(())
             }
             Err(e) => {

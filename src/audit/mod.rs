@@ -13,9 +13,11 @@
 //! ([`verify`]) checks. `docs/audit.md` documents the record.
 
 pub mod chain;
+pub mod export;
 pub mod file;
 pub mod record;
 pub mod sinks;
+pub mod syslog;
 pub mod verify;
 
 use std::borrow::Cow;

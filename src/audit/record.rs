@@ -73,10 +73,14 @@ pub struct SinkFailure {
     pub handling: &'static str,
 }
 
-/// RFC 3339, UTC, with sub-second digits.
+/// RFC 3339, UTC, with microseconds (the precision RFC 5424 syslog
+/// timestamps allow, so every sink shows the same time).
 pub fn rfc3339(t: SystemTime) -> String {
+    const FORMAT: &[time::format_description::BorrowedFormatItem<'_>] = time::macros::format_description!(
+        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:6]Z"
+    );
     time::OffsetDateTime::from(t)
-        .format(&time::format_description::well_known::Rfc3339)
+        .format(FORMAT)
         .unwrap_or_default()
 }
 

@@ -10,9 +10,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Broker;
+use crate::audit::export::{self, Cursor};
 use crate::audit::file::{FileOptions, FileSink};
 use crate::audit::record::Origin;
 use crate::audit::sinks::Sinks;
+use crate::audit::syslog::{SyslogShipper, SyslogTarget};
 use crate::audit::{AuditSink, PolicyReload, ReloadOutcome};
 use crate::cache::Cache;
 use crate::cloud::aws::{AwsCloud, AwsExchanger};
@@ -84,8 +86,22 @@ pub fn audit(config: &Config, role: &'static str, metrics: Arc<Metrics>) -> anyh
             fsync: a.fsync,
             handling: a.on_failure.handling(),
         };
-        let file = FileSink::open(options, origin, metrics)?;
+        let file = FileSink::open(options, origin.clone(), metrics.clone())?;
         reopen_on_hangup(file.clone());
+        if let Some(url) = &a.syslog {
+            let target = SyslogTarget::parse(url, a.syslog_ca.clone(), &origin.node)?;
+            let shipper = SyslogShipper::new(target)?;
+            let mut cursor = path.clone().into_os_string();
+            cursor.push(".syslog.cursor");
+            tokio::spawn(export::run(
+                path.clone(),
+                Cursor::new(cursor.into()),
+                Box::new(shipper),
+                file.written(),
+                metrics.clone(),
+            ));
+            tracing::info!(syslog = %url, "audit records shipped to syslog");
+        }
         sinks = sinks.with_file(file);
         tracing::info!(file = %path.display(), fsync = a.fsync, on_failure = ?a.on_failure, "audit file open");
     }
