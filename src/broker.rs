@@ -379,18 +379,6 @@ impl Core {
                 None,
             ),
         };
-        match reason {
-            None => self.granted[request.cloud].inc(),
-            Some(reason) => self
-                .metrics
-                .decisions
-                .get_or_create(&RequestLabel {
-                    cloud: request.cloud.name(),
-                    decision: verdict.name(),
-                    reason,
-                })
-                .inc(),
-        };
         let event = AuditEvent {
             time: SystemTime::now(),
             caller: trail.caller.as_deref(),
@@ -414,7 +402,7 @@ impl Core {
             credential,
             latency: started.elapsed(),
         };
-        match self.audit.record(&event).await {
+        let result = match self.audit.record(&event).await {
             Ok(()) => result,
             Err(e) => {
                 tracing::error!(error = %e, "audit record not written; refusing to issue");
@@ -422,7 +410,21 @@ impl Core {
                     "the audit record could not be written".into(),
                 )))
             }
-        }
+        };
+        // Counted as answered: a grant whose record failed is a refusal.
+        match &result {
+            Ok(_) => self.granted[request.cloud].inc(),
+            Err(e) => self
+                .metrics
+                .decisions
+                .get_or_create(&RequestLabel {
+                    cloud: request.cloud.name(),
+                    decision: Verdict::Deny.name(),
+                    reason: e.reason(),
+                })
+                .inc(),
+        };
+        result
     }
 
     /// Verifies the caller's token for `audience`: a projected, pod-bound

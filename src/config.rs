@@ -247,6 +247,11 @@ pub struct AuditConfig {
     pub syslog: Option<String>,
     /// CA certificates (PEM) for `tls://`; unset: the system's.
     pub syslog_ca: Option<std::path::PathBuf>,
+    /// POST the file's records, in gzip JSON batches, to this collector
+    /// (https, or http to loopback). Needs `file`: the exporter follows it.
+    pub http: Option<String>,
+    /// A file holding a bearer token for the collector (re-read per batch).
+    pub http_token_file: Option<std::path::PathBuf>,
 }
 
 impl Default for AuditConfig {
@@ -263,6 +268,8 @@ impl Default for AuditConfig {
             fsync: true,
             syslog: None,
             syslog_ca: None,
+            http: None,
+            http_token_file: None,
         }
     }
 }
@@ -570,6 +577,16 @@ impl Config {
                     &e.to_string(),
                 ));
             }
+        }
+        if let Some(url) = &self.audit.http {
+            if self.audit.file.is_none() {
+                return Err(invalid(
+                    "audit.http",
+                    "audit.file set too: the HTTP exporter ships the file's records",
+                    url,
+                ));
+            }
+            check_endpoint(url).map_err(|expected| invalid("audit.http", expected, url))?;
         }
         if self.audit.cluster.len() > 253 {
             return Err(invalid(

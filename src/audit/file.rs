@@ -349,7 +349,7 @@ impl Writer {
                 // new file whose first record says so.
                 tracing::error!(path = %path.display(), error = %e, "the audit file's last record is unreadable; it is set aside and a new file begun");
                 drop(open);
-                let aside = self.rotated_name();
+                let aside = self.set_aside_name();
                 std::fs::rename(&path, &aside)?;
                 let file = OpenOptions::new()
                     .read(true)
@@ -408,6 +408,22 @@ impl Writer {
         Ok(())
     }
 
+    /// Where an unreadable file is kept: outside the rotated files'
+    /// pattern, so retention never removes it and no exporter follows it.
+    fn set_aside_name(&self) -> PathBuf {
+        let rotated = self.rotated_name();
+        let name = rotated
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let stem = self
+            .options
+            .path
+            .file_stem()
+            .map_or("audit".into(), |s| s.to_string_lossy().into_owned());
+        let unreadable = name.replacen(&format!("{stem}-"), &format!("{stem}.unreadable-"), 1);
+        rotated.with_file_name(unreadable)
+    }
+
     fn rotated_name(&self) -> PathBuf {
         let path = &self.options.path;
         let stem = path
@@ -416,25 +432,27 @@ impl Writer {
         let ext = path
             .extension()
             .map_or(String::new(), |e| format!(".{}", e.to_string_lossy()));
-        let now = time::OffsetDateTime::now_utc();
-        let stamp = format!(
-            "{:04}{:02}{:02}T{:02}{:02}{:02}.{:06}Z",
-            now.year(),
-            u8::from(now.month()),
-            now.day(),
-            now.hour(),
-            now.minute(),
-            now.second(),
-            now.microsecond()
-        );
-        // Two rotations within a microsecond must not overwrite each other.
-        let mut name = path.with_file_name(format!("{stem}-{stamp}{ext}"));
-        let mut n = 1;
-        while name.exists() {
-            name = path.with_file_name(format!("{stem}-{stamp}-{n}{ext}"));
-            n += 1;
+        // Two rotations within the same nanosecond would collide: the
+        // later one takes the next nanosecond, so names still sort in
+        // rotation order.
+        let mut at = time::OffsetDateTime::now_utc();
+        loop {
+            let stamp = format!(
+                "{:04}{:02}{:02}T{:02}{:02}{:02}.{:09}Z",
+                at.year(),
+                u8::from(at.month()),
+                at.day(),
+                at.hour(),
+                at.minute(),
+                at.second(),
+                at.nanosecond()
+            );
+            let name = path.with_file_name(format!("{stem}-{stamp}{ext}"));
+            if !name.exists() {
+                return name;
+            }
+            at += time::Duration::nanoseconds(1);
         }
-        name
     }
 
     /// Rotated files of this path, oldest first (their names sort by time).
@@ -490,7 +508,7 @@ impl Writer {
         for old in &rotated[..excess] {
             match std::fs::remove_file(old) {
                 Ok(()) => {
-                    tracing::info!(file = %old.display(), "removed an old audit file (audit.file.keep)")
+                    tracing::info!(file = %old.display(), "removed an old audit file (audit.file_keep)")
                 }
                 Err(e) => {
                     tracing::warn!(file = %old.display(), error = %e, "cannot remove an old audit file")

@@ -15,6 +15,7 @@
 pub mod chain;
 pub mod export;
 pub mod file;
+pub mod http_export;
 pub mod record;
 pub mod sinks;
 pub mod syslog;

@@ -92,12 +92,29 @@ impl Sinks {
             .inc();
     }
 
+    /// The durable copy first: with `on_failure: deny`, a record the file
+    /// refused is refused everywhere, so the log and stdout never say a
+    /// credential was issued when the caller was refused.
+    // INVARIANT: file, then stdout and log.
     async fn write(&self, subject: Subject<'_>) -> Result<(), AuditError> {
         if !self.stdout && self.file.is_none() {
             return Ok(());
         }
         let mut line = Vec::with_capacity(768);
         record::write(&self.origin, subject, &mut line);
+        if let Some(file) = &self.file {
+            let copy = match self.stdout {
+                true => Some(line.clone()),
+                false => None,
+            };
+            if let Err(e) = file.write(line).await {
+                match self.on_failure {
+                    OnFailure::Deny => return Err(AuditError::Unavailable(e)),
+                    OnFailure::Allow => self.count("file", "lost"),
+                }
+            }
+            line = copy.unwrap_or_default();
+        }
         if self.stdout {
             line.push(b'\n');
             let mut out = std::io::stdout().lock();
@@ -107,18 +124,6 @@ impl Sinks {
                 // durable copy.
                 Err(_) => self.count("stdout", "failed"),
             }
-            line.pop();
-        }
-        if let Some(file) = &self.file {
-            if let Err(e) = file.write(line).await {
-                return match self.on_failure {
-                    OnFailure::Deny => Err(AuditError::Unavailable(e)),
-                    OnFailure::Allow => {
-                        self.count("file", "lost");
-                        Ok(())
-                    }
-                };
-            }
         }
         Ok(())
     }
@@ -127,16 +132,18 @@ impl Sinks {
 #[async_trait::async_trait]
 impl AuditSink for Sinks {
     async fn record(&self, event: &AuditEvent<'_>) -> Result<(), AuditError> {
+        self.write(Subject::Credential(event)).await?;
         if self.log {
             LogSink.record(event).await?;
         }
-        self.write(Subject::Credential(event)).await
+        Ok(())
     }
 
     async fn record_reload(&self, reload: &PolicyReload) -> Result<(), AuditError> {
+        self.write(Subject::PolicyReload(reload)).await?;
         if self.log {
             LogSink.record_reload(reload).await?;
         }
-        self.write(Subject::PolicyReload(reload)).await
+        Ok(())
     }
 }

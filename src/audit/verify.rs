@@ -41,7 +41,7 @@ pub enum Problem {
         line: usize,
     },
     /// Records are missing before this one.
-    #[error("{file}:{line}: records {from} to {to} are missing before this one")]
+    #[error("{file}:{line}: {} missing before this one", missing(*from, *to))]
     Missing {
         /// The file.
         file: PathBuf,
@@ -75,6 +75,13 @@ pub enum Problem {
     },
 }
 
+fn missing(from: u64, to: u64) -> String {
+    match from == to {
+        true => format!("record {from} is"),
+        false => format!("records {from} to {to} are"),
+    }
+}
+
 /// What a successful verification covered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verified {
@@ -101,9 +108,14 @@ pub fn command(files: &[PathBuf]) -> std::process::ExitCode {
                     "from record {seq} (earlier records are not in these files, as after retention)"
                 ),
             };
+            let plural = |n: u64, one: &str, many: &str| match n {
+                1 => format!("1 {one}"),
+                n => format!("{n} {many}"),
+            };
             println!(
-                "ok: {} records in {} files verified, {from}",
-                v.records, v.files
+                "ok: {} in {} verified, {from}",
+                plural(v.records, "record", "records"),
+                plural(v.files as u64, "file", "files")
             );
             std::process::ExitCode::SUCCESS
         }

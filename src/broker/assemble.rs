@@ -12,6 +12,7 @@ use std::time::Duration;
 use super::Broker;
 use crate::audit::export::{self, Cursor};
 use crate::audit::file::{FileOptions, FileSink};
+use crate::audit::http_export::{HttpShipper, HttpTarget};
 use crate::audit::record::Origin;
 use crate::audit::sinks::Sinks;
 use crate::audit::syslog::{SyslogShipper, SyslogTarget};
@@ -101,6 +102,22 @@ pub fn audit(config: &Config, role: &'static str, metrics: Arc<Metrics>) -> anyh
                 metrics.clone(),
             ));
             tracing::info!(syslog = %url, "audit records shipped to syslog");
+        }
+        if let Some(url) = &a.http {
+            let target = HttpTarget {
+                url: url::Url::parse(url)?,
+                token_file: a.http_token_file.clone(),
+            };
+            let mut cursor = path.clone().into_os_string();
+            cursor.push(".http.cursor");
+            tokio::spawn(export::run(
+                path.clone(),
+                Cursor::new(cursor.into()),
+                Box::new(HttpShipper::new(target, crate::http::client())),
+                file.written(),
+                metrics.clone(),
+            ));
+            tracing::info!(collector = %url, "audit records shipped to an HTTP collector");
         }
         sinks = sinks.with_file(file);
         tracing::info!(file = %path.display(), fsync = a.fsync, on_failure = ?a.on_failure, "audit file open");

@@ -1,0 +1,59 @@
+# Shared by the bench scripts that compare `lanyard dev` in two
+# configurations (bench/policy, bench/audit): start it, measure cached-hit
+# throughput on Azure IMDS with wrk, alternate the two ABBA and print the
+# ratio. Sourced, not run. Expects: $lanyard (the binary), $work (a
+# scratch directory the caller removes), $duration (wrk's -d).
+
+imds_path='/metadata/identity/oauth2/token?api-version=2018-02-01&resource=https%3A%2F%2Fstorage.azure.com%2F'
+bench_pid=""
+
+bench_need() { # TOOL... : installs missing Debian packages when root
+    local missing=()
+    for tool in "$@"; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+    [ ${#missing[@]} = 0 ] && return 0
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    else
+        echo "$(basename "$0"): needs ${missing[*]}" >&2; exit 1
+    fi
+}
+
+bench_stop() {
+    if [ -n "$bench_pid" ]; then kill "$bench_pid" 2>/dev/null; wait "$bench_pid" 2>/dev/null || true; fi
+    bench_pid=""
+}
+
+# bench_measure CONFIG|- : starts `lanyard dev` (with --config CONFIG unless
+# -), warms it, prints "requests/s p99 [non-2xx:N]" of a wrk run, stops it.
+bench_measure() {
+    local out=$work/dev.out args=()
+    [ "$1" != - ] && args=(--config "$1")
+    "$lanyard" "${args[@]}" dev --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 >"$out" 2>"$work/dev.err" &
+    bench_pid=$!
+    for _ in $(seq 100); do grep -q "lanyard dev ready" "$out" && break; sleep 0.1; done
+    local host; host=$(sed -n 's/^export GCE_METADATA_HOST=//p' "$out")
+    local code; code=$(curl -s -o /dev/null -w '%{http_code}' -H Metadata:true "http://$host$imds_path")
+    if [ "$code" != 200 ]; then
+        echo "$(basename "$0"): lanyard dev answered $code" >&2; cat "$work/dev.err" >&2; exit 1
+    fi
+    wrk -t2 -c64 -d2s -H 'Metadata: true' "http://$host$imds_path" >/dev/null
+    wrk --latency -t2 -c64 -d"$duration" -H 'Metadata: true' "http://$host$imds_path" |
+        awk '/Requests\/sec/ {rps=$2} /^ +99%/ {p99=$2} /Non-2xx/ {bad=$4} END {print rps, p99, (bad ? "non-2xx:" bad : "")}'
+    bench_stop
+}
+
+# bench_abba NAME_A CONFIG_A NAME_B CONFIG_B : A B B A, a table and the
+# ratio B/A of the mean requests/s.
+bench_abba() {
+    local -A config=(["$1"]=$2 ["$3"]=$4) sum=(["$1"]=0 ["$3"]=0)
+    echo "| run | configuration | requests/s | p99 |"
+    echo "|---|---|---:|---:|"
+    local n=0 which rps p99 bad
+    for which in "$1" "$3" "$3" "$1"; do
+        n=$((n + 1))
+        read -r rps p99 bad < <(bench_measure "${config[$which]}")
+        echo "| $n | $which | $rps | $p99 $bad |"
+        sum[$which]=$(awk -v a="${sum[$which]}" -v b="$rps" 'BEGIN {print a + b}')
+    done
+    awk -v b="${sum[$3]}" -v a="${sum[$1]}" -v nb="$3" -v na="$1" 'BEGIN {printf "ratio %s / %s: %.2f\n", nb, na, b / a}'
+}

@@ -1,0 +1,151 @@
+"""Audit records POSTed to an HTTP collector that fails in the ways real
+ones do (500, 429 with Retry-After, a connection closed mid-answer, down
+altogether), with Lanyard killed in the middle: once the collector is
+healthy every record arrives, repeats only by id."""
+
+import gzip
+import json
+import os
+import signal
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from azure.identity import ManagedIdentityCredential
+
+from conftest import Dev
+
+
+class Collector:
+    """A collector on loopback whose answer the test sets."""
+
+    def __init__(self):
+        self.mode = "ok"
+        self.received = []  # every record of every accepted batch, repeats included
+        self.attempts = {}  # mode -> POSTs answered in it
+        self.auth = []
+        collector = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                mode = collector.mode
+                collector.attempts[mode] = collector.attempts.get(mode, 0) + 1
+                length = int(self.headers.get("Content-Length", "0"))
+                body = self.rfile.read(length)
+                collector.auth.append(self.headers.get("Authorization"))
+                if mode == "close":
+                    # Read it all, answer nothing: the connection drops.
+                    self.close_connection = True
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"partial")
+                    self.wfile.flush()
+                    self.connection.shutdown(2)
+                    return
+                if mode == "500":
+                    self.send_response(500)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                if mode == "429":
+                    self.send_response(429)
+                    self.send_header("Retry-After", "1")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                assert self.headers.get("Content-Encoding") == "gzip"
+                records = json.loads(gzip.decompress(body))
+                assert int(self.headers.get("X-Lanyard-Records")) == len(records)
+                collector.received.extend(records)
+                self.send_response(204)
+                self.end_headers()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/audit"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def collector():
+    c = Collector()
+    yield c
+    c.stop()
+
+
+def start(tmp_path, audit_file, url, name, **extra):
+    env = {"LANYARD_AUDIT_FILE": str(audit_file), "LANYARD_AUDIT_HTTP": url, **extra}
+    return Dev([], tmp_path / f"{name}.log", extra_env=env)
+
+
+def ask(dev, monkeypatch, prefix, n):
+    monkeypatch.setenv("AZURE_POD_IDENTITY_AUTHORITY_HOST", dev.exports["AZURE_POD_IDENTITY_AUTHORITY_HOST"])
+    for i in range(n):
+        dev.issued.append(ManagedIdentityCredential().get_token(f"api://{prefix}-{i}/.default").token)
+
+
+def file_records(audit_file):
+    return {r["id"]: r for r in map(json.loads, audit_file.read_text().splitlines())}
+
+
+def wait_until(predicate, timeout=40):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_every_record_arrives_once_the_collector_recovers(tmp_path, collector, monkeypatch):
+    for name in ("IDENTITY_ENDPOINT", "IDENTITY_HEADER", "MSI_ENDPOINT", "MSI_SECRET"):
+        monkeypatch.delenv(name, raising=False)
+    audit_file = tmp_path / "audit.jsonl"
+    token_file = tmp_path / "collector-token"
+    token_file.write_text("collector-secret-1\n")
+    extra = {"LANYARD_AUDIT_HTTP_TOKEN_FILE": str(token_file)}
+    dev = start(tmp_path, audit_file, collector.url, "first", **extra)
+    issued = []
+    try:
+        for mode in ("500", "429", "close"):
+            collector.mode = mode
+            ask(dev, monkeypatch, mode, 3)  # credentials flow all the same
+            assert wait_until(lambda: collector.attempts.get(mode, 0) >= 1), f"no POST while answering {mode}"
+        assert collector.received == [], "nothing counts as delivered before a 2xx"
+        # Killed while the collector is still failing.
+        issued += dev.issued
+        os.kill(dev.proc.pid, signal.SIGKILL)
+        dev.proc.wait()
+        dev.log.close()
+    except BaseException:
+        dev.stop()
+        raise
+    dev = start(tmp_path, audit_file, collector.url, "second", **extra)
+    try:
+        ask(dev, monkeypatch, "after-restart", 3)
+        collector.mode = "ok"
+        expected = file_records(audit_file)
+        assert wait_until(lambda: set(expected) <= {r["id"] for r in collector.received}), (
+            f"{len(set(expected) - {r['id'] for r in collector.received})} records never arrived"
+        )
+    finally:
+        assert dev.stop() == 0
+        issued += dev.issued
+    # Repeats only of whole records, by id; each as it is in the file.
+    expected = file_records(audit_file)
+    for record in collector.received:
+        kept = {k: v for k, v in expected[record["id"]].items() if k not in ("seq", "prev", "hash")}
+        got = {k: v for k, v in record.items() if k not in ("seq", "prev", "hash")}
+        assert got == kept
+    assert set(collector.auth) == {"Bearer collector-secret-1"}
+    text = json.dumps(collector.received)
+    for token in issued:
+        assert token not in text
+    for log in ("first.log", "second.log"):
+        assert "collector-secret-1" not in (tmp_path / log).read_text(errors="replace")
