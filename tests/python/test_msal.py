@@ -95,3 +95,39 @@ def test_async_azure_identity(dev, monkeypatch, surface):
         now = time.time()
         assert now + 3000 < token.expires_on <= now + 3700, (surface, token.expires_on - now)
         dev.issued.append(token.token)
+
+
+# -- through lanyard-sidecar + lanyard agent ---------------------------------
+
+from test_agent_sidecar import split  # noqa: E402,F401  (a pytest fixture)
+from test_node_clients import sidecar_exports, surfaces_since  # noqa: E402
+
+
+def sidecar_env(dev, split, monkeypatch, surface):
+    """The Azure variables the webhook injects next to the sidecar, less
+    those an SDK takes before `surface`."""
+    env = sidecar_exports(dev, split)
+    for name in AZURE:
+        monkeypatch.delenv(name, raising=False)
+        if name in env and name not in BEFORE[surface]:
+            monkeypatch.setenv(name, env[name])
+
+
+@pytest.mark.parametrize("surface", ["imds", "app_service", "msi_2017"])
+def test_msal_and_async_azure_identity_through_sidecar_and_agent(dev, split, monkeypatch, surface):
+    sidecar_env(dev, split, monkeypatch, surface)
+    offset = split["agent_log"].stat().st_size
+    for _, identity in identities(dev):
+        client = msal.ManagedIdentityClient(identity, http_client=requests.Session())
+        check(dev, client.acquire_token_for_client(resource=RESOURCE))
+
+    async def get():
+        async with AsyncManagedIdentityCredential() as cred:
+            return await cred.get_token(SCOPE)
+
+    token = asyncio.run(get())
+    assert token.token.startswith("entra-emulated.")
+    dev.issued.append(token.token)
+    # The agent decided them, for the surface the SDKs called.
+    expected = "azure_imds" if surface == "imds" else "app_service"
+    assert set(surfaces_since(split["agent_log"], offset)) == {expected}
