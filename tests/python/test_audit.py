@@ -9,6 +9,7 @@ import signal
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from azure.identity import ManagedIdentityCredential
@@ -132,3 +133,97 @@ def test_verify_names_a_tampered_record(tmp_path, monkeypatch):
     audit_file.write_text("".join(lines)[:-30])
     out = verify(audit_file)
     assert out.returncode == 1 and "truncated" in out.stderr, out.stderr
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 256 KiB tmpfs of the test's own (root only), unmounted at the end."""
+    mnt = tmp_path / "small-disk"
+    mnt.mkdir()
+    out = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {out.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_full_disk_refuses_credentials_until_it_has_room_again(tmp_path, small_disk, monkeypatch):
+    import requests
+    audit_file = small_disk / "audit.jsonl"
+    filler = small_disk / "filler"
+    dev = start(tmp_path, audit_file, "dev")
+    url = dev.exports["AZURE_POD_IDENTITY_AUTHORITY_HOST"] + "/metadata/identity/oauth2/token"
+    try:
+        # Leave room for a few records only.
+        free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
+        filler.write_bytes(b"\0" * max(free - 8192, 0))
+        granted, refused = [], None
+        for i in range(200):
+            r = requests.get(url, params={"api-version": "2018-02-01", "resource": f"api://full-{i}"},
+                             headers={"Metadata": "true"}, timeout=30)
+            if r.status_code == 200:
+                granted.append(r.json()["access_token"])
+                continue
+            refused = r
+            break
+        assert refused is not None, "the disk never filled"
+        assert refused.status_code == 503, refused.text
+        assert "access_token" not in refused.text
+        assert "audit record could not be written" in refused.json()["error_description"]
+        # Every credential that did leave has its record.
+        recorded = {rec["credential"]["fingerprint"] for rec in records(audit_file) if "credential" in rec}
+        assert all(fingerprint(t) in recorded for t in granted)
+        # Room again: credentials flow, and the outage is in the file.
+        filler.unlink()
+        monkeypatch.setenv("AZURE_POD_IDENTITY_AUTHORITY_HOST", dev.exports["AZURE_POD_IDENTITY_AUTHORITY_HOST"])
+        for name in ("IDENTITY_ENDPOINT", "IDENTITY_HEADER", "MSI_ENDPOINT", "MSI_SECRET"):
+            monkeypatch.delenv(name, raising=False)
+        token = ManagedIdentityCredential().get_token("api://after-full/.default").token
+        granted.append(token)
+    finally:
+        assert dev.stop() == 0
+    on_disk = records(audit_file)
+    failures = [r for r in on_disk if r["type"] == "sink_failure"]
+    assert len(failures) == 1 and failures[0]["records"] >= 1 and failures[0]["handling"] == "refused", failures
+    assert on_disk[-1]["credential"]["fingerprint"] == fingerprint(token)
+    assert verify(audit_file).returncode == 0
+    log = (tmp_path / "dev.log").read_text(errors="replace")
+    assert "audit file unavailable" in log
+    for t in granted:
+        assert t not in log
+
+
+def test_no_secret_of_any_cloud_reaches_the_audit_file_or_the_log(tmp_path, monkeypatch):
+    import boto3
+    import google.auth
+    import google.auth.transport.requests
+    from google.oauth2 import id_token as google_id_token
+
+    audit_file = tmp_path / "audit.jsonl"
+    dev = start(tmp_path, audit_file, "dev")
+    for name, value in dev.exports.items():
+        monkeypatch.setenv(name, value)
+    secrets = [dev.exports["IDENTITY_HEADER"]]
+    try:
+        secrets.append(ManagedIdentityCredential().get_token("https://storage.azure.com/.default").token)
+        creds, _ = google.auth.default()
+        creds.refresh(google.auth.transport.requests.Request())
+        secrets.append(creds.token)
+        secrets.append(google_id_token.fetch_id_token(google.auth.transport.requests.Request(), "https://svc.example"))
+        frozen = boto3.Session().get_credentials().get_frozen_credentials()
+        secrets += [frozen.secret_key, frozen.token]
+        # The projected tokens the pod presents, and the app token.
+        for f in Path(dev.token_dir).iterdir():
+            secrets.append(f.read_text().strip())
+    finally:
+        assert dev.stop() == 0
+    kinds = {(r["request"]["cloud"], r["request"]["kind"]) for r in records(audit_file) if r["type"] == "credential"}
+    assert kinds == {("azure", "access_token"), ("gcp", "access_token"), ("gcp", "id_token"), ("aws", "aws_credentials")}, kinds
+    places = {"audit file": audit_file.read_text(), "log": (tmp_path / "dev.log").read_text(errors="replace")}
+    for where, text in places.items():
+        for secret in secrets:
+            assert secret and secret not in text, f"a secret ({secret[:6]}…) in the {where}"
+        assert "eyJ" not in text, f"a JWT in the {where}"
