@@ -66,6 +66,26 @@ impl Directory for LateDirectory {
     }
 }
 
+/// The audit trail a webhook writes: the chained file at `path`.
+fn audit_file_sink(
+    path: &std::path::Path,
+    metrics: Arc<lanyard::telemetry::metrics::Metrics>,
+) -> lanyard::audit::sinks::Sinks {
+    use lanyard::audit::file::{FileOptions, FileSink};
+    use lanyard::audit::record::Origin;
+    let origin = Arc::new(Origin::new("test", "", "webhook"));
+    let options = FileOptions {
+        path: path.to_path_buf(),
+        max_bytes: 1 << 20,
+        max_age: Duration::from_secs(3600),
+        keep: 2,
+        fsync: true,
+        handling: "refused",
+    };
+    let file = FileSink::open(options, origin.clone(), metrics.clone()).unwrap();
+    lanyard::audit::sinks::Sinks::new(origin, Default::default(), metrics).with_file(file)
+}
+
 async fn start(dir: &std::path::Path, pki: &Pki, delay: Duration) -> WebhookServer {
     start_with_metrics(
         dir,
@@ -114,7 +134,8 @@ async fn start_with_metrics(
             ..Default::default()
         },
         directory,
-        metrics,
+        metrics.clone(),
+        Arc::new(audit_file_sink(&dir.join("audit.jsonl"), metrics)),
     )
     .await
     .unwrap()
@@ -208,6 +229,28 @@ async fn mutates_over_tls_and_retries_a_late_service_account() {
         "{text}"
     );
     server.stop().await;
+    // The opted-in pod's admission is in the audit trail; reviews of pods
+    // that did not opt in, and malformed ones, are not admissions.
+    let text = std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap();
+    let records: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records.len(), 1, "{text}");
+    let r = &records[0];
+    assert_eq!(r["type"], "admission");
+    assert_eq!(r["role"], "webhook");
+    assert_eq!(r["decision"], "inject");
+    assert_eq!(r["review_uid"], "0d6a3f27-5b8e-4c41-9e0f-2a7c9b1d4e53");
+    assert_eq!(r["pod"]["namespace"], "ml");
+    assert_eq!(r["pod"]["service_account"], "raycluster-kuberay");
+    assert!(
+        r["clouds"]
+            .as_array()
+            .unwrap()
+            .contains(&Value::from("azure")),
+        "{r}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -285,6 +328,7 @@ async fn unreadable_service_account_denies_rather_than_admitting_without_credent
         },
         Arc::new(BrokenDirectory),
         Arc::new(lanyard::telemetry::metrics::Metrics::new()),
+        Arc::new(lanyard::audit::LogSink),
     )
     .await
     .unwrap();

@@ -10,8 +10,8 @@
 //! shipped) and sends again what was not acknowledged. Delivery is at least
 //! once; every record carries a unique `id` by which a receiver drops
 //! duplicates. How far an exporter may fall behind is bounded by the
-//! file's retention (`audit.file_keep` × `audit.file_max_bytes`); records
-//! removed by retention before they were shipped are counted as skipped.
+//! file's retention (`audit.file_keep` × `audit.file_max_bytes`): records
+//! removed by retention before they were shipped are not delivered.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -174,6 +174,9 @@ impl Follower {
                 tracing::warn!(file = %path.display(), "an audit line that is not a chained record is not exported");
                 continue;
             };
+            // INVARIANT: sequence numbers only rise along the files (the
+            // file sink carries them on across rotations, restarts and
+            // set-aside files), so "after the cursor" is "a larger seq".
             if self.after.is_some_and(|a| read.link.seq <= a) {
                 continue;
             }

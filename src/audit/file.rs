@@ -348,6 +348,11 @@ impl Writer {
                 // another program's): keep it for inspection and start a
                 // new file whose first record says so.
                 tracing::error!(path = %path.display(), error = %e, "the audit file's last record is unreadable; it is set aside and a new file begun");
+                // The chain goes on from the last record that still reads
+                // (so sequence numbers keep rising for the exporters), or
+                // from the newest rotated file's.
+                self.link = last_readable_record(&mut open.file, size)
+                    .or_else(|| self.newest_rotated_link());
                 drop(open);
                 let aside = self.set_aside_name();
                 std::fs::rename(&path, &aside)?;
@@ -564,6 +569,16 @@ fn read_tail(file: &mut File, size: u64) -> std::io::Result<Vec<u8>> {
     Ok(tail)
 }
 
+/// The link of the last record, searching back from the end, that reads as
+/// a chained record.
+fn last_readable_record(file: &mut File, size: u64) -> Option<Link> {
+    let tail = read_tail(file, size).ok()?;
+    tail.split(|&b| b == b'\n')
+        .rev()
+        .find_map(|line| chain::read(line).ok())
+        .map(|r| r.link)
+}
+
 /// The link of the last record of a file that ends in a newline.
 fn last_record(file: &mut File, size: u64) -> Result<Link, String> {
     let tail = read_tail(file, size).map_err(|e| e.to_string())?;
@@ -687,6 +702,39 @@ mod tests {
         assert_eq!(
             first["previous_file"],
             files[2].file_name().unwrap().to_str().unwrap()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_foreign_last_line_is_set_aside_and_the_sequence_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let s = sink(options(&path));
+        for i in 0..3 {
+            s.write(record(i)).await.unwrap();
+        }
+        drop(s);
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(b"edited by hand\n").unwrap();
+        let s = sink(options(&path));
+        s.write(record(3)).await.unwrap();
+        let aside: Vec<PathBuf> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.to_string_lossy().contains("audit.unreadable-"))
+            .collect();
+        assert_eq!(aside.len(), 1, "kept for inspection");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let first: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+        assert_eq!(first["type"], "rotation");
+        assert_eq!(first["reason"], "previous file unreadable");
+        assert_eq!(
+            first["seq"], 3,
+            "the sequence goes on from the last readable record"
+        );
+        assert_eq!(
+            verify::verify(std::slice::from_ref(&path)).unwrap().records,
+            2
         );
     }
 

@@ -186,6 +186,31 @@ pub enum ReloadOutcome {
     },
 }
 
+/// A webhook admission: what the webhook did with an opted-in pod.
+#[derive(Debug, Clone)]
+pub struct Admission {
+    /// When it was decided.
+    pub time: SystemTime,
+    /// The AdmissionReview's uid.
+    pub uid: String,
+    /// The pod's namespace.
+    pub namespace: String,
+    /// The pod's name (`generateName*` before the API server names it).
+    pub pod: String,
+    /// Its ServiceAccount.
+    pub service_account: String,
+    /// `inject`, `unchanged` or `deny`.
+    pub decision: &'static str,
+    /// Why it was denied.
+    pub reason: Option<String>,
+    /// Clouds whose credentials the pod gets.
+    pub clouds: Vec<&'static str>,
+    /// Warnings returned to the user.
+    pub warnings: usize,
+    /// A dry run (nothing is stored by the API server).
+    pub dry_run: bool,
+}
+
 /// Where events go.
 #[async_trait::async_trait]
 pub trait AuditSink: Send + Sync {
@@ -195,6 +220,13 @@ pub trait AuditSink: Send + Sync {
 
     /// Records a policy reload.
     async fn record_reload(&self, reload: &PolicyReload) -> Result<(), AuditError>;
+
+    /// Records a webhook admission. Sinks without a record for it (the
+    /// log: the webhook logs its own decisions) keep nothing.
+    async fn record_admission(&self, admission: &Admission) -> Result<(), AuditError> {
+        let _ = admission;
+        Ok(())
+    }
 }
 
 /// Caller-supplied text as it may appear in a record: at most

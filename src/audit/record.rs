@@ -13,7 +13,7 @@ use std::time::SystemTime;
 
 use serde::Serialize;
 
-use super::{AuditEvent, PolicyReload, ReloadOutcome, Verdict};
+use super::{Admission, AuditEvent, PolicyReload, ReloadOutcome, Verdict};
 use crate::cache::CacheOutcome;
 
 /// The schema every record names; a change that removes or retypes a field
@@ -54,6 +54,8 @@ pub enum Subject<'a> {
     PolicyReload(&'a PolicyReload),
     /// A sink that failed, and for how long; written once it works again.
     SinkFailure(&'a SinkFailure),
+    /// A webhook admission.
+    Admission(&'a Admission),
 }
 
 /// An outage of a sink, recorded once it is over.
@@ -133,6 +135,24 @@ enum Body<'a> {
         records: u64,
         handling: &'static str,
     },
+    Admission {
+        review_uid: &'a str,
+        pod: AdmittedPod<'a>,
+        decision: &'static str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reason: Option<&'a str>,
+        #[serde(skip_serializing_if = "<[&str]>::is_empty")]
+        clouds: &'a [&'static str],
+        warnings: usize,
+        dry_run: bool,
+    },
+}
+
+#[derive(Serialize)]
+struct AdmittedPod<'a> {
+    namespace: &'a str,
+    name: &'a str,
+    service_account: &'a str,
 }
 
 #[derive(Serialize)]
@@ -284,6 +304,23 @@ pub fn write(origin: &Origin, subject: Subject<'_>, out: &mut Vec<u8>) {
                 since: rfc3339(f.since),
                 records: f.records,
                 handling: f.handling,
+            },
+        ),
+        Subject::Admission(a) => (
+            a.time,
+            "admission",
+            Body::Admission {
+                review_uid: &a.uid,
+                pod: AdmittedPod {
+                    namespace: &a.namespace,
+                    name: &a.pod,
+                    service_account: &a.service_account,
+                },
+                decision: a.decision,
+                reason: a.reason.as_deref(),
+                clouds: &a.clouds,
+                warnings: a.warnings,
+                dry_run: a.dry_run,
             },
         ),
     };

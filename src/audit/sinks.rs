@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use super::file::FileSink;
 use super::record::{self, Origin, Subject};
-use super::{AuditError, AuditEvent, AuditSink, LogSink, PolicyReload};
+use super::{Admission, AuditError, AuditEvent, AuditSink, LogSink, PolicyReload};
 use crate::telemetry::metrics::{Metrics, SinkResultLabels};
 
 /// What to do when a record cannot be written.
@@ -137,6 +137,10 @@ impl AuditSink for Sinks {
             LogSink.record(event).await?;
         }
         Ok(())
+    }
+
+    async fn record_admission(&self, admission: &Admission) -> Result<(), AuditError> {
+        self.write(Subject::Admission(admission)).await
     }
 
     async fn record_reload(&self, reload: &PolicyReload) -> Result<(), AuditError> {

@@ -17,6 +17,7 @@ use serde_json::Value;
 
 use super::review::{self, Action};
 use super::{mutate, respond, InjectionConfig};
+use crate::audit::{Admission, AuditSink};
 use crate::directory::{Bindings, Directory};
 use crate::telemetry::metrics::{DecisionLabel, Metrics};
 use crate::telemetry::Readiness;
@@ -30,6 +31,7 @@ struct Webhook {
     injection: InjectionConfig,
     directory: Arc<dyn Directory>,
     metrics: Arc<Metrics>,
+    audit: Arc<dyn AuditSink>,
 }
 
 /// Where the TLS material lives and how often to look for a new one.
@@ -71,6 +73,7 @@ impl WebhookServer {
         injection: InjectionConfig,
         directory: Arc<dyn Directory>,
         metrics: Arc<Metrics>,
+        audit: Arc<dyn AuditSink>,
     ) -> anyhow::Result<WebhookServer> {
         injection
             .validate()
@@ -88,6 +91,7 @@ impl WebhookServer {
             injection,
             directory,
             metrics,
+            audit,
         });
         let router = Router::new()
             .route("/mutate", post(mutate_handler))
@@ -272,10 +276,52 @@ async fn decide(webhook: &Webhook, body: &[u8]) -> (&'static str, Json<Value>) {
                 "lanyard cannot read ServiceAccount {}/{service_account} to decide what to inject: {e}; retry shortly",
                 review.namespace
             );
+            let admission = Admission {
+                time: SystemTime::now(),
+                uid: review.uid.clone(),
+                namespace: review.namespace.clone(),
+                pod: pod_name,
+                service_account,
+                decision: "deny",
+                reason: Some(message.clone()),
+                clouds: Vec::new(),
+                warnings: 0,
+                dry_run: review.dry_run,
+            };
+            // Refused either way; a record that cannot be written is logged.
+            if let Err(e) = webhook.audit.record_admission(&admission).await {
+                tracing::error!(error = %e, "admission record not written");
+            }
             return ("deny", Json(review::deny(&review.uid, 503, &message)));
         }
     };
     let outcome = mutate(&pod, &review.namespace, &bindings, &webhook.injection);
+    let admission = Admission {
+        time: SystemTime::now(),
+        uid: review.uid.clone(),
+        namespace: review.namespace.clone(),
+        pod: pod_name.clone(),
+        service_account: service_account.clone(),
+        decision: match &outcome {
+            Ok(m) if m.is_empty() => "unchanged",
+            Ok(_) => "inject",
+            Err(_) => "deny",
+        },
+        reason: outcome.as_ref().err().map(|d| d.message.clone()),
+        clouds: outcome
+            .as_ref()
+            .map(|m| m.summary.clouds.iter().map(|c| c.name()).collect())
+            .unwrap_or_default(),
+        warnings: outcome.as_ref().map_or(0, |m| m.warnings.len()),
+        dry_run: review.dry_run,
+    };
+    // No admission without its record: a pod admitted unrecorded would be
+    // a hole in the trail, and the API server retries a refusal.
+    if let Err(e) = webhook.audit.record_admission(&admission).await {
+        tracing::error!(error = %e, "admission record not written; refusing the pod");
+        let message = "lanyard cannot write its audit record; retry shortly";
+        return ("error", Json(review::deny(&review.uid, 503, message)));
+    }
     match &outcome {
         Ok(m) => tracing::info!(
             target: "lanyard::audit",
@@ -368,7 +414,8 @@ pub async fn run(config: crate::config::Config) -> anyhow::Result<()> {
         },
         crate::webhook::InjectionConfig::from_config(&config),
         directory,
-        metrics,
+        metrics.clone(),
+        Arc::new(crate::broker::assemble::audit(&config, "webhook", metrics)?),
     )
     .await?;
     certificate.set();
