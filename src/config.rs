@@ -252,6 +252,14 @@ pub struct AuditConfig {
     pub http: Option<String>,
     /// A file holding a bearer token for the collector (re-read per batch).
     pub http_token_file: Option<std::path::PathBuf>,
+    /// How many records an exporter may fall behind the file; keep it
+    /// within what retention holds (`file_keep` × `file_max_bytes`, about
+    /// 1 KiB a record).
+    pub export_max_backlog: u64,
+    /// Past it: `deny` (refuse credentials until it catches up) or `drop`
+    /// (keep issuing; records retention removes first are lost, counted
+    /// and recorded).
+    pub export_when_full: crate::audit::sinks::WhenFull,
 }
 
 impl Default for AuditConfig {
@@ -270,6 +278,8 @@ impl Default for AuditConfig {
             syslog_ca: None,
             http: None,
             http_token_file: None,
+            export_max_backlog: 1_000_000,
+            export_when_full: crate::audit::sinks::WhenFull::Deny,
         }
     }
 }
@@ -587,6 +597,13 @@ impl Config {
                 ));
             }
             check_endpoint(url).map_err(|expected| invalid("audit.http", expected, url))?;
+        }
+        if self.audit.export_max_backlog == 0 {
+            return Err(invalid(
+                "audit.export_max_backlog",
+                "at least 1 record",
+                "0",
+            ));
         }
         if self.audit.cluster.len() > 253 {
             return Err(invalid(

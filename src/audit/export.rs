@@ -10,8 +10,11 @@
 //! shipped) and sends again what was not acknowledged. Delivery is at least
 //! once; every record carries a unique `id` by which a receiver drops
 //! duplicates. How far an exporter may fall behind is bounded by the
-//! file's retention (`audit.file_keep` × `audit.file_max_bytes`): records
-//! removed by retention before they were shipped are not delivered.
+//! file's retention (`audit.file_keep` × `audit.file_max_bytes`), and
+//! `audit.export_max_backlog` keeps it within that: past it, issuance is
+//! refused (`export_when_full: deny`) until the exporter catches up, or
+//! (`drop`) retention may remove records first, which the exporter counts
+//! and records as lost.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -34,6 +37,35 @@ pub trait Shipper: Send {
     /// the transport can tell). An error means none may be counted as
     /// delivered: they are sent again.
     async fn ship(&mut self, records: &[Vec<u8>]) -> std::io::Result<()>;
+}
+
+/// How far an exporter has delivered, shared with the sinks that bound
+/// its backlog.
+#[derive(Debug)]
+pub struct Progress {
+    /// The exporter.
+    pub name: &'static str,
+    /// One more than the last sequence number delivered (0: none).
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl Progress {
+    /// An exporter's progress, before it has loaded its cursor.
+    pub fn new(name: &'static str) -> Arc<Progress> {
+        Arc::new(Progress {
+            name,
+            next: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    /// One more than the last sequence number delivered.
+    pub fn next(&self) -> u64 {
+        self.next.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn set_next(&self, next: u64) {
+        self.next.store(next, std::sync::atomic::Ordering::Release);
+    }
 }
 
 /// Where an exporter stands: the last sequence number delivered.
@@ -103,16 +135,22 @@ struct Follower {
     queue: Vec<PathBuf>,
     /// Records at or before this are skipped.
     after: Option<u64>,
+    /// With nothing delivered yet, the first record this exporter saw: a
+    /// record missing after it is lost too.
+    floor: Option<u64>,
     /// A partial line read at the end of the file, kept until complete.
     partial: Vec<u8>,
     /// The current file was seen moved away and is being read to its end
     /// once more (a batch written just before the rename may have landed
     /// after the last read).
     draining: bool,
+    /// Records found missing after the cursor (removed by retention before
+    /// they were delivered): first and last sequence numbers.
+    lost: Option<(u64, u64)>,
 }
 
 impl Follower {
-    fn new(active: PathBuf, after: Option<u64>) -> Follower {
+    fn new(active: PathBuf, after: Option<u64>, floor: Option<u64>) -> Follower {
         let mut queue = chain_files(&active);
         queue.reverse();
         Follower {
@@ -120,8 +158,10 @@ impl Follower {
             reader: None,
             queue,
             after,
+            floor,
             partial: Vec::new(),
             draining: false,
+            lost: None,
         }
     }
 
@@ -180,6 +220,14 @@ impl Follower {
             if self.after.is_some_and(|a| read.link.seq <= a) {
                 continue;
             }
+            let expected = match self.after {
+                Some(a) => a + 1,
+                None => self.floor.unwrap_or(read.link.seq),
+            };
+            if read.link.seq > expected {
+                let (first, _) = self.lost.unwrap_or((expected, 0));
+                self.lost = Some((first, read.link.seq - 1));
+            }
             self.after = Some(read.link.seq);
             out.push((read.link.seq, line));
         }
@@ -188,7 +236,7 @@ impl Follower {
 
     /// Goes back to just after `seq` (after a failed delivery).
     fn rewind(&mut self, seq: Option<u64>) {
-        *self = Follower::new(self.active.clone(), seq);
+        *self = Follower::new(self.active.clone(), seq, self.floor);
     }
 }
 
@@ -210,32 +258,85 @@ const BATCH: usize = 512;
 /// Longest wait between looks at the file when nothing notifies.
 const POLL: Duration = Duration::from_millis(500);
 
-/// Runs an exporter until the process ends: follows `active` from its
-/// cursor, ships with `shipper`, retries with exponential backoff.
-pub async fn run(
-    active: PathBuf,
-    cursor: Cursor,
-    mut shipper: Box<dyn Shipper>,
-    written: Arc<Notify>,
-    metrics: Arc<Metrics>,
-) {
+/// What an exporter is given to run.
+pub struct Exporter {
+    /// The active audit file.
+    pub active: PathBuf,
+    /// Its cursor.
+    pub cursor: Cursor,
+    /// Where records go.
+    pub shipper: Box<dyn Shipper>,
+    /// Woken after each batch the file sink writes.
+    pub written: Arc<Notify>,
+    /// Shared with the sinks that bound the backlog.
+    pub progress: Arc<Progress>,
+    /// Told of records lost before delivery (first and last sequence
+    /// numbers), to record it.
+    pub on_lost: Box<dyn Fn(u64, u64) + Send>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+/// Runs an exporter until the process ends: follows the file from its
+/// cursor, ships, retries with exponential backoff.
+pub async fn run(exporter: Exporter) {
+    let Exporter {
+        active,
+        cursor,
+        mut shipper,
+        written,
+        progress,
+        on_lost,
+        metrics,
+    } = exporter;
     let name = shipper.name();
     let mut delivered = cursor.load();
-    let mut follower = Follower::new(active.clone(), delivered);
+    progress.set_next(delivered.map_or(0, |d| d + 1));
+    let mut lost_told: Option<u64> = None;
+    let mut follower = Follower::new(active.clone(), delivered, None);
     let mut backoff = Duration::from_millis(250);
     let mut failing = false;
     loop {
         let batch = {
-            let mut f = std::mem::replace(&mut follower, Follower::new(PathBuf::new(), None));
+            let mut f = std::mem::replace(&mut follower, Follower::new(PathBuf::new(), None, None));
             let (f, batch) = tokio::task::spawn_blocking(move || {
                 let batch = f.next_batch(BATCH);
                 (f, batch)
             })
             .await
-            .unwrap_or_else(|_| (Follower::new(active.clone(), delivered), Ok(Vec::new())));
+            .unwrap_or_else(|_| {
+                (
+                    Follower::new(active.clone(), delivered, None),
+                    Ok(Vec::new()),
+                )
+            });
             follower = f;
             batch
         };
+        // A rewind finds a loss again: each lost record is told once.
+        let lost = follower
+            .lost
+            .take()
+            .filter(|(_, last)| lost_told.is_none_or(|t| *last > t))
+            .map(|(first, last)| (lost_told.map_or(first, |t| first.max(t + 1)), last));
+        if let Some((first, last)) = lost {
+            lost_told = Some(last);
+            let n = last - first + 1;
+            tracing::error!(
+                exporter = name,
+                first,
+                last,
+                "audit records removed by retention before the exporter delivered them"
+            );
+            metrics
+                .audit_records
+                .get_or_create(&SinkResultLabels {
+                    sink: name,
+                    result: "lost",
+                })
+                .inc_by(n);
+            on_lost(first, last);
+        }
         let batch = match batch {
             Ok(b) => b,
             Err(e) => {
@@ -248,6 +349,12 @@ pub async fn run(
         if batch.is_empty() {
             let _ = tokio::time::timeout(POLL, written.notified()).await;
             continue;
+        }
+        if delivered.is_none() && follower.floor.is_none() {
+            // A new exporter: it owes everything from the first record it
+            // found on.
+            follower.floor = batch.first().map(|(seq, _)| *seq);
+            progress.set_next(follower.floor.unwrap_or(0));
         }
         let last = batch.last().map(|(seq, _)| *seq);
         let lines: Vec<Vec<u8>> = batch.into_iter().map(|(_, l)| l).collect();
@@ -266,6 +373,7 @@ pub async fn run(
                     })
                     .inc_by(lines.len() as u64);
                 delivered = last;
+                progress.set_next(delivered.map_or(0, |d| d + 1));
                 if let Some(seq) = delivered {
                     if let Err(e) = cursor.store(seq) {
                         tracing::warn!(exporter = name, error = %e, "cannot persist the exporter's cursor");
@@ -318,7 +426,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let active = dir.path().join("audit.jsonl");
         let link = write_chain(&active, 0, 5, None);
-        let mut f = Follower::new(active.clone(), Some(1));
+        let mut f = Follower::new(active.clone(), Some(1), None);
         let seqs: Vec<u64> = f.next_batch(100).unwrap().iter().map(|(s, _)| *s).collect();
         assert_eq!(seqs, [2, 3, 4]);
         assert!(f.next_batch(100).unwrap().is_empty());
@@ -333,7 +441,7 @@ mod tests {
         let seqs: Vec<u64> = f.next_batch(100).unwrap().iter().map(|(s, _)| *s).collect();
         assert_eq!(seqs, [5, 6, 7, 8, 9]);
         // A new follower from the same cursor finds the same records.
-        let mut again = Follower::new(active.clone(), Some(4));
+        let mut again = Follower::new(active.clone(), Some(4), None);
         let seqs: Vec<u64> = again
             .next_batch(3)
             .unwrap()
@@ -351,7 +459,7 @@ mod tests {
         chain::append(b"{\"type\":\"credential\"}", None, &mut out);
         let (head, tail) = out.split_at(20);
         std::fs::write(&active, head).unwrap();
-        let mut f = Follower::new(active.clone(), None);
+        let mut f = Follower::new(active.clone(), None, None);
         assert!(f.next_batch(10).unwrap().is_empty());
         use std::io::Write;
         std::fs::OpenOptions::new()

@@ -79,6 +79,9 @@ const BATCH: usize = 4096;
 pub struct FileSink {
     jobs: mpsc::Sender<Job>,
     written: Arc<tokio::sync::Notify>,
+    /// One more than the sequence number of the last record written (0:
+    /// none yet).
+    next_seq: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl FileSink {
@@ -90,7 +93,9 @@ impl FileSink {
         metrics: Arc<Metrics>,
     ) -> Result<FileSink, FileError> {
         let written = Arc::new(tokio::sync::Notify::new());
+        let next_seq = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let mut writer = Writer {
+            next_seq: next_seq.clone(),
             options,
             origin,
             metrics,
@@ -103,6 +108,7 @@ impl FileSink {
             path: writer.options.path.clone(),
             error,
         })?;
+        writer.publish_seq();
         let (jobs, rx) = mpsc::channel(QUEUE);
         std::thread::Builder::new()
             .name("lanyard-audit-file".into())
@@ -111,7 +117,17 @@ impl FileSink {
                 path: PathBuf::new(),
                 error,
             })?;
-        Ok(FileSink { jobs, written })
+        Ok(FileSink {
+            jobs,
+            written,
+            next_seq,
+        })
+    }
+
+    /// How many records the chain holds up to its last one (its last
+    /// sequence number plus one; 0 before the first).
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Notified after each batch written: exporters following the file
@@ -176,6 +192,8 @@ struct Writer {
     failure: Option<SinkFailure>,
     /// Wakes the exporters.
     written: Arc<tokio::sync::Notify>,
+    /// Shared with [`FileSink::next_seq`].
+    next_seq: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Writer {
@@ -235,6 +253,12 @@ impl Writer {
         }
     }
 
+    fn publish_seq(&self) {
+        let next = self.link.as_ref().map_or(0, |l| l.seq + 1);
+        self.next_seq
+            .store(next, std::sync::atomic::Ordering::Release);
+    }
+
     fn count(&self, result: &'static str, n: u64) {
         self.metrics
             .audit_records
@@ -280,6 +304,7 @@ impl Writer {
                     );
                 }
                 self.link = link;
+                self.publish_seq();
                 self.written.notify_waiters();
                 Ok(())
             }
@@ -410,6 +435,7 @@ impl Writer {
         let link = chain::append(&body, self.link.as_ref(), &mut buf);
         self.append(&buf)?;
         self.link = Some(link);
+        self.publish_seq();
         Ok(())
     }
 

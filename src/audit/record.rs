@@ -56,6 +56,24 @@ pub enum Subject<'a> {
     SinkFailure(&'a SinkFailure),
     /// A webhook admission.
     Admission(&'a Admission),
+    /// An exporter that fell too far behind, or lost records.
+    Export(&'a ExportIncident),
+}
+
+/// What happened to an exporter, recorded once it is over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportIncident {
+    /// The exporter (`syslog`, `http`).
+    pub exporter: &'static str,
+    /// `backlog_full` (issuance was refused while it was too far behind)
+    /// or `records_lost` (retention removed records it had not delivered).
+    pub incident: &'static str,
+    /// Requests refused, or records lost.
+    pub records: u64,
+    /// When a `backlog_full` began.
+    pub since: Option<SystemTime>,
+    /// The first and last sequence numbers lost.
+    pub seqs: Option<(u64, u64)>,
 }
 
 /// An outage of a sink, recorded once it is over.
@@ -134,6 +152,17 @@ enum Body<'a> {
         since: String,
         records: u64,
         handling: &'static str,
+    },
+    Export {
+        exporter: &'static str,
+        incident: &'static str,
+        records: u64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        since: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        first_seq: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        last_seq: Option<u64>,
     },
     Admission {
         review_uid: &'a str,
@@ -304,6 +333,18 @@ pub fn write(origin: &Origin, subject: Subject<'_>, out: &mut Vec<u8>) {
                 since: rfc3339(f.since),
                 records: f.records,
                 handling: f.handling,
+            },
+        ),
+        Subject::Export(x) => (
+            SystemTime::now(),
+            "export",
+            Body::Export {
+                exporter: x.exporter,
+                incident: x.incident,
+                records: x.records,
+                since: x.since.map(rfc3339),
+                first_seq: x.seqs.map(|s| s.0),
+                last_seq: x.seqs.map(|s| s.1),
             },
         ),
         Subject::Admission(a) => (

@@ -10,8 +10,9 @@
 use std::io::Write;
 use std::sync::Arc;
 
+use super::export::Progress;
 use super::file::FileSink;
-use super::record::{self, Origin, Subject};
+use super::record::{self, ExportIncident, Origin, Subject};
 use super::{Admission, AuditError, AuditEvent, AuditSink, LogSink, PolicyReload};
 use crate::telemetry::metrics::{Metrics, SinkResultLabels};
 
@@ -37,6 +38,29 @@ impl OnFailure {
     }
 }
 
+/// What to do when an exporter falls `audit.export_max_backlog` records
+/// behind the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WhenFull {
+    /// Refuse new credentials (retryable) until it catches up: no record is
+    /// ever lost to export.
+    #[default]
+    Deny,
+    /// Keep issuing; retention may remove records before they are shipped,
+    /// which the exporter counts and records as lost.
+    Drop,
+}
+
+/// The exporters' backlog bound.
+struct Backlog {
+    exporters: Vec<Arc<Progress>>,
+    max: u64,
+    when_full: WhenFull,
+    /// Since when issuance has been refused, and how many records.
+    refusing: std::sync::Mutex<Option<(std::time::SystemTime, u64, &'static str)>>,
+}
+
 /// The configured sinks.
 pub struct Sinks {
     origin: Arc<Origin>,
@@ -45,6 +69,7 @@ pub struct Sinks {
     file: Option<FileSink>,
     on_failure: OnFailure,
     metrics: Arc<Metrics>,
+    backlog: Option<Backlog>,
 }
 
 impl Sinks {
@@ -57,6 +82,65 @@ impl Sinks {
             file: None,
             on_failure,
             metrics,
+            backlog: None,
+        }
+    }
+
+    /// Bounds how far `exporters` may fall behind the file: past `max`
+    /// records, `when_full` applies.
+    pub fn with_backlog(
+        mut self,
+        exporters: Vec<Arc<Progress>>,
+        max: u64,
+        when_full: WhenFull,
+    ) -> Self {
+        self.backlog = Some(Backlog {
+            exporters,
+            max,
+            when_full,
+            refusing: std::sync::Mutex::new(None),
+        });
+        self
+    }
+
+    /// `Err` when an exporter is too far behind and issuance must wait;
+    /// the record of a refusal that just ended, when one did.
+    fn check_backlog(&self, file: &FileSink) -> Result<Option<ExportIncident>, AuditError> {
+        let Some(b) = self
+            .backlog
+            .as_ref()
+            .filter(|b| b.when_full == WhenFull::Deny)
+        else {
+            return Ok(None);
+        };
+        let written = file.next_seq();
+        let behind = b
+            .exporters
+            .iter()
+            .map(|p| (p.name, written.saturating_sub(p.next())))
+            .max_by_key(|(_, n)| *n);
+        let mut refusing = b.refusing.lock().unwrap_or_else(|p| p.into_inner());
+        match behind {
+            Some((name, n)) if n >= b.max => {
+                let entry = refusing.get_or_insert_with(|| {
+                    tracing::error!(exporter = name, behind = n, "an audit exporter is too far behind; refusing credentials until it catches up (audit.export_when_full: deny)");
+                    (std::time::SystemTime::now(), 0, name)
+                });
+                entry.1 += 1;
+                Err(AuditError::Unavailable(format!(
+                    "the {name} audit exporter is {n} records behind"
+                )))
+            }
+            _ => Ok(refusing.take().map(|(since, refused, exporter)| {
+                tracing::warn!(exporter, refused, "audit exporter caught up; issuing again");
+                ExportIncident {
+                    exporter,
+                    incident: "backlog_full",
+                    records: refused,
+                    since: Some(since),
+                    seqs: None,
+                }
+            })),
         }
     }
 
@@ -103,6 +187,11 @@ impl Sinks {
         let mut line = Vec::with_capacity(768);
         record::write(&self.origin, subject, &mut line);
         if let Some(file) = &self.file {
+            if let Some(over) = self.check_backlog(file)? {
+                let mut rec = Vec::new();
+                record::write(&self.origin, Subject::Export(&over), &mut rec);
+                file.write(rec).await.map_err(AuditError::Unavailable)?;
+            }
             let copy = match self.stdout {
                 true => Some(line.clone()),
                 false => None,

@@ -10,10 +10,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Broker;
-use crate::audit::export::{self, Cursor};
+use crate::audit::export::{self, Cursor, Exporter, Progress, Shipper};
 use crate::audit::file::{FileOptions, FileSink};
 use crate::audit::http_export::{HttpShipper, HttpTarget};
 use crate::audit::record::Origin;
+use crate::audit::record::{self, ExportIncident, Subject};
 use crate::audit::sinks::Sinks;
 use crate::audit::syslog::{SyslogShipper, SyslogTarget};
 use crate::audit::{AuditSink, PolicyReload, ReloadOutcome};
@@ -89,35 +90,59 @@ pub fn audit(config: &Config, role: &'static str, metrics: Arc<Metrics>) -> anyh
         };
         let file = FileSink::open(options, origin.clone(), metrics.clone())?;
         reopen_on_hangup(file.clone());
+        let mut shippers: Vec<(Box<dyn Shipper>, &str)> = Vec::new();
         if let Some(url) = &a.syslog {
             let target = SyslogTarget::parse(url, a.syslog_ca.clone(), &origin.node)?;
-            let shipper = SyslogShipper::new(target)?;
-            let mut cursor = path.clone().into_os_string();
-            cursor.push(".syslog.cursor");
-            tokio::spawn(export::run(
-                path.clone(),
-                Cursor::new(cursor.into()),
-                Box::new(shipper),
-                file.written(),
-                metrics.clone(),
-            ));
-            tracing::info!(syslog = %url, "audit records shipped to syslog");
+            shippers.push((Box::new(SyslogShipper::new(target)?), url));
         }
         if let Some(url) = &a.http {
             let target = HttpTarget {
                 url: url::Url::parse(url)?,
                 token_file: a.http_token_file.clone(),
             };
-            let mut cursor = path.clone().into_os_string();
-            cursor.push(".http.cursor");
-            tokio::spawn(export::run(
-                path.clone(),
-                Cursor::new(cursor.into()),
+            shippers.push((
                 Box::new(HttpShipper::new(target, crate::http::client())),
-                file.written(),
-                metrics.clone(),
+                url,
             ));
-            tracing::info!(collector = %url, "audit records shipped to an HTTP collector");
+        }
+        let mut exporters = Vec::new();
+        for (shipper, url) in shippers {
+            let name = shipper.name();
+            let progress = Progress::new(name);
+            exporters.push(progress.clone());
+            let mut cursor = path.clone().into_os_string();
+            cursor.push(format!(".{name}.cursor"));
+            let (recorder, origin) = (file.clone(), origin.clone());
+            let on_lost = move |first: u64, last: u64| {
+                let incident = ExportIncident {
+                    exporter: name,
+                    incident: "records_lost",
+                    records: last - first + 1,
+                    since: None,
+                    seqs: Some((first, last)),
+                };
+                let mut rec = Vec::new();
+                record::write(&origin, Subject::Export(&incident), &mut rec);
+                let recorder = recorder.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = recorder.write(rec).await {
+                        tracing::error!(error = %e, "the export loss could not be recorded");
+                    }
+                });
+            };
+            tokio::spawn(export::run(Exporter {
+                active: path.clone(),
+                cursor: Cursor::new(cursor.into()),
+                shipper,
+                written: file.written(),
+                progress,
+                on_lost: Box::new(on_lost),
+                metrics: metrics.clone(),
+            }));
+            tracing::info!(exporter = name, to = %url, "audit records exported");
+        }
+        if !exporters.is_empty() {
+            sinks = sinks.with_backlog(exporters, a.export_max_backlog, a.export_when_full);
         }
         sinks = sinks.with_file(file);
         tracing::info!(file = %path.display(), fsync = a.fsync, on_failure = ?a.on_failure, "audit file open");

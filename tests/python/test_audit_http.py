@@ -149,3 +149,66 @@ def test_every_record_arrives_once_the_collector_recovers(tmp_path, collector, m
         assert token not in text
     for log in ("first.log", "second.log"):
         assert "collector-secret-1" not in (tmp_path / log).read_text(errors="replace")
+
+
+def plain_env(monkeypatch):
+    for name in ("IDENTITY_ENDPOINT", "IDENTITY_HEADER", "MSI_ENDPOINT", "MSI_SECRET"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def imds(dev, resource):
+    import requests
+    return requests.get(
+        dev.exports["AZURE_POD_IDENTITY_AUTHORITY_HOST"] + "/metadata/identity/oauth2/token",
+        params={"api-version": "2018-02-01", "resource": resource},
+        headers={"Metadata": "true"}, timeout=30,
+    )
+
+
+def test_an_exporter_too_far_behind_stops_issuance_until_it_catches_up(tmp_path, collector, monkeypatch):
+    plain_env(monkeypatch)
+    audit_file = tmp_path / "audit.jsonl"
+    collector.mode = "500"
+    dev = start(tmp_path, audit_file, collector.url, "dev", LANYARD_AUDIT_EXPORT_MAX_BACKLOG="5")
+    try:
+        statuses = [imds(dev, f"api://behind-{i}").status_code for i in range(10)]
+        assert statuses[:5] == [200] * 5, statuses
+        refused = imds(dev, "api://refused")
+        assert refused.status_code == 503, refused.text
+        assert "access_token" not in refused.text
+        assert "audit record could not be written" in refused.json()["error_description"]
+        assert "too far behind" in dev.read_log()
+        collector.mode = "ok"
+        assert wait_until(lambda: imds(dev, "api://again").status_code == 200), "issuance never resumed"
+    finally:
+        assert dev.stop() == 0
+    incidents = [r for r in file_records(audit_file).values() if r["type"] == "export"]
+    assert len(incidents) == 1, incidents
+    assert incidents[0]["exporter"] == "http" and incidents[0]["incident"] == "backlog_full"
+    assert incidents[0]["records"] >= 6
+
+
+def test_with_drop_records_retention_removed_are_counted_and_recorded(tmp_path, collector, monkeypatch):
+    plain_env(monkeypatch)
+    audit_file = tmp_path / "audit.jsonl"
+    collector.mode = "500"
+    dev = start(tmp_path, audit_file, collector.url, "dev",
+                LANYARD_AUDIT_EXPORT_WHEN_FULL="drop",
+                LANYARD_AUDIT_FILE_MAX_BYTES="4096", LANYARD_AUDIT_FILE_KEEP="1")
+    try:
+        for i in range(40):
+            assert imds(dev, f"api://dropped-{i}").status_code == 200
+        collector.mode = "ok"
+        def recorded():
+            return [r for f in tmp_path.glob("audit*.jsonl") for r in map(json.loads, f.read_text().splitlines())
+                    if r["type"] == "export"]
+        assert wait_until(lambda: recorded()), "the loss was never recorded"
+        incident = recorded()[0]
+        assert incident["incident"] == "records_lost" and incident["records"] >= 1
+        assert incident["last_seq"] - incident["first_seq"] + 1 == incident["records"]
+        # What survived retention is delivered, the loss record included.
+        assert wait_until(lambda: any(r["type"] == "export" for r in collector.received))
+        metrics = dev.metric("lanyard_audit_records_total", sink="http", result="lost")
+        assert metrics == incident["records"]
+    finally:
+        assert dev.stop() == 0
