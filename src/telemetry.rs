@@ -26,7 +26,13 @@ pub enum LogFormat {
 /// Installs the global subscriber. `RUST_LOG` overrides `level`.
 pub fn init(format: LogFormat, level: &str) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
-    let builder = fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colours only for a person at a terminal: log collectors and files
+    // get plain text, and no time is spent on escape codes.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),

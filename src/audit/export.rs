@@ -101,28 +101,7 @@ impl Cursor {
 
 /// The files of the chain, oldest first: rotated files, then the active one.
 fn chain_files(active: &Path) -> Vec<PathBuf> {
-    let (Some(dir), Some(stem)) = (active.parent(), active.file_stem()) else {
-        return vec![active.to_path_buf()];
-    };
-    let dir = if dir.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        dir
-    };
-    let prefix = format!("{}-", stem.to_string_lossy());
-    let ext = active.extension().map(|e| e.to_os_string());
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
-                && p.extension().map(|e| e.to_os_string()) == ext
-        })
-        .collect();
-    files.sort();
+    let mut files = super::file::rotated_files(active);
     files.push(active.to_path_buf());
     files
 }

@@ -380,15 +380,7 @@ impl Writer {
                     .or_else(|| self.newest_rotated_link());
                 drop(open);
                 let aside = self.set_aside_name();
-                std::fs::rename(&path, &aside)?;
-                let file = OpenOptions::new()
-                    .read(true)
-                    .append(true)
-                    .create(true)
-                    .open(&path)?;
-                sync_dir(&path);
-                self.file = Some(Open::new(file, 0));
-                self.begin(Some(&aside), "previous file unreadable")?;
+                self.start_new_file(&aside, "previous file unreadable")?;
             }
             None => {
                 sync_dir(&path);
@@ -407,30 +399,18 @@ impl Writer {
     /// Writes a new file's first record: a rotation record that names the
     /// file before it and carries the chain on.
     fn begin(&mut self, previous: Option<&Path>, why: &str) -> std::io::Result<()> {
-        #[derive(serde::Serialize)]
-        struct Rotation<'a> {
-            schema: &'static str,
-            id: String,
-            time: String,
-            #[serde(rename = "type")]
-            kind: &'static str,
-            #[serde(flatten)]
-            origin: &'a Origin,
-            previous_file: Option<String>,
-            reason: &'a str,
-        }
-        let rotation = Rotation {
-            schema: record::SCHEMA,
-            id: uuid::Uuid::now_v7().to_string(),
-            time: record::rfc3339(SystemTime::now()),
-            kind: "rotation",
-            origin: &self.origin,
-            previous_file: previous
-                .and_then(|p| p.file_name())
-                .map(|n| n.to_string_lossy().into_owned()),
-            reason: why,
-        };
-        let body = serde_json::to_vec(&rotation).map_err(std::io::Error::other)?;
+        let previous = previous
+            .and_then(|p| p.file_name())
+            .map(|n| n.to_string_lossy().into_owned());
+        let mut body = Vec::new();
+        record::write(
+            &self.origin,
+            Subject::Rotation {
+                previous_file: previous.as_deref(),
+                reason: why,
+            },
+            &mut body,
+        );
         let mut buf = Vec::new();
         let link = chain::append(&body, self.link.as_ref(), &mut buf);
         self.append(&buf)?;
@@ -486,33 +466,9 @@ impl Writer {
         }
     }
 
-    /// Rotated files of this path, oldest first (their names sort by time).
+    /// Rotated files of this path, oldest first.
     fn rotated(&self) -> Vec<PathBuf> {
-        let path = &self.options.path;
-        let (Some(dir), Some(stem)) = (path.parent(), path.file_stem()) else {
-            return Vec::new();
-        };
-        let dir = if dir.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            dir
-        };
-        let prefix = format!("{}-", stem.to_string_lossy());
-        let ext = path.extension().map(|e| e.to_string_lossy().into_owned());
-        let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| {
-                p.file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
-                    && p.extension().map(|e| e.to_string_lossy().into_owned()) == ext
-                    && p != path
-            })
-            .collect();
-        found.sort();
-        found
+        rotated_files(&self.options.path)
     }
 
     fn newest_rotated_link(&self) -> Option<Link> {
@@ -522,10 +478,11 @@ impl Writer {
         last_record(&mut file, size).ok()
     }
 
-    fn rotate(&mut self) -> std::io::Result<()> {
+    /// Moves the active file to `aside` and begins a new one whose first
+    /// record names it and says `why`.
+    fn start_new_file(&mut self, aside: &Path, why: &str) -> std::io::Result<()> {
         let path = self.options.path.clone();
-        let aside = self.rotated_name();
-        std::fs::rename(&path, &aside)?;
+        std::fs::rename(&path, aside)?;
         let file = OpenOptions::new()
             .read(true)
             .append(true)
@@ -533,7 +490,12 @@ impl Writer {
             .open(&path)?;
         sync_dir(&path);
         self.file = Some(Open::new(file, 0));
-        self.begin(Some(&aside), "rotated")?;
+        self.begin(Some(aside), why)
+    }
+
+    fn rotate(&mut self) -> std::io::Result<()> {
+        let aside = self.rotated_name();
+        self.start_new_file(&aside, "rotated")?;
         let rotated = self.rotated();
         let excess = rotated.len().saturating_sub(self.options.keep);
         for old in &rotated[..excess] {
@@ -549,6 +511,35 @@ impl Writer {
         tracing::info!(rotated = %aside.display(), "audit file rotated");
         Ok(())
     }
+}
+
+/// The rotated files of the active file `path` (`STEM-*.EXT` beside it),
+/// oldest first: their names sort by the time of their rotation.
+pub fn rotated_files(path: &Path) -> Vec<PathBuf> {
+    let (Some(dir), Some(stem)) = (path.parent(), path.file_stem()) else {
+        return Vec::new();
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let prefix = format!("{}-", stem.to_string_lossy());
+    let ext = path.extension().map(|e| e.to_os_string());
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
+                && p.extension().map(|e| e.to_os_string()) == ext
+                && p != path
+        })
+        .collect();
+    found.sort();
+    found
 }
 
 /// Makes a new directory entry durable.

@@ -243,6 +243,41 @@ pub fn bounded(text: &str) -> Cow<'_, str> {
     }
 }
 
+/// Writes `items` joined by `separator`, quoted and escaped as a string
+/// field is, without building the joined string.
+fn write_joined<S: AsRef<str>>(
+    f: &mut std::fmt::Formatter<'_>,
+    items: impl Iterator<Item = S>,
+    separator: &str,
+) -> std::fmt::Result {
+    f.write_str("\"")?;
+    for (i, t) in items.enumerate() {
+        if i > 0 {
+            f.write_str(separator)?;
+        }
+        write!(f, "{}", t.as_ref().escape_debug())?;
+    }
+    f.write_str("\"")
+}
+
+/// Caller text, bounded, as one log field.
+struct Joined<'a>(CallerText<'a>, &'static str);
+
+impl std::fmt::Debug for Joined<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write_joined(f, self.0.iter(), self.1)
+    }
+}
+
+/// Policy ids as one log field.
+struct JoinedStrs<'a>(&'a [String], &'static str);
+
+impl std::fmt::Debug for JoinedStrs<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write_joined(f, self.0.iter(), self.1)
+    }
+}
+
 /// Writes each event as one record on the `lanyard::audit` tracing target.
 pub struct LogSink;
 
@@ -270,11 +305,12 @@ impl AuditSink for LogSink {
             .and_then(|c| c.pod.as_ref())
             .map_or("", |p| p.name.as_str());
         let identity = e.identity.unwrap_or("");
-        let resource = e.audience.unwrap_or(e.scopes).join(" ");
+        // Written straight into the line, not joined into a string first.
+        let resource = tracing::field::debug(Joined(e.audience.unwrap_or(e.scopes), " "));
         let cache = e.cache.map_or("", CacheOutcome::name);
         let latency_ms = e.latency.as_secs_f64() * 1000.0;
         let (cloud, kind, surface) = (e.cloud.name(), e.kind.name(), e.surface.name());
-        let policies = e.policies.join(",");
+        let policies = tracing::field::debug(JoinedStrs(e.policies, ","));
         match e.verdict {
             Verdict::Allow => {
                 let expires_at = e.credential.as_ref().map_or(0, |c| c.expires_at);

@@ -58,6 +58,14 @@ pub enum Subject<'a> {
     Admission(&'a Admission),
     /// An exporter that fell too far behind, or lost records.
     Export(&'a ExportIncident),
+    /// The first record of a new file: the file before it (by name, when
+    /// known) and why a new one was begun.
+    Rotation {
+        /// The file before it.
+        previous_file: Option<&'a str>,
+        /// `rotated`, `reopened` or `previous file unreadable`.
+        reason: &'a str,
+    },
 }
 
 /// What happened to an exporter, recorded once it is over.
@@ -152,6 +160,11 @@ enum Body<'a> {
         since: String,
         records: u64,
         handling: &'static str,
+    },
+    Rotation {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        previous_file: Option<&'a str>,
+        reason: &'a str,
     },
     Export {
         exporter: &'static str,
@@ -333,6 +346,17 @@ pub fn write(origin: &Origin, subject: Subject<'_>, out: &mut Vec<u8>) {
                 since: rfc3339(f.since),
                 records: f.records,
                 handling: f.handling,
+            },
+        ),
+        Subject::Rotation {
+            previous_file,
+            reason,
+        } => (
+            SystemTime::now(),
+            "rotation",
+            Body::Rotation {
+                previous_file,
+                reason,
             },
         ),
         Subject::Export(x) => (
