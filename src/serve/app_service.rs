@@ -24,7 +24,7 @@ use axum::Json;
 use serde_json::json;
 
 use super::azure_imds::{issue, token_request};
-use super::{is_forwarded, seconds_until, with_retry_after, Query, Surfaces};
+use super::{is_forwarded, seconds_until, with_retry_after, Query, Surfaces, FORWARDED_REFUSAL};
 use crate::broker::{BrokerError, ErrorClass};
 use crate::cloud::{AccessToken, Cloud, Kind, Selector, Surface, TokenRequest};
 
@@ -126,10 +126,7 @@ pub async fn token(
     RawQuery(raw): RawQuery,
 ) -> Response {
     if is_forwarded(&headers) {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "Requests with an X-Forwarded-For or Forwarded header are not allowed",
-        );
+        return error(StatusCode::BAD_REQUEST, FORWARDED_REFUSAL);
     }
     let query = Query::parse(raw.as_deref());
     let legacy = query.get("api-version") == Some(API_2017);

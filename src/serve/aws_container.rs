@@ -13,7 +13,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use super::{is_forwarded, subject, with_retry_after, wrong_credential, Surfaces};
+use super::{
+    is_forwarded, subject, with_retry_after, wrong_credential, Surfaces, FORWARDED_REFUSAL,
+};
 use crate::broker::{BrokerError, ErrorClass, Grant};
 use crate::cloud::aws::AwsCredentials;
 use crate::cloud::{Cloud, CloudError, Credential, Kind, Surface, TokenRequest};
@@ -105,11 +107,7 @@ fn body(c: &AwsCredentials) -> Response {
 /// file is configured.
 pub async fn credentials(State(surfaces): State<Arc<Surfaces>>, headers: HeaderMap) -> Response {
     if is_forwarded(&headers) {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "InvalidRequest",
-            "Requests with an X-Forwarded-For or Forwarded header are not allowed",
-        );
+        return error(StatusCode::BAD_REQUEST, "InvalidRequest", FORWARDED_REFUSAL);
     }
     let Some(file) = surfaces.aws_container_token_file.as_ref() else {
         return error(

@@ -13,6 +13,7 @@ use serde_json::json;
 
 use super::{
     is_forwarded, seconds_until, subject, with_retry_after, wrong_credential, Query, Surfaces,
+    FORWARDED_REFUSAL,
 };
 use crate::broker::{BrokerError, ErrorClass};
 use crate::cloud::{AccessToken, Cloud, Credential, Kind, Selector, Surface, TokenRequest};
@@ -162,7 +163,7 @@ pub async fn token(
     RawQuery(raw): RawQuery,
 ) -> Response {
     if is_forwarded(&headers) {
-        return bad_request("Requests with an X-Forwarded-For or Forwarded header are not allowed");
+        return bad_request(FORWARDED_REFUSAL);
     }
     let metadata = headers
         .get("metadata")

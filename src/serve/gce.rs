@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 
 use super::{
     is_forwarded, seconds_until, subject, with_retry_after, wrong_credential, Query, Surfaces,
+    FORWARDED_REFUSAL,
 };
 use crate::broker::{BrokerError, ErrorClass, Grant};
 use crate::cloud::{
@@ -111,10 +112,7 @@ pub async fn handle(
     RawQuery(raw): RawQuery,
 ) -> Response {
     if is_forwarded(&headers) {
-        return text(
-            StatusCode::FORBIDDEN,
-            "Requests with an X-Forwarded-For or Forwarded header are not allowed",
-        );
+        return text(StatusCode::FORBIDDEN, FORWARDED_REFUSAL);
     }
     let flavored = headers
         .get(FLAVOR)

@@ -91,10 +91,33 @@ pub fn router(surfaces: Arc<Surfaces>) -> Router {
         .with_state(surfaces)
 }
 
-/// Requests relayed by a proxy carry `X-Forwarded-For`; metadata services
-/// refuse them so that an SSRF through a proxy in the pod cannot reach us.
+/// Headers that proxies add to what they relay (nginx, Envoy, HAProxy,
+/// Squid, CDNs). No SDK sends any of them to a metadata endpoint.
+pub const PROXY_HEADERS: [&str; 13] = [
+    "forwarded",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "x-forwarded-port",
+    "x-forwarded-server",
+    "x-real-ip",
+    "x-client-ip",
+    "x-cluster-client-ip",
+    "x-original-forwarded-for",
+    "true-client-ip",
+    "cf-connecting-ip",
+    "via",
+];
+
+/// What a caller is told when its request carries a proxy header.
+pub(crate) const FORWARDED_REFUSAL: &str =
+    "Requests relayed by a proxy (X-Forwarded-For, Forwarded, X-Real-IP, Via, ...) are not allowed";
+
+/// Requests relayed by a proxy carry one of [`PROXY_HEADERS`]; metadata
+/// services refuse them so that an SSRF through a proxy in the pod cannot
+/// reach us.
 pub(crate) fn is_forwarded(headers: &HeaderMap) -> bool {
-    headers.contains_key("x-forwarded-for") || headers.contains_key("forwarded")
+    PROXY_HEADERS.iter().any(|h| headers.contains_key(*h))
 }
 
 /// The pod's current projected token for `cloud`; its absence is a
