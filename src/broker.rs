@@ -37,7 +37,7 @@ use crate::cache::{Cache, CacheConfig, CacheOutcome, CacheScope, KeyRef};
 use crate::cloud::{
     Cloud, CloudExchanger, Credential, Identity, Kind, PerCloud, RequestError, TokenRequest,
 };
-use crate::directory::{Attributes, Bindings, Directory};
+use crate::directory::{Attributes, Bindings, Directory, PodCheck};
 use crate::secret::{fingerprint, ExposeSecret, SecretString};
 use crate::telemetry::metrics::{Metrics, RequestLabel};
 use crate::token::{Caller, Verifier, VerifyError};
@@ -452,15 +452,22 @@ impl Core {
                 .into());
             }
         }
-        let exists = self
+        let check = self
             .directory
-            .pod_exists(&caller.namespace, &pod.name, &pod.uid)
+            .pod_check(&caller.namespace, &pod.name, &pod.uid)
             .await
             .map_err(|e| BrokerError::Unavailable(e.to_string()))?;
-        if exists == Some(false) {
-            return Err(VerifyError::PodGone.into());
+        match check {
+            PodCheck::Gone => Err(VerifyError::PodGone.into()),
+            // INVARIANT: where the token names no node, the pod's own
+            // spec.nodeName is what keeps the token to its node.
+            PodCheck::Elsewhere(node) => Err(VerifyError::OtherNode {
+                token_node: node,
+                this_node: self.node_name.clone().unwrap_or_default(),
+            }
+            .into()),
+            PodCheck::Here | PodCheck::Unknown => Ok(caller),
         }
-        Ok(caller)
     }
 
     /// The caller's ServiceAccount's bindings (none when it is unknown).

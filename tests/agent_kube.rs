@@ -430,3 +430,31 @@ when { principal.namespace.hasTag("team") && principal.namespace.getTag("team") 
     assert!(log.contains("policy set loaded"), "{log}");
     assert!(!log.contains("eyJ"), "no JWT in the log");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_without_a_node_claim_is_kept_to_its_pods_node() {
+    // Clusters before 1.30 issue tokens without a node claim: the pod's own
+    // spec.nodeName must keep such a token to its node.
+    let here = PodIdentity::new("default", "ray-worker", "ray-worker-0", NODE);
+    let c = cluster(&here).await;
+    let elsewhere = PodIdentity::new("default", "ray-worker", "ray-worker-9", "node-b");
+    c.kube.apply_pod(pod_object(&elsewhere));
+    let (agent, port) = c.start_agent(&["--node-name", NODE]).await;
+    let aud = ["api://AzureADTokenExchange"];
+    let hour = Duration::from_secs(3600);
+    let without_node = |pod: &PodIdentity| {
+        let mut claims = c.up.issuer.claims_for(pod, &aud, hour);
+        claims.kubernetes.node = None;
+        c.up.issuer.sign(&claims).unwrap()
+    };
+    // This node's pod: served.
+    eventually_status(port, &without_node(&here), 200).await;
+    // The other node's pod, whose token names no node: refused, never
+    // exchanged.
+    let issued = c.up.entra.stats.issued.load(Ordering::Relaxed);
+    let (status, body) = ask(port, &without_node(&elsewhere)).await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(body["error"]["code"], "other_node", "{body}");
+    assert_eq!(c.up.entra.stats.issued.load(Ordering::Relaxed), issued);
+    drop(agent);
+}

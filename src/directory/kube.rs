@@ -22,7 +22,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, ResourceExt};
 
-use super::{Attributes, Bindings, Directory, DirectoryError, Metadata};
+use super::{Attributes, Bindings, Directory, DirectoryError, Metadata, PodCheck};
 
 /// Called with (namespace, name) when a ServiceAccount's bindings change
 /// or it is deleted, and with a pod uid when a pod of this node is gone.
@@ -45,6 +45,8 @@ pub struct KubeDirectory {
     client: Client,
     service_accounts: Store<ServiceAccount>,
     pods: Option<Store<Pod>>,
+    /// This node, whose pods `pods` holds.
+    node_name: Option<String>,
     known: Arc<Mutex<HashMap<Key, Known>>>,
     pod_labels: Arc<Mutex<HashMap<Key, Metadata>>>,
     namespace_labels: Option<Arc<Mutex<HashMap<String, Metadata>>>>,
@@ -103,6 +105,7 @@ impl KubeDirectory {
         });
 
         let pod_labels: Arc<Mutex<HashMap<Key, Metadata>>> = Arc::default();
+        let node_name = watch.node_name.clone();
         let pods = match watch.node_name {
             Some(node) => {
                 let (pod_store, pod_writer) = reflector::store::<Pod>();
@@ -185,6 +188,7 @@ impl KubeDirectory {
             client,
             service_accounts: sa_store,
             pods,
+            node_name,
             known,
             pod_labels,
             namespace_labels: namespaces.map(|(_, map)| map),
@@ -350,24 +354,36 @@ impl Directory for KubeDirectory {
         Ok(attributes)
     }
 
-    async fn pod_exists(
+    async fn pod_check(
         &self,
         namespace: &str,
         name: &str,
         uid: &str,
-    ) -> Result<Option<bool>, DirectoryError> {
-        let Some(pods) = &self.pods else {
-            return Ok(None);
+    ) -> Result<PodCheck, DirectoryError> {
+        let (Some(pods), Some(node)) = (&self.pods, &self.node_name) else {
+            return Ok(PodCheck::Unknown);
         };
+        // The watch holds this node's pods only.
         if let Some(pod) = pods.get(&ObjectRef::new(name).within(namespace)) {
-            return Ok(Some(pod.uid().as_deref() == Some(uid)));
+            return Ok(match pod.uid().as_deref() == Some(uid) {
+                true => PodCheck::Here,
+                false => PodCheck::Gone,
+            });
         }
+        // Not seen by the watch (yet): read it, and where it runs.
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        match api.get_opt(name).await {
-            Ok(found) => Ok(Some(found.is_some_and(|p| p.uid().as_deref() == Some(uid)))),
-            Err(e) => Err(DirectoryError(format!(
-                "reading pod {namespace}/{name}: {e}"
-            ))),
-        }
+        let found = api
+            .get_opt(name)
+            .await
+            .map_err(|e| DirectoryError(format!("reading pod {namespace}/{name}: {e}")))?;
+        Ok(match found.filter(|p| p.uid().as_deref() == Some(uid)) {
+            None => PodCheck::Gone,
+            Some(p) => match p.spec.and_then(|s| s.node_name) {
+                Some(n) if &n == node => PodCheck::Here,
+                Some(n) => PodCheck::Elsewhere(n),
+                // Not scheduled yet: it runs nowhere, here least of all.
+                None => PodCheck::Elsewhere(String::new()),
+            },
+        })
     }
 }

@@ -121,6 +121,19 @@ impl Attributes {
 #[error("binding directory unavailable: {0}")]
 pub struct DirectoryError(pub String);
 
+/// What the live objects say of a caller's pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodCheck {
+    /// Pods are not tracked here.
+    Unknown,
+    /// It exists, with that uid, on this node.
+    Here,
+    /// No pod of that name and uid exists.
+    Gone,
+    /// It exists on another node (named).
+    Elsewhere(String),
+}
+
 /// A source of bindings keyed by namespace and ServiceAccount name.
 #[async_trait::async_trait]
 pub trait Directory: Send + Sync {
@@ -128,16 +141,18 @@ pub trait Directory: Send + Sync {
     async fn lookup(&self, namespace: &str, name: &str)
         -> Result<Option<Bindings>, DirectoryError>;
 
-    /// Whether the pod `namespace/name` with `uid` still exists; `Ok(None)`
-    /// when this directory does not track pods. Bound tokens outlive their
-    /// pod until they expire; this is how they stop working sooner.
-    async fn pod_exists(
+    /// Where the pod `namespace/name` with `uid` is, as the live objects
+    /// say: [`PodCheck::Unknown`] when this directory does not track pods.
+    /// Bound tokens outlive their pod until they expire; this is how they
+    /// stop working sooner, and how a token without a node claim (clusters
+    /// before 1.30 issue such tokens) is kept to its own node.
+    async fn pod_check(
         &self,
         _namespace: &str,
         _name: &str,
         _uid: &str,
-    ) -> Result<Option<bool>, DirectoryError> {
-        Ok(None)
+    ) -> Result<PodCheck, DirectoryError> {
+        Ok(PodCheck::Unknown)
     }
 
     /// Labels and annotations of the caller's ServiceAccount, namespace
