@@ -472,6 +472,14 @@ impl Core {
 
     /// The caller's ServiceAccount's bindings (none when it is unknown).
     async fn bindings(&self, caller: &Caller) -> Result<Bindings, BrokerError> {
+        let live = self
+            .directory
+            .service_account_uid(&caller.namespace, &caller.service_account)
+            .await
+            .map_err(|e| BrokerError::Unavailable(e.to_string()))?;
+        if live.is_some_and(|uid| uid != caller.service_account_uid) {
+            return Err(VerifyError::ServiceAccountReplaced.into());
+        }
         Ok(self
             .directory
             .lookup(&caller.namespace, &caller.service_account)

@@ -458,3 +458,30 @@ async fn a_token_without_a_node_claim_is_kept_to_its_pods_node() {
     assert_eq!(c.up.entra.stats.issued.load(Ordering::Relaxed), issued);
     drop(agent);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_of_a_deleted_and_recreated_service_account_is_refused() {
+    let pod = PodIdentity::new("default", "ray-worker", "ray-worker-0", NODE);
+    let c = cluster(&pod).await;
+    let (agent, port) = c.start_agent(&["--node-name", NODE]).await;
+    let token =
+        c.up.issuer
+            .mint(
+                &pod,
+                &["api://AzureADTokenExchange"],
+                Duration::from_secs(3600),
+            )
+            .unwrap();
+    eventually_status(port, &token, 200).await;
+    // Deleted and created again under the same name (a new uid), with the
+    // same binding: the old account's token gets nothing.
+    let mut again = service_account(&pod, &BOUND);
+    again.metadata.uid = Some("3c1e9b7a-0000-4000-8000-000000000001".into());
+    assert!(c
+        .kube
+        .delete_service_account(&pod.namespace, &pod.service_account));
+    c.kube.apply_service_account(again);
+    let body = eventually_status(port, &token, 401).await;
+    assert_eq!(body["error"]["code"], "service_account_replaced", "{body}");
+    drop(agent);
+}

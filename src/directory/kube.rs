@@ -324,6 +324,22 @@ impl Directory for KubeDirectory {
         }
     }
 
+    async fn service_account_uid(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<String>, DirectoryError> {
+        let key = ObjectRef::new(name).within(namespace);
+        if let Some(sa) = self.service_accounts.get(&key) {
+            return Ok(sa.uid());
+        }
+        let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), namespace);
+        api.get_opt(name)
+            .await
+            .map(|found| found.and_then(|sa| sa.uid()))
+            .map_err(|e| DirectoryError(format!("reading serviceaccount {namespace}/{name}: {e}")))
+    }
+
     async fn attributes(
         &self,
         namespace: &str,

@@ -155,6 +155,18 @@ pub trait Directory: Send + Sync {
         Ok(PodCheck::Unknown)
     }
 
+    /// The uid of the live ServiceAccount `namespace/name`; `Ok(None)` when
+    /// it is unknown, or this directory does not track uids. A token names
+    /// its ServiceAccount's uid: one for a deleted ServiceAccount must not
+    /// be honoured for another created under the same name.
+    async fn service_account_uid(
+        &self,
+        _namespace: &str,
+        _name: &str,
+    ) -> Result<Option<String>, DirectoryError> {
+        Ok(None)
+    }
+
     /// Labels and annotations of the caller's ServiceAccount, namespace
     /// and pod, for policies that look at them; empty by default.
     async fn attributes(

@@ -86,6 +86,12 @@ pub enum VerifyError {
     /// The pod the token is bound to no longer exists (or has another uid).
     #[error("token belongs to a pod that no longer exists")]
     PodGone,
+    /// The token's ServiceAccount was deleted and created again under the
+    /// same name: the token names the old one's uid.
+    #[error(
+        "token belongs to a ServiceAccount that was deleted (one of the same name exists now)"
+    )]
+    ServiceAccountReplaced,
     /// The token's pod runs on another node than this agent's.
     #[error("token was issued for node {token_node}, not this node ({this_node})")]
     OtherNode {
@@ -122,6 +128,7 @@ impl VerifyError {
             VerifyError::Keys(_) => "keys_unavailable",
             VerifyError::NotPodBound => "not_pod_bound",
             VerifyError::PodGone => "pod_gone",
+            VerifyError::ServiceAccountReplaced => "service_account_replaced",
             VerifyError::OtherNode { .. } => "other_node",
             VerifyError::Refused { reason, .. } if reason == "token_review" => "token_review",
             VerifyError::Refused { .. } => "refused",
