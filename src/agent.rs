@@ -21,6 +21,15 @@ use crate::token::{kube_get, Discovery, KeySet, KeySource, Lookup, Verifier};
 
 /// Builds the agent's broker from configuration.
 pub async fn broker(config: &Config, metrics: Arc<Metrics>) -> anyhow::Result<Broker> {
+    match (&config.cluster.node_name, config.cluster.insecure_no_node_name) {
+        (None, false) => anyhow::bail!(
+            "no node name: set --node-name or NODE_NAME (in a DaemonSet, from the downward API: fieldRef spec.nodeName); without it tokens cannot be kept to this node (--insecure-no-node-name runs without, for a single-node test only)"
+        ),
+        (None, true) => tracing::warn!(
+            "running without a node name (--insecure-no-node-name): tokens are not kept to this node"
+        ),
+        (Some(_), _) => {}
+    }
     let http = crate::http::client();
     let cache = Cache::new(config.cache.to_cache_config(), metrics.clone());
     // Static bindings when configured; otherwise the Kubernetes API.

@@ -194,6 +194,10 @@ pub struct ClusterConfig {
     pub namespaces: Vec<NamespaceEntry>,
     /// TokenReview each new token with the API server (needs `create tokenreviews`).
     pub token_review: bool,
+    /// Run the agent without a node name. Unsafe: tokens are then not kept
+    /// to this node, and pods of other nodes are not told apart; only for
+    /// a single-node test setup.
+    pub insecure_no_node_name: bool,
 }
 
 /// Authorization policy settings.

@@ -120,6 +120,9 @@ struct AgentArgs {
     /// This node's name; tokens bound to another node are refused.
     #[arg(long, env = "NODE_NAME", value_name = "NAME")]
     node_name: Option<String>,
+    /// Run without a node name (unsafe: tokens are not kept to this node).
+    #[arg(long)]
+    insecure_no_node_name: bool,
     /// The cluster's service-account issuer URL (OIDC discovery).
     #[arg(long, value_name = "URL")]
     issuer: Option<String>,
@@ -136,6 +139,11 @@ impl AgentArgs {
             .set(None, "listen", self.listen.as_ref())
             .set(None, "admin_listen", self.admin_listen.as_ref())
             .set(section, "node_name", self.node_name.as_ref())
+            .set(
+                section,
+                "insecure_no_node_name",
+                self.insecure_no_node_name.then_some(true),
+            )
             .set(section, "issuer", self.issuer.as_ref())
             .set(section, "token_review", self.token_review.then_some(true))
     }

@@ -264,7 +264,9 @@ async fn token_review_on_first_sight() {
     let pod = PodIdentity::new("default", "ray-worker", "ray-worker-0", NODE);
     let c = cluster(&pod).await;
     let (up, kube) = (&c.up, &c.kube);
-    let (_agent, port) = c.start_agent(&["--token-review"]).await;
+    let (_agent, port) = c
+        .start_agent(&["--token-review", "--node-name", NODE])
+        .await;
     let aud = ["api://AzureADTokenExchange"];
     let token = up
         .issuer

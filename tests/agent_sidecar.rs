@@ -430,16 +430,47 @@ fn start_errors_say_what_to_fix() {
     .unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_lanyard"))
         .args(["--config", config.to_str().unwrap(), "agent"])
-        .args(["--issuer", "http://127.0.0.1:1"])
+        .args(["--issuer", "http://127.0.0.1:1", "--node-name", NODE])
         .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
         .output()
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot load the cluster issuer's keys"));
 
+    // Without a node name, the agent does not start (unless told to run
+    // unsafely), naming what to set.
+    let out = Command::new(env!("CARGO_BIN_EXE_lanyard"))
+        .args(["--config", config.to_str().unwrap(), "agent"])
+        .args(["--issuer", "http://127.0.0.1:1"])
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .env_remove("NODE_NAME")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no node name") && err.contains("NODE_NAME"),
+        "{err}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_lanyard"))
+        .args(["--config", config.to_str().unwrap(), "agent"])
+        .args(["--issuer", "http://127.0.0.1:1", "--insecure-no-node-name"])
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .env_remove("NODE_NAME")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot load the cluster issuer's keys"),
+        "{err}"
+    );
+    assert!(err.contains("tokens are not kept to this node"), "{err}");
+
     let out = Command::new(env!("CARGO_BIN_EXE_lanyard"))
         .args([
             "agent",
+            "--node-name",
+            NODE,
             "--listen",
             "127.0.0.1:0",
             "--admin-listen",
