@@ -636,6 +636,22 @@ mod tests {
         format!("{{\"type\":\"credential\",\"n\":{i}}}").into_bytes()
     }
 
+    /// A file of three records, then `tail` appended, as a crash in the
+    /// middle of a write or a hand would leave it.
+    async fn three_records_then(path: &Path, tail: &[u8]) {
+        let s = sink(options(path));
+        for i in 0..3 {
+            s.write(record(i)).await.unwrap();
+        }
+        drop(s);
+        OpenOptions::new()
+            .append(true)
+            .open(path)
+            .unwrap()
+            .write_all(tail)
+            .unwrap();
+    }
+
     fn files_of(dir: &Path) -> Vec<PathBuf> {
         let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
             .unwrap()
@@ -675,14 +691,7 @@ mod tests {
     async fn a_torn_last_line_is_cut_and_the_chain_goes_on() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("audit.jsonl");
-        let s = sink(options(&path));
-        for i in 0..3 {
-            s.write(record(i)).await.unwrap();
-        }
-        drop(s);
-        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
-        f.write_all(b"{\"type\":\"credential\",\"n\":3,\"se")
-            .unwrap();
+        three_records_then(&path, b"{\"type\":\"credential\",\"n\":3,\"se").await;
         assert!(verify::verify(std::slice::from_ref(&path)).is_err(), "torn");
         let s = sink(options(&path));
         s.write(record(4)).await.unwrap();
@@ -726,13 +735,7 @@ mod tests {
     async fn a_foreign_last_line_is_set_aside_and_the_sequence_goes_on() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("audit.jsonl");
-        let s = sink(options(&path));
-        for i in 0..3 {
-            s.write(record(i)).await.unwrap();
-        }
-        drop(s);
-        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
-        f.write_all(b"edited by hand\n").unwrap();
+        three_records_then(&path, b"edited by hand\n").await;
         let s = sink(options(&path));
         s.write(record(3)).await.unwrap();
         let aside: Vec<PathBuf> = std::fs::read_dir(dir.path())
