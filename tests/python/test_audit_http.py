@@ -203,12 +203,16 @@ def test_with_drop_records_retention_removed_are_counted_and_recorded(tmp_path, 
             return [r for f in tmp_path.glob("audit*.jsonl") for r in map(json.loads, f.read_text().splitlines())
                     if r["type"] == "export"]
         assert wait_until(lambda: recorded()), "the loss was never recorded"
-        incident = recorded()[0]
-        assert incident["incident"] == "records_lost" and incident["records"] >= 1
-        assert incident["last_seq"] - incident["first_seq"] + 1 == incident["records"]
-        # What survived retention is delivered, the loss record included.
+        for incident in recorded():
+            assert incident["incident"] == "records_lost" and incident["records"] >= 1
+            assert incident["last_seq"] - incident["first_seq"] + 1 == incident["records"]
+        # What survived retention is delivered, the loss records included.
         assert wait_until(lambda: any(r["type"] == "export" for r in collector.received))
-        metrics = dev.metric("lanyard_audit_records_total", sink="http", result="lost")
-        assert metrics == incident["records"]
+        # Every lost record is counted; a loss may be found in several
+        # stretches while retention goes on, and with so small a file an
+        # early loss record can itself be rotated away, so the records on
+        # disk account for at most what was counted.
+        lost = dev.metric("lanyard_audit_records_total", sink="http", result="lost")
+        assert 0 < sum(i["records"] for i in recorded()) <= lost, (lost, recorded())
     finally:
         assert dev.stop() == 0
