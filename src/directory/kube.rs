@@ -303,6 +303,26 @@ fn track_service_accounts(
     }
 }
 
+impl KubeDirectory {
+    /// The ServiceAccount `namespace/name`: from the watch, or read when
+    /// the watch has not seen it yet (created a moment ago, or absent).
+    async fn service_account(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<ServiceAccount>>, DirectoryError> {
+        let key = ObjectRef::new(name).within(namespace);
+        if let Some(sa) = self.service_accounts.get(&key) {
+            return Ok(Some(sa));
+        }
+        let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), namespace);
+        api.get_opt(name)
+            .await
+            .map(|found| found.map(Arc::new))
+            .map_err(|e| DirectoryError(format!("reading serviceaccount {namespace}/{name}: {e}")))
+    }
+}
+
 #[async_trait::async_trait]
 impl Directory for KubeDirectory {
     async fn lookup(
@@ -310,18 +330,8 @@ impl Directory for KubeDirectory {
         namespace: &str,
         name: &str,
     ) -> Result<Option<Bindings>, DirectoryError> {
-        let key = ObjectRef::new(name).within(namespace);
-        if let Some(sa) = self.service_accounts.get(&key) {
-            return Ok(Some(Bindings::from_annotations(sa.annotations())));
-        }
-        // Not seen yet: created a moment ago, or does not exist.
-        let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), namespace);
-        match api.get_opt(name).await {
-            Ok(found) => Ok(found.map(|sa| Bindings::from_annotations(sa.annotations()))),
-            Err(e) => Err(DirectoryError(format!(
-                "reading serviceaccount {namespace}/{name}: {e}"
-            ))),
-        }
+        let sa = self.service_account(namespace, name).await?;
+        Ok(sa.map(|sa| Bindings::from_annotations(sa.annotations())))
     }
 
     async fn service_account_uid(
@@ -329,15 +339,8 @@ impl Directory for KubeDirectory {
         namespace: &str,
         name: &str,
     ) -> Result<Option<String>, DirectoryError> {
-        let key = ObjectRef::new(name).within(namespace);
-        if let Some(sa) = self.service_accounts.get(&key) {
-            return Ok(sa.uid());
-        }
-        let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), namespace);
-        api.get_opt(name)
-            .await
-            .map(|found| found.and_then(|sa| sa.uid()))
-            .map_err(|e| DirectoryError(format!("reading serviceaccount {namespace}/{name}: {e}")))
+        let sa = self.service_account(namespace, name).await?;
+        Ok(sa.and_then(|sa| sa.uid()))
     }
 
     async fn attributes(
