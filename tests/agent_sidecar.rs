@@ -67,13 +67,13 @@ async fn start_agent(config: &Path, listen: &str) -> (Proc, u16) {
     (agent, api.port())
 }
 
-/// Starts `lanyard-sidecar` on any free port, backed by the agent on
-/// `agent_port`; returns it and its port.
-async fn start_sidecar(agent_port: u16, token_dir: &Path) -> (Proc, u16) {
+/// Starts `lanyard-sidecar` on any free port, backed by the agent at
+/// `agent_url`; returns it and its port.
+async fn start_sidecar(agent_url: &str, token_dir: &Path) -> (Proc, u16) {
     let mut sidecar = Proc::spawn(
         Command::new(env!("CARGO_BIN_EXE_lanyard-sidecar"))
             .args(["--listen", "127.0.0.1:0"])
-            .args(["--agent", &format!("http://127.0.0.1:{agent_port}")])
+            .args(["--agent", agent_url])
             .args(["--token-dir", token_dir.to_str().unwrap()])
             .env("IDENTITY_HEADER", IDENTITY_HEADER)
             .env("RUST_LOG", "debug"),
@@ -128,7 +128,8 @@ async fn all_clouds_through_sidecar_and_agent_and_recovery_after_agent_restart()
     let s = setup(&pod).await;
     let tokens = s.dir.path().join("tokens");
     let (agent, agent_port) = start_agent(&s.config, "127.0.0.1:0").await;
-    let (sidecar, sidecar_port) = start_sidecar(agent_port, &tokens).await;
+    let (sidecar, sidecar_port) =
+        start_sidecar(&format!("http://127.0.0.1:{agent_port}"), &tokens).await;
     let base = format!("http://127.0.0.1:{sidecar_port}");
     wait_ready(&format!("{base}/readyz")).await;
 
@@ -222,14 +223,9 @@ async fn ipv6_agent_and_a_sidecar_on_both_loopbacks() {
     // The agent listens on an IPv6 address only; the sidecar reaches it by
     // a bracketed URL.
     let (agent, agent_port) = start_agent(&s.config, "[::1]:0").await;
-    let mut sidecar = Proc::spawn(
-        Command::new(env!("CARGO_BIN_EXE_lanyard-sidecar"))
-            .args(["--listen", "127.0.0.1:0"])
-            .args(["--agent", &format!("http://[::1]:{agent_port}")])
-            .args(["--token-dir", tokens.to_str().unwrap()])
-            .env("RUST_LOG", "debug"),
-    );
-    let v4 = sidecar.addr("lanyard sidecar serving", "addr").await;
+    let (mut sidecar, v4_port) =
+        start_sidecar(&format!("http://[::1]:{agent_port}"), &tokens).await;
+    let v4 = std::net::SocketAddr::from(([127, 0, 0, 1], v4_port));
     let v6 = sidecar.listening("sidecar SDK endpoints (IPv6)").await;
     assert!(v6.ip().is_loopback() && v6.is_ipv6(), "{v6}");
     assert_eq!(v6.port(), v4.port(), "one port on both loopbacks");

@@ -277,10 +277,12 @@ pub async fn run(exporter: Exporter) {
     let mut failing = false;
     loop {
         let batch = {
-            let mut f = std::mem::replace(&mut follower, Follower::new(PathBuf::new(), None, None));
+            // Reading is blocking I/O: the follower goes to a blocking
+            // thread and comes back with the batch.
+            let mut moved = follower;
             let (f, batch) = tokio::task::spawn_blocking(move || {
-                let batch = f.next_batch(BATCH);
-                (f, batch)
+                let batch = moved.next_batch(BATCH);
+                (moved, batch)
             })
             .await
             .unwrap_or_else(|_| {

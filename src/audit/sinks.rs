@@ -59,6 +59,8 @@ struct Backlog {
     when_full: WhenFull,
     /// Since when issuance has been refused, and how many records.
     refusing: std::sync::Mutex<Option<(std::time::SystemTime, u64, &'static str)>>,
+    /// Whether `refusing` holds a refusal: read without the lock.
+    refusing_now: std::sync::atomic::AtomicBool,
 }
 
 /// The configured sinks.
@@ -99,6 +101,7 @@ impl Sinks {
             max,
             when_full,
             refusing: std::sync::Mutex::new(None),
+            refusing_now: std::sync::atomic::AtomicBool::new(false),
         });
         self
     }
@@ -119,7 +122,13 @@ impl Sinks {
             .iter()
             .map(|p| (p.name, written.saturating_sub(p.next())))
             .max_by_key(|(_, n)| *n);
+        let over = behind.is_some_and(|(_, n)| n >= b.max);
+        if !over && !b.refusing_now.load(std::sync::atomic::Ordering::Acquire) {
+            return Ok(None);
+        }
         let mut refusing = b.refusing.lock().unwrap_or_else(|p| p.into_inner());
+        b.refusing_now
+            .store(over, std::sync::atomic::Ordering::Release);
         match behind {
             Some((name, n)) if n >= b.max => {
                 let entry = refusing.get_or_insert_with(|| {

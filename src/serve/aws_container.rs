@@ -22,7 +22,7 @@ use crate::cloud::{Cloud, CloudError, Credential, Kind, Surface, TokenRequest};
 use crate::secret::{constant_time_eq, ExposeSecret};
 
 /// Errors as `{code, message}`, the shape of the EKS Pod Identity agent.
-fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+pub(crate) fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
     (
         status,
         Json(json!({ "code": code, "message": message.into() })),

@@ -117,7 +117,9 @@ pub(crate) const FORWARDED_REFUSAL: &str =
 /// services refuse them so that an SSRF through a proxy in the pod cannot
 /// reach us.
 pub(crate) fn is_forwarded(headers: &HeaderMap) -> bool {
-    PROXY_HEADERS.iter().any(|h| headers.contains_key(*h))
+    // An SDK request has a handful of headers: walk those (names arrive
+    // lower-cased) rather than look up every proxy header.
+    headers.keys().any(|k| PROXY_HEADERS.contains(&k.as_str()))
 }
 
 /// The pod's current projected token for `cloud`; its absence is a

@@ -106,6 +106,9 @@ fn method_not_allowed(route: Route) -> Response {
             Json(json!({ "error": "invalid_request", "error_description": message })),
         )
             .into_response(),
+        Route::AwsContainer => {
+            aws_container::error(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", message)
+        }
         _ => app_service_error(StatusCode::METHOD_NOT_ALLOWED, message),
     }
 }
