@@ -333,6 +333,15 @@ pub struct WebhookConfig {
     pub probe_port: u16,
     /// Audience of the app-facing token.
     pub app_audience: String,
+    /// `requests.cpu` of the injected sidecar (`null`: none).
+    pub sidecar_cpu_request: Option<String>,
+    /// `requests.memory` of the injected sidecar (`null`: none).
+    pub sidecar_memory_request: Option<String>,
+    /// `limits.cpu` of the injected sidecar (`null`, the default: none, so
+    /// that a burst of SDK calls is not throttled).
+    pub sidecar_cpu_limit: Option<String>,
+    /// `limits.memory` of the injected sidecar (`null`: none).
+    pub sidecar_memory_limit: Option<String>,
 }
 
 impl Default for WebhookConfig {
@@ -347,6 +356,13 @@ impl Default for WebhookConfig {
             sidecar_port: 8642,
             probe_port: 8643,
             app_audience: "lanyard".into(),
+            // Small: the sidecar idles between SDK refreshes. bench/run
+            // measures the slim sidecar at about 8 MiB RSS; 16Mi leaves room
+            // for connection buffers, and the 64Mi limit bounds a leak.
+            sidecar_cpu_request: Some("10m".into()),
+            sidecar_memory_request: Some("16Mi".into()),
+            sidecar_cpu_limit: None,
+            sidecar_memory_limit: Some("64Mi".into()),
         }
     }
 }
@@ -840,6 +856,21 @@ impl Config {
                 ));
             }
         }
+        let w = &self.webhook;
+        for (key, value) in [
+            ("webhook.sidecar_cpu_request", &w.sidecar_cpu_request),
+            ("webhook.sidecar_memory_request", &w.sidecar_memory_request),
+            ("webhook.sidecar_cpu_limit", &w.sidecar_cpu_limit),
+            ("webhook.sidecar_memory_limit", &w.sidecar_memory_limit),
+        ] {
+            if let Some(v) = value.as_deref().filter(|v| !is_quantity(v)) {
+                return Err(invalid(
+                    key,
+                    "a Kubernetes quantity such as 10m, 0.5, 16Mi or 1G",
+                    v,
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -1033,6 +1064,30 @@ fn is_project_id(s: &str) -> bool {
         && s.bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && s.starts_with(|c: char| c.is_ascii_lowercase())
+}
+
+/// A Kubernetes resource quantity: a decimal number, then an optional
+/// binary (`Ki`…`Ei`) or decimal (`n`, `u`, `m`, `k`, `M`…`E`) suffix, or
+/// an exponent (`1e3`). Checked here so that a typo fails at start rather
+/// than in every pod the webhook admits.
+fn is_quantity(s: &str) -> bool {
+    let s = s.strip_prefix('+').unwrap_or(s);
+    let digits = s
+        .bytes()
+        .take_while(|b| b.is_ascii_digit() || *b == b'.')
+        .count();
+    let (number, suffix) = s.split_at(digits);
+    let valid_number = number.bytes().filter(|b| *b == b'.').count() <= 1
+        && number.bytes().any(|b| b.is_ascii_digit());
+    let valid_suffix = match suffix {
+        "" | "n" | "u" | "m" | "k" | "M" | "G" | "T" | "P" | "E" => true,
+        "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei" => true,
+        exp => exp.strip_prefix(['e', 'E']).is_some_and(|e| {
+            let e = e.strip_prefix(['+', '-']).unwrap_or(e);
+            !e.is_empty() && e.bytes().all(|b| b.is_ascii_digit())
+        }),
+    };
+    s.len() <= 64 && valid_number && valid_suffix
 }
 
 fn is_tenant(s: &str) -> bool {

@@ -288,3 +288,37 @@ fn only_lists_and_maps_are_structured() {
         ]
     );
 }
+
+#[test]
+fn sidecar_resources_take_kubernetes_quantities() {
+    for good in [
+        "10m",
+        "0.5",
+        "16Mi",
+        "1G",
+        "2",
+        "+1",
+        "1e3",
+        "128974848",
+        ".5Gi",
+    ] {
+        assert!(is_quantity(good), "{good}");
+    }
+    for bad in ["", "-1", "16MB", "1.2.3", "m", "10 m", "1e", "Mi16"] {
+        assert!(!is_quantity(bad), "{bad}");
+    }
+    Jail::expect_with(|jail| {
+        jail.set_env("LANYARD_WEBHOOK_SIDECAR_MEMORY_LIMIT", "64MB");
+        let m = message(load(None, json!({})));
+        assert!(
+            m.contains("webhook.sidecar_memory_limit") && m.contains("64MB"),
+            "{m}"
+        );
+        jail.set_env("LANYARD_WEBHOOK_SIDECAR_MEMORY_LIMIT", "128Mi");
+        let c = load(None, json!({})).unwrap();
+        let injected = crate::webhook::InjectionConfig::from_config(&c).resources;
+        assert_eq!(injected.memory_limit.as_deref(), Some("128Mi"));
+        assert_eq!(injected.cpu_limit, None);
+        Ok(())
+    });
+}

@@ -129,17 +129,9 @@ pub struct SidecarResources {
 }
 
 impl Default for SidecarResources {
-    /// Small: the sidecar idles between SDK refreshes. bench/run measures
-    /// the slim sidecar at about 8 MiB RSS; 16Mi leaves room for
-    /// connection buffers, and the 64Mi limit bounds a leak. No CPU limit,
-    /// so that a burst of SDK calls is not throttled.
+    /// The configuration's defaults (`webhook.sidecar_*`).
     fn default() -> Self {
-        SidecarResources {
-            cpu_request: Some("10m".into()),
-            memory_request: Some("16Mi".into()),
-            cpu_limit: None,
-            memory_limit: Some("64Mi".into()),
-        }
+        InjectionConfig::default().resources
     }
 }
 
@@ -205,7 +197,12 @@ impl InjectionConfig {
             app_audience: w.app_audience.clone(),
             aws_region: Some(config.aws.region.clone()),
             azure_tenant_id: config.azure.tenant_id.clone(),
-            resources: SidecarResources::default(),
+            resources: SidecarResources {
+                cpu_request: w.sidecar_cpu_request.clone(),
+                memory_request: w.sidecar_memory_request.clone(),
+                cpu_limit: w.sidecar_cpu_limit.clone(),
+                memory_limit: w.sidecar_memory_limit.clone(),
+            },
         }
     }
 }
