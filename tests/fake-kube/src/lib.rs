@@ -390,6 +390,27 @@ impl FakeKube {
         self.delete(Kind::Namespace, "", name)
     }
 
+    /// The stored Pod `namespace/name`, if any.
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<Pod> {
+        self.stored(Kind::Pod, namespace, name)
+    }
+
+    /// The stored ServiceAccount `namespace/name`, if any.
+    pub fn service_account(&self, namespace: &str, name: &str) -> Option<ServiceAccount> {
+        self.stored(Kind::ServiceAccount, namespace, name)
+    }
+
+    fn stored<K: serde::de::DeserializeOwned>(
+        &self,
+        kind: Kind,
+        namespace: &str,
+        name: &str,
+    ) -> Option<K> {
+        let key = (namespace.to_string(), name.to_string());
+        let value = self.lock().objects[kind.index()].get(&key).cloned()?;
+        serde_json::from_value(value).ok()
+    }
+
     /// Every Event created through `events.k8s.io/v1`, as stored (patches
     /// applied), oldest first.
     pub fn events(&self) -> Vec<Value> {
