@@ -79,6 +79,12 @@ class Container:
 
         for f in files:
             f.write_text(rewrite(f.read_text()))
+        # The root filesystem is read-only and holds only the binaries:
+        # whatever the container is told to read or write must be mounted.
+        leftovers = [t for t in [*(f.read_text() for f in files), *container.get("args", []),
+                                 *(v.get("value", "") for v in container.get("env", []))]
+                     for prefix in ("/etc/lanyard", "/var/lib/lanyard") if prefix in rewrite(t)]
+        assert not leftovers, f"{kind} refers to paths it does not mount: {leftovers}"
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "KUBECONFIG": kubeconfig}
         for var in container.get("env", []):
             if "value" in var:
@@ -117,13 +123,15 @@ def materialise(objects: list[dict], volume: dict, target: Path) -> list[Path]:
     written = []
     if "configMap" in volume:
         data = find(objects, "ConfigMap", volume["configMap"]["name"])["data"]
-        for key, text in data.items():
-            (target / key).write_text(text)
-            written.append(target / key)
+        items = volume["configMap"].get("items") or [{"key": k, "path": k} for k in data]
+        for item in items:
+            (target / item["path"]).write_text(data[item["key"]])
+            written.append(target / item["path"])
     elif "secret" in volume:
         data = find(objects, "Secret", volume["secret"]["secretName"])["data"]
-        for key, b64 in data.items():
-            (target / key).write_bytes(base64.b64decode(b64))
+        items = volume["secret"].get("items") or [{"key": k, "path": k} for k in data]
+        for item in items:
+            (target / item["path"]).write_bytes(base64.b64decode(data[item["key"]]))
     elif "emptyDir" in volume:
         pass
     else:

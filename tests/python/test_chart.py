@@ -141,14 +141,14 @@ def test_the_agent_is_reached_on_its_own_node():
     objects = render({})
     service = find(objects, "Service", "lanyard-agent")
     assert service["spec"]["internalTrafficPolicy"] == "Local"
-    config = yaml.safe_load(find(objects, "ConfigMap", "lanyard-config")["data"]["config.yaml"])
+    config = yaml.safe_load(find(objects, "ConfigMap", "lanyard-config")["data"]["webhook.yaml"])
     assert config["webhook"]["agent_url"] == f"http://lanyard-agent.{NAMESPACE}.svc:8700"
     # The documented alternative: the node's IP and a hostPort.
     objects = render(VALUE_SETS["host-port"])
     assert not [o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == "lanyard-agent"]
     (port,) = [p for p in pod_spec(objects, "DaemonSet")["containers"][0]["ports"] if p["name"] == "agent"]
     assert port["hostPort"] == 8700
-    config = yaml.safe_load(find(objects, "ConfigMap", "lanyard-config")["data"]["config.yaml"])
+    config = yaml.safe_load(find(objects, "ConfigMap", "lanyard-config")["data"]["webhook.yaml"])
     assert config["webhook"]["agent_url"] == "http://$(LANYARD_HOST_IP):8700"
 
 
@@ -203,6 +203,9 @@ def test_values_schema_refuses_wrong_types_and_unknown_keys():
         {"unknownTopLevel": True},
         {"sidecar": {"resources": {"memoryLimit": 64}}},
         {"policy": {"policies": {"no-extension": "permit (principal, action, resource);"}}},
+        # A Google provider needs its project (the agent would stop).
+        {"gcp": {"workloadIdentityProvider": GCP["workloadIdentityProvider"]}},
+        {"aws": {"region": "Europe"}},
     ]:
         with pytest.raises(helm.HelmError) as e:
             chart.validate_schema(bad)
@@ -316,6 +319,11 @@ def test_the_rendered_agent_and_webhook_start_and_the_ray_example_is_injected(tm
             audiences = {s["serviceAccountToken"]["audience"] for v in mutated["spec"]["volumes"]
                          if "projected" in v for s in v["projected"]["sources"] if "serviceAccountToken" in s}
             assert {"api://AzureADTokenExchange", "sts.amazonaws.com", GCP["workloadIdentityProvider"]} <= audiences
+        # Each admission is recorded in the webhook's own audit volume.
+        records = [json.loads(line) for line in
+                   (tmp_path / "webhook" / "volumes" / "audit" / "audit.jsonl").read_text().splitlines()]
+        admissions = [r for r in records if r["type"] == "admission"]
+        assert len(admissions) == len(templates), records
     finally:
         codes = [r.stop() for r in roles]
         kube.stop()

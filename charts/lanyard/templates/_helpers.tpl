@@ -65,11 +65,16 @@ seccompProfile:
 {{- end -}}
 
 {{/*
-The Lanyard configuration file (docs/configuration.md), one for both
-roles, so that the audiences the webhook mounts are the ones the agent
-expects. Keys left empty in the values stay at Lanyard's defaults.
+The Lanyard configuration file (docs/configuration.md) of one role
+(`include "lanyard.config" (dict "root" . "role" "agent")`), from the same
+values for both, so that the audiences the webhook mounts are the ones the
+agent expects. Each role's file holds only the sections it reads, so that
+every path in it is one its pod mounts. Keys left empty in the values stay
+at Lanyard's defaults.
 */}}
 {{- define "lanyard.config" -}}
+{{- $role := .role -}}
+{{- with .root -}}
 {{- $v := .Values -}}
 {{- $azure := dict "cloud" $v.azure.cloud "audience" $v.azure.audience -}}
 {{- with $v.azure.tenantId }}{{ $_ := set $azure "tenant_id" . }}{{ end -}}
@@ -102,8 +107,16 @@ expects. Keys left empty in the values stay at Lanyard's defaults.
 {{- $webhook := dict "sidecar_image" (include "lanyard.image" .) "agent_url" (include "lanyard.agentUrl" .) "sidecar_port" $v.sidecar.port "probe_port" $v.sidecar.probePort "sidecar_cpu_request" $r.cpuRequest "sidecar_memory_request" $r.memoryRequest "sidecar_cpu_limit" $r.cpuLimit "sidecar_memory_limit" $r.memoryLimit "tls_cert" "/etc/lanyard/tls/tls.crt" "tls_key" "/etc/lanyard/tls/tls.key" -}}
 {{- with $v.image.pullPolicy }}{{ $_ := set $webhook "image_pull_policy" . }}{{ end -}}
 {{- $cache := dict "max_entries" $v.cache.maxEntries "upstream_concurrency" $v.cache.upstreamConcurrency -}}
-{{- $config := dict "azure" $azure "gcp" $gcp "aws" $aws "cluster" $cluster "audit" $audit "policy" $policy "webhook" $webhook "cache" $cache -}}
+{{- $config := dict "azure" $azure "gcp" $gcp "aws" $aws "audit" $audit -}}
+{{- if eq $role "agent" -}}
+{{- $_ := set $config "cluster" $cluster -}}
+{{- $_ := set $config "policy" $policy -}}
+{{- $_ := set $config "cache" $cache -}}
+{{- else -}}
+{{- $_ := set $config "webhook" $webhook -}}
+{{- end -}}
 {{- toYaml $config -}}
+{{- end -}}
 {{- end -}}
 
 {{/*
