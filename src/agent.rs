@@ -13,11 +13,17 @@ use crate::config::Config;
 use crate::directory::file::StaticDirectory;
 use crate::directory::kube::{Invalidate, KubeDirectory, Watch};
 use crate::directory::Directory;
-use crate::http::{bind, drain, spawn_server, wait_for_signal, Shutdown, DRAIN_TIMEOUT};
+use crate::http::{
+    bind, drain, spawn_server, spawn_server_with, wait_for_signal, Limits, Shutdown, DRAIN_TIMEOUT,
+};
 use crate::pod_events::Explained;
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::{Condition, Readiness};
 use crate::token::{kube_get, Discovery, KeySet, KeySource, Lookup, Verifier};
+
+/// Connections the agent API keeps open at once (a node's sidecars, a
+/// few pooled connections each); idle ones are shed first at the bound.
+const AGENT_CONNECTIONS: usize = 16_384;
 
 /// Builds the agent's broker from configuration.
 pub async fn broker(config: &Config, metrics: Arc<Metrics>) -> anyhow::Result<Broker> {
@@ -154,7 +160,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let api = bind(config.listen, "agent API").await?;
     let api_addr = api.local_addr()?;
     let servers = [
-        spawn_server(api, crate::serve::agent_api::router(broker), shutdown),
+        // Every sidecar on the node keeps a few pooled connections.
+        spawn_server_with(
+            api,
+            crate::serve::agent_api::router(broker),
+            shutdown,
+            Limits::api(AGENT_CONNECTIONS),
+        ),
         admin_server,
     ];
     // `broker` returned only after its start-up probe found the issuer's

@@ -211,6 +211,7 @@ where
         }
     };
     telemetry::init(config.log_format, &config.log_level);
+    raise_open_files_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -228,6 +229,32 @@ where
             eprintln!("lanyard: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Raises the soft limit on open files to the hard limit. Container
+/// runtimes start processes with a soft limit of 1,024, which a node's worth
+/// of held connections exhausts; each listener bounds its own connections
+/// (`http::Limits`) well below the hard limit instead.
+fn raise_open_files_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let (Some(soft), hard) = (limit.current, limit.maximum) else {
+        return; // already unlimited
+    };
+    let target = hard.unwrap_or(u64::MAX);
+    if soft >= target {
+        return;
+    }
+    match setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: hard,
+            maximum: hard,
+        },
+    ) {
+        Ok(()) => tracing::info!(from = soft, to = target, "raised the open-files limit"),
+        Err(e) => tracing::warn!(error = %e, soft, "cannot raise the open-files limit"),
     }
 }
 

@@ -19,7 +19,8 @@ use crate::emulator::entra::{App, Entra, FederatedCredential};
 use crate::emulator::gcp::{Gcp, GcpEmulatorConfig, GcpServiceAccount, WorkloadIdentityProvider};
 use crate::emulator::{Issuer, PodIdentity, SigningKey};
 use crate::http::{
-    bind, drain, spawn_server, wait_for_signal, Shutdown, ShutdownTrigger, DRAIN_TIMEOUT,
+    bind, drain, spawn_server, spawn_server_with, wait_for_signal, Shutdown, ShutdownTrigger,
+    DRAIN_TIMEOUT,
 };
 use crate::secret::{random_token, SecretString};
 use crate::serve::sdk_env::{AwsEnv, AzureEnv, SdkEnv};
@@ -336,10 +337,12 @@ impl DevStack {
         });
         let listener = bind(config.listen, "SDK surfaces").await?;
         let surfaces_addr = listener.local_addr()?;
-        servers.push(spawn_server(
+        // The benchmarks' herds open 10,000 connections at once.
+        servers.push(spawn_server_with(
             listener,
             serve::router(surfaces),
             shutdown.clone(),
+            crate::http::Limits::api(65_536),
         ));
 
         let admin_listener = bind(config.admin_listen, "admin endpoints").await?;

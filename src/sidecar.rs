@@ -15,9 +15,14 @@ use tokio::sync::Mutex;
 use crate::broker::remote::RemoteBroker;
 use crate::cloud::Cloud;
 use crate::config::Config;
-use crate::http::{bind, drain, spawn_server, wait_for_signal, Shutdown, DRAIN_TIMEOUT};
+use crate::http::{
+    bind, drain, spawn_server, spawn_server_with, wait_for_signal, Limits, Shutdown, DRAIN_TIMEOUT,
+};
 use crate::secret::{random_token, SecretString};
 use crate::serve::{self, SubjectTokens, Surfaces};
+
+/// Connections the SDK endpoints keep open at once: one pod's SDK clients.
+const SDK_CONNECTIONS: usize = 1_024;
 
 /// How long a read token file is trusted before it is read again. The
 /// kubelet rotates at 80% of a token's life (minutes at the least), so a
@@ -182,7 +187,12 @@ impl Sidecar {
                 let v6 = std::net::SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, addr.port()));
                 match bind(v6, "sidecar SDK endpoints (IPv6)").await {
                     Ok(listener) => {
-                        servers.push(spawn_server(listener, router.clone(), shutdown.clone()));
+                        servers.push(spawn_server_with(
+                            listener,
+                            router.clone(),
+                            shutdown.clone(),
+                            Limits::api(SDK_CONNECTIONS),
+                        ));
                         Some(v6)
                     }
                     Err(e) => {
@@ -193,7 +203,12 @@ impl Sidecar {
             }
             _ => None,
         };
-        servers.push(spawn_server(listener, router, shutdown.clone()));
+        servers.push(spawn_server_with(
+            listener,
+            router,
+            shutdown.clone(),
+            Limits::api(SDK_CONNECTIONS),
+        ));
         if let Some(probe_addr) = config.sidecar.probe_listen {
             let listener = bind(probe_addr, "sidecar probes").await?;
             servers.push(spawn_server(listener, probes, shutdown));

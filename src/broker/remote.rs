@@ -38,6 +38,10 @@ impl RemoteBroker {
             // Longer than the agent's own upstream timeout would be pointless:
             // the SDKs retry a 503 sooner than they would wait.
             .timeout(Duration::from_secs(20))
+            // INVARIANT: shorter than the agent's idle timeout (10 s,
+            // `http::Limits::api`), so a pooled connection is dropped here
+            // before the agent closes it under a request being sent.
+            .pool_idle_timeout(Duration::from_secs(5))
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .unwrap_or_default();

@@ -5,8 +5,11 @@
 //! one role so that each role can be built without the others (`dev`, for
 //! one, is meant to become an optional feature).
 
-use std::net::SocketAddr;
+pub mod server;
+
 use std::time::Duration;
+
+pub use server::Limits;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -84,7 +87,7 @@ const BACKLOG: u32 = 4096;
 
 /// Binds `addr` with a deep accept queue, failing with a message that names
 /// the address.
-pub async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
+pub async fn bind(addr: std::net::SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
     let fail = |e: std::io::Error| anyhow::anyhow!("cannot listen on {addr} for the {what}: {e}");
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()
@@ -100,20 +103,24 @@ pub async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
 }
 
 /// Serves `router` on `listener` until `shutdown` fires, then drains
-/// in-flight requests.
+/// in-flight requests; with the bounds of an admin listener
+/// ([`Limits::default`]).
 pub fn spawn_server(
     listener: TcpListener,
     router: axum::Router,
     shutdown: Shutdown,
 ) -> tokio::task::JoinHandle<std::io::Result<()>> {
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            router.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(shutdown.wait())
-        .await
-    })
+    spawn_server_with(listener, router, shutdown, Limits::default())
+}
+
+/// As [`spawn_server`], within `limits` (see [`server`]).
+pub fn spawn_server_with(
+    listener: TcpListener,
+    router: axum::Router,
+    shutdown: Shutdown,
+    limits: Limits,
+) -> tokio::task::JoinHandle<std::io::Result<()>> {
+    tokio::spawn(server::serve(listener, router, shutdown, limits))
 }
 
 /// How long each server task gets to finish its in-flight requests once
