@@ -34,9 +34,10 @@ SURFACES = {
     "Azure IMDS", "App Service 2019", "App Service 2017", "GCE metadata",
     "AWS container", "AWS IMDSv2",
 }
-# requirements.txt entries that are test tooling, not cloud clients; every
-# other entry is a client and needs a row.
-SUPPORT_PACKAGES = {"pytest", "requests", "aiohttp"}
+# requirements.txt entries that are test tooling, not cloud clients (the
+# HTTP helpers; the chart tests' Helm engine, Kubernetes schemas and YAML
+# parser); every other entry is a client and needs a row.
+SUPPORT_PACKAGES = {"pytest", "requests", "aiohttp", "helm-python-sdk", "kubernetes-validate", "pyyaml"}
 TEST_ID = re.compile(r"^tests/python/test_[A-Za-z0-9_]+\.py::[A-Za-z0-9_]+(\[[^\]]+\])?$")
 
 
