@@ -33,7 +33,7 @@ use std::time::{Instant, SystemTime};
 use crate::audit::{
     bounded, AuditEvent, AuditSink, CallerText, IssuedCredential, LogSink, Verdict,
 };
-use crate::cache::{Cache, CacheConfig, CacheOutcome, CacheScope, KeyRef};
+use crate::cache::{Cache, CacheConfig, CacheOutcome, CacheScope, KeyRef, UpstreamCall};
 use crate::cloud::{
     Cloud, CloudExchanger, Credential, Identity, Kind, PerCloud, RequestError, TokenRequest,
 };
@@ -103,6 +103,8 @@ struct Trail {
     identity: Option<String>,
     policies: Vec<String>,
     cache: Option<CacheOutcome>,
+    /// The upstream call this request waited on, if any.
+    upstream: Option<Arc<UpstreamCall>>,
     /// The issued credential's fingerprint, as the cache computed it.
     fingerprint: Option<Arc<str>>,
 }
@@ -242,6 +244,7 @@ impl Core {
             identity: None,
             policies: Vec::new(),
             cache: None,
+            upstream: None,
             fingerprint: None,
         };
         let result = async {
@@ -325,14 +328,15 @@ impl Core {
             }
         }
         let key = self.cache_key(identity, &scope, caller);
-        let (outcome, credential) = self
+        let traced = self
             .cache
             .get_traced(key, subject, caller.token_expires_at, || {
                 cloud.fetcher(binding, request, caller)
             })
             .await;
-        trail.cache = Some(outcome);
-        let served = credential?;
+        trail.cache = Some(traced.outcome);
+        trail.upstream = traced.upstream;
+        let served = traced.result?;
         trail.fingerprint = Some(served.fingerprint);
         Ok(served.credential)
     }
@@ -399,6 +403,7 @@ impl Core {
             message,
             policies: &trail.policies,
             cache: trail.cache,
+            upstream: trail.upstream.as_deref(),
             credential,
             latency: started.elapsed(),
         };

@@ -25,7 +25,7 @@
 
 pub mod limits;
 
-pub use crate::cloud::{Credential, FetchFuture, Fetcher};
+pub use crate::cloud::{Credential, FetchFuture, Fetcher, UpstreamCall};
 
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -216,7 +216,20 @@ pub struct Served {
     pub fingerprint: Arc<str>,
 }
 
-type Outcome = Option<Result<Served, CloudError>>;
+/// An exchange's result, with the upstream call that produced it (`None`
+/// when none was made: an expired subject token).
+type Outcome = Option<(Result<Served, CloudError>, Option<Arc<UpstreamCall>>)>;
+
+/// How [`Cache::get_traced`] answered one request.
+pub struct Traced {
+    /// Hit, miss, coalesced or negative.
+    pub outcome: CacheOutcome,
+    /// The credential, or why there is none.
+    pub result: Result<Served, CloudError>,
+    /// The upstream call this request waited on (a miss or a coalesced
+    /// request); `None` for hits and remembered refusals.
+    pub upstream: Option<Arc<UpstreamCall>>,
+}
 
 struct Stored {
     served: Served,
@@ -308,7 +321,7 @@ impl Cache {
     ) -> Result<Arc<Credential>, CloudError> {
         self.get_traced(key, subject, subject_exp, fetcher)
             .await
-            .1
+            .result
             .map(|served| served.credential)
     }
 
@@ -319,7 +332,7 @@ impl Cache {
         subject: &SecretString,
         subject_exp: u64,
         fetcher: impl FnOnce() -> Fetcher,
-    ) -> (CacheOutcome, Result<Served, CloudError>) {
+    ) -> Traced {
         let inner = &self.inner;
         let cloud = key.cloud;
         let label = cloud_label(cloud);
@@ -338,7 +351,11 @@ impl Cache {
                     if let Some(stored) = &entry.value {
                         if stored.expires > now + cloud.min_remaining() {
                             inner.hits[cloud].inc();
-                            return (CacheOutcome::Hit, Ok(stored.served.clone()));
+                            return Traced {
+                                outcome: CacheOutcome::Hit,
+                                result: Ok(stored.served.clone()),
+                                upstream: None,
+                            };
                         }
                     }
                     match (&entry.inflight, &entry.failure) {
@@ -352,7 +369,11 @@ impl Cache {
                                 .cache_negative_hits
                                 .get_or_create(&label)
                                 .inc();
-                            return (CacheOutcome::Negative, Err(failure.error.clone()));
+                            return Traced {
+                                outcome: CacheOutcome::Negative,
+                                result: Err(failure.error.clone()),
+                                upstream: None,
+                            };
                         }
                         (None, _) => {
                             inner.metrics.cache_misses.get_or_create(&label).inc();
@@ -385,7 +406,12 @@ impl Cache {
             }
         };
         let (outcome, receiver) = receiver;
-        (outcome, wait(receiver, cloud).await)
+        let (result, upstream) = wait(receiver, cloud).await;
+        Traced {
+            outcome,
+            result,
+            upstream,
+        }
     }
 
     /// Drops every entry of a service account (deleted, or bindings changed).
@@ -402,18 +428,19 @@ impl Cache {
     }
 }
 
-async fn wait(mut rx: watch::Receiver<Outcome>, cloud: Cloud) -> Result<Served, CloudError> {
+async fn wait(
+    mut rx: watch::Receiver<Outcome>,
+    cloud: Cloud,
+) -> (Result<Served, CloudError>, Option<Arc<UpstreamCall>>) {
     match rx.wait_for(|v| v.is_some()).await {
         Ok(outcome) => outcome.clone().unwrap_or_else(|| {
-            Err(CloudError::Unavailable {
-                cloud,
-                reason: "exchange produced no result".into(),
-            })
+            let reason = "exchange produced no result".into();
+            (Err(CloudError::Unavailable { cloud, reason }), None)
         }),
-        Err(_) => Err(CloudError::Unavailable {
-            cloud,
-            reason: "exchange was abandoned".into(),
-        }),
+        Err(_) => {
+            let reason = "exchange was abandoned".into();
+            (Err(CloudError::Unavailable { cloud, reason }), None)
+        }
     }
 }
 
@@ -432,22 +459,24 @@ fn start_fetch(
     let inner = inner.clone();
     let key = key.clone();
     tokio::spawn(async move {
-        let result = if subject_until <= Instant::now() {
+        let (result, upstream) = if subject_until <= Instant::now() {
             // Never send an expired subject token upstream.
-            Err(CloudError::Rejected {
+            let expired = CloudError::Rejected {
                 cloud: key.cloud,
                 code: "ExpiredSubjectToken".into(),
                 message: "the pod's projected service account token has expired".into(),
-            })
+            };
+            (Err(expired), None)
         } else {
-            inner.exchange(key.cloud, fetcher, subject).await
+            let (result, call) = inner.exchange(key.cloud, fetcher, subject).await;
+            (result, Some(Arc::new(call)))
         };
         let result = result.map(|credential| Served {
             fingerprint: credential.fingerprint().into(),
             credential: Arc::new(credential),
         });
         inner.complete(&key, &result, is_refresh);
-        let _ = tx.send(Some(result));
+        let _ = tx.send(Some((result, upstream)));
     });
     rx
 }
@@ -464,15 +493,16 @@ impl Inner {
         cloud: Cloud,
         fetcher: Fetcher,
         subject: SecretString,
-    ) -> Result<Credential, CloudError> {
+    ) -> (Result<Credential, CloudError>, UpstreamCall) {
         let _permit = self.limits.admit(cloud).await;
         let started = Instant::now();
-        let result = fetcher(subject).await;
+        let (result, request_id) = crate::cloud::with_request_id(fetcher(subject)).await;
+        let latency = started.elapsed();
         let label = cloud_label(cloud);
         self.metrics
             .upstream_latency
             .get_or_create(&label)
-            .observe(started.elapsed().as_secs_f64());
+            .observe(latency.as_secs_f64());
         let outcome = match &result {
             Ok(_) => "ok",
             Err(CloudError::Rejected { .. }) => "rejected",
@@ -487,7 +517,13 @@ impl Inner {
                 outcome,
             })
             .inc();
-        result
+        (
+            result,
+            UpstreamCall {
+                latency,
+                request_id,
+            },
+        )
     }
 
     /// Records an exchange's result in its entry and schedules what follows.

@@ -292,6 +292,7 @@ mod tests {
             message: Some(message.into()),
             policies: &[],
             cache: None,
+            upstream: None,
             credential: None,
             latency: Duration::ZERO,
         }

@@ -105,6 +105,9 @@ pub struct AuditEvent<'a> {
     pub policies: &'a [String],
     /// How the cache answered, when it was consulted.
     pub cache: Option<CacheOutcome>,
+    /// The upstream exchange this request waited on (a miss, or a request
+    /// coalesced onto one): its latency and the cloud's request id.
+    pub upstream: Option<&'a crate::cloud::UpstreamCall>,
     /// The credential that was returned, by fingerprint; `None` for denials.
     pub credential: Option<IssuedCredential>,
     /// Time from the request reaching the broker to the decision, cache lookup

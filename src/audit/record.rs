@@ -142,6 +142,8 @@ enum Body<'a> {
         outcome: Outcome<'a>,
         #[serde(skip_serializing_if = "Option::is_none")]
         credential: Option<Credential<'a>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        upstream: Option<Upstream<'a>>,
         latency_ms: f64,
     },
     PolicyReload {
@@ -256,6 +258,19 @@ struct Credential<'a> {
     expires_at: String,
 }
 
+/// The upstream exchange a request waited on.
+#[derive(Serialize)]
+struct Upstream<'a> {
+    latency_ms: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    request_id: Option<&'a str>,
+}
+
+/// Milliseconds with microsecond precision.
+fn millis(d: std::time::Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
 fn outcome_of(e: &AuditEvent<'_>) -> &'static str {
     match (e.verdict, e.cache) {
         (Verdict::Allow, Some(CacheOutcome::Hit)) => "cached",
@@ -314,7 +329,11 @@ pub fn write(origin: &Origin, subject: Subject<'_>, out: &mut Vec<u8>) {
                         fingerprint: &c.fingerprint,
                         expires_at: unix_rfc3339(c.expires_at),
                     }),
-                    latency_ms: (e.latency.as_secs_f64() * 1e6).round() / 1e3,
+                    upstream: e.upstream.map(|u| Upstream {
+                        latency_ms: millis(u.latency),
+                        request_id: u.request_id.as_deref(),
+                    }),
+                    latency_ms: millis(e.latency),
                 },
             )
         }

@@ -205,6 +205,7 @@ impl AwsExchanger {
                 reason: e.without_url().to_string(),
             })?;
         let status = resp.status();
+        super::note_request_id(resp.headers(), "x-amzn-requestid");
         let retry = retry_after(resp.headers());
         let body = resp.bytes().await.map_err(|e| CloudError::Unavailable {
             cloud: Cloud::Aws,

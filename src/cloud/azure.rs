@@ -147,6 +147,7 @@ impl AzureExchanger {
                     reason: e.without_url().to_string(),
                 })?;
         let status = resp.status();
+        super::note_request_id(resp.headers(), "x-ms-request-id");
         let retry = retry_after(resp.headers());
         let body = resp.bytes().await.map_err(|e| CloudError::Unavailable {
             cloud: Cloud::Azure,

@@ -251,6 +251,62 @@ where
     Arc::new(move |subject| Box::pin(exchange(params.clone(), subject)))
 }
 
+/// One upstream call as the audit record names it: how long it took and
+/// the cloud's own id for it (Entra's `x-ms-request-id`, STS's
+/// `x-amzn-RequestId`), which the cloud's support asks for. Google's token
+/// endpoints send none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamCall {
+    /// From sending the exchange to its result (rate-limit wait excluded).
+    pub latency: Duration,
+    /// The upstream's request id, when it sent a usable one.
+    pub request_id: Option<String>,
+}
+
+tokio::task_local! {
+    /// The request id an exchanger noted for the exchange running in this
+    /// task (see [`note_request_id`]).
+    static REQUEST_ID: std::cell::RefCell<Option<String>>;
+}
+
+/// Longest request id kept; real ones are UUIDs or shorter.
+const MAX_REQUEST_ID: usize = 128;
+
+/// Notes the upstream's request id from `headers[name]` for the exchange in
+/// progress, so that its audit record names it. Each exchanger calls it on
+/// every answer; the last one (the final call of a two-step exchange)
+/// wins. An id that is long or not plain printable text is dropped: it is
+/// upstream-supplied. Outside [`with_request_id`] it does nothing.
+pub fn note_request_id(headers: &reqwest::header::HeaderMap, name: &str) {
+    let id = headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| {
+            !v.is_empty()
+                && v.len() <= MAX_REQUEST_ID
+                && v.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+        });
+    if let Some(id) = id {
+        let _ = REQUEST_ID.try_with(|slot| *slot.borrow_mut() = Some(id.to_string()));
+    }
+}
+
+/// Runs one exchange and returns its result with the request id its
+/// exchanger noted.
+// INVARIANT: the exchange runs inside this scope, in this task: an
+// exchanger that spawned its upstream call elsewhere would note nothing.
+pub async fn with_request_id<F: Future>(exchange: F) -> (F::Output, Option<String>) {
+    REQUEST_ID
+        .scope(std::cell::RefCell::new(None), async move {
+            let output = exchange.await;
+            let id = REQUEST_ID.with(|slot| slot.borrow_mut().take());
+            (output, id)
+        })
+        .await
+}
+
 /// Why an exchange failed.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum CloudError {
@@ -399,6 +455,44 @@ pub(crate) fn now_unix() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn headers(value: &str) -> reqwest::header::HeaderMap {
+        let mut h = reqwest::header::HeaderMap::new();
+        h.insert("x-ms-request-id", value.parse().unwrap());
+        h
+    }
+
+    #[tokio::test]
+    async fn an_exchange_names_the_request_id_it_noted_and_only_a_plain_one() {
+        let (out, id) = with_request_id(async {
+            note_request_id(&headers("first"), "x-ms-request-id");
+            tokio::task::yield_now().await;
+            note_request_id(
+                &headers(" 0b6e2e0a-8f1c-4c1e-9a0e-1f2d3c4b5a69 "),
+                "x-ms-request-id",
+            );
+            7
+        })
+        .await;
+        assert_eq!(out, 7);
+        // The last call's id, trimmed.
+        assert_eq!(id.as_deref(), Some("0b6e2e0a-8f1c-4c1e-9a0e-1f2d3c4b5a69"));
+        for bad in ["a b", "x;y", &"a".repeat(129), "<script>"] {
+            let ((), id) = with_request_id(async {
+                note_request_id(&headers(bad), "x-ms-request-id");
+            })
+            .await;
+            assert_eq!(id, None, "{bad}");
+        }
+        // Another header, or none: nothing.
+        let ((), id) = with_request_id(async {
+            note_request_id(&headers("abc"), "x-amzn-requestid");
+        })
+        .await;
+        assert_eq!(id, None);
+        // Outside an exchange: no effect, no panic.
+        note_request_id(&headers("abc"), "x-ms-request-id");
+    }
 
     #[test]
     fn the_table_has_one_row_per_cloud_in_order() {

@@ -136,7 +136,8 @@ impl IntoResponse for AadError {
             "correlation_id": correlation_id,
             "error_uri": format!("https://login.microsoftonline.com/error?code={}", self.code),
         });
-        (self.status, Json(body)).into_response()
+        // Entra names every answer by its trace id in `x-ms-request-id`.
+        (self.status, [("x-ms-request-id", trace_id)], Json(body)).into_response()
     }
 }
 
@@ -313,7 +314,10 @@ async fn issue(entra: &Entra, tenant: &str, body: &[u8]) -> Result<Response, Aad
     let lifetime = entra.lifetime.as_secs();
     Ok((
         StatusCode::OK,
-        [("cache-control", "no-store, no-cache")],
+        [
+            ("cache-control", "no-store, no-cache".to_string()),
+            ("x-ms-request-id", uuid::Uuid::new_v4().to_string()),
+        ],
         Json(json!({
             "token_type": "Bearer",
             "expires_in": lifetime,

@@ -227,3 +227,42 @@ def test_no_secret_of_any_cloud_reaches_the_audit_file_or_the_log(tmp_path, monk
         for secret in secrets:
             assert secret and secret not in text, f"a secret ({secret[:6]}…) in the {where}"
         assert "eyJ" not in text, f"a JWT in the {where}"
+
+
+def test_records_name_the_upstream_call_a_request_waited_on(tmp_path, monkeypatch):
+    """A miss names its upstream exchange (latency, and the cloud's request
+    id where the cloud sends one: Entra's x-ms-request-id, STS's
+    x-amzn-RequestId); a cache hit waited on none and names none."""
+    import re
+
+    import boto3
+    import google.auth
+    import google.auth.transport.requests
+
+    audit_file = tmp_path / "audit.jsonl"
+    dev = start(tmp_path, audit_file, "dev")
+    for name, value in dev.exports.items():
+        monkeypatch.setenv(name, value)
+    try:
+        for _ in range(2):  # a miss, then a hit
+            ManagedIdentityCredential().get_token("https://storage.azure.com/.default")
+        creds, _ = google.auth.default()
+        creds.refresh(google.auth.transport.requests.Request())
+        boto3.Session().get_credentials().get_frozen_credentials()
+    finally:
+        assert dev.stop() == 0
+    granted = [r for r in records(audit_file) if r["type"] == "credential" and r["decision"]["verdict"] == "allow"]
+    by_cloud = {}
+    for r in granted:
+        by_cloud.setdefault(r["request"]["cloud"], []).append(r)
+    uuid = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+    azure_miss, azure_hit = by_cloud["azure"]
+    assert azure_miss["outcome"]["cache"] == "miss" and azure_hit["outcome"]["cache"] == "hit"
+    assert uuid.match(azure_miss["upstream"]["request_id"]), azure_miss
+    assert 0 < azure_miss["upstream"]["latency_ms"] <= azure_miss["latency_ms"]
+    assert "upstream" not in azure_hit, azure_hit
+    (aws,) = by_cloud["aws"]
+    assert uuid.match(aws["upstream"]["request_id"]), aws
+    # Google's token endpoints send no request id: the latency alone.
+    (gcp,) = by_cloud["gcp"]
+    assert gcp["upstream"]["latency_ms"] > 0 and "request_id" not in gcp["upstream"], gcp
