@@ -13,7 +13,12 @@ pub use secrecy::{ExposeSecret, SecretString};
 /// SHA-256. Safe to log and audit: it identifies a token across records
 /// without revealing anything that could be replayed.
 pub fn fingerprint(secret: &str) -> String {
-    let digest = Sha256::digest(secret.as_bytes());
+    fingerprint_bytes(secret.as_bytes())
+}
+
+/// [`fingerprint`] of bytes (a certificate file, say).
+pub fn fingerprint_bytes(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
     let mut out = String::with_capacity(15);
     out.push_str("sha256:");
     for byte in &digest[..6] {

@@ -295,6 +295,35 @@ async fn reloads_a_rotated_certificate() {
     tokio::time::sleep(Duration::from_millis(600)).await;
     review(&new_client, server.addr, fixture("pod_delete.json")).await;
     server.stop().await;
+
+    // Both are in the audit trail: the new certificate by fingerprint of
+    // its file (never the key), the refused one with its error, once.
+    let records: Vec<Value> = std::fs::read_to_string(dir.path().join("audit.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|r: &Value| r["type"] == "config_reload")
+        .collect();
+    let loaded: Vec<&Value> = records.iter().filter(|r| r["result"] == "loaded").collect();
+    let (last_loaded, _) = loaded.split_last().expect("a loaded record");
+    assert_eq!(last_loaded["what"], "webhook_tls");
+    assert_eq!(
+        last_loaded["fingerprint"],
+        lanyard::secret::fingerprint(&second.cert_pem)
+    );
+    assert!(last_loaded["source"].as_str().unwrap().ends_with("tls.crt"));
+    // After the last load, the broken pair: one record, though it stayed
+    // broken for several checks.
+    let after: Vec<&Value> = records
+        .iter()
+        .skip_while(|r| !std::ptr::eq(*r, *last_loaded))
+        .skip(1)
+        .collect();
+    assert_eq!(after.len(), 1, "{records:?}");
+    assert_eq!(after[0]["result"], "rejected");
+    assert!(after[0]["error"].as_str().is_some_and(|e| !e.is_empty()));
+    let text = std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap();
+    assert!(!text.contains("PRIVATE KEY") && !text.contains(second.key_pem.trim()));
 }
 
 /// A directory that cannot be read.

@@ -189,6 +189,22 @@ pub enum ReloadOutcome {
     },
 }
 
+/// Configuration taken in while running, other than policies: today the
+/// webhook's serving certificate, re-read when its files change (a
+/// rotation by cert-manager, or a mistake that would stop admissions).
+#[derive(Debug, Clone)]
+pub struct ConfigReload {
+    /// When it happened.
+    pub time: SystemTime,
+    /// What was reloaded (`webhook_tls`).
+    pub what: &'static str,
+    /// Where it was read from (the certificate file).
+    pub source: String,
+    /// The new material in force, by fingerprint of the certificate file
+    /// (never the key); or why it was refused (the previous stays).
+    pub outcome: Result<String, String>,
+}
+
 /// A webhook admission: what the webhook did with an opted-in pod.
 #[derive(Debug, Clone)]
 pub struct Admission {
@@ -223,6 +239,13 @@ pub trait AuditSink: Send + Sync {
 
     /// Records a policy reload.
     async fn record_reload(&self, reload: &PolicyReload) -> Result<(), AuditError>;
+
+    /// Records configuration reloaded while running. Sinks without a record
+    /// for it (the log: the reload logs itself) keep nothing.
+    async fn record_config_reload(&self, reload: &ConfigReload) -> Result<(), AuditError> {
+        let _ = reload;
+        Ok(())
+    }
 
     /// Records a webhook admission. Sinks without a record for it (the
     /// log: the webhook logs its own decisions) keep nothing.

@@ -13,7 +13,7 @@ use std::time::SystemTime;
 
 use serde::Serialize;
 
-use super::{Admission, AuditEvent, PolicyReload, ReloadOutcome, Verdict};
+use super::{Admission, AuditEvent, ConfigReload, PolicyReload, ReloadOutcome, Verdict};
 use crate::cache::CacheOutcome;
 
 /// The schema every record names; a change that removes or retypes a field
@@ -56,6 +56,8 @@ pub enum Subject<'a> {
     SinkFailure(&'a SinkFailure),
     /// A webhook admission.
     Admission(&'a Admission),
+    /// Configuration reloaded while running (the webhook certificate).
+    ConfigReload(&'a ConfigReload),
     /// An exporter that fell too far behind, or lost records.
     Export(&'a ExportIncident),
     /// The first record of a new file: the file before it (by name, when
@@ -153,6 +155,15 @@ enum Body<'a> {
         policies: Option<usize>,
         #[serde(skip_serializing_if = "Option::is_none")]
         digest: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        error: Option<&'a str>,
+    },
+    ConfigReload {
+        what: &'static str,
+        source: &'a str,
+        result: &'static str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        fingerprint: Option<&'a str>,
         #[serde(skip_serializing_if = "Option::is_none")]
         error: Option<&'a str>,
     },
@@ -356,6 +367,21 @@ pub fn write(origin: &Origin, subject: Subject<'_>, out: &mut Vec<u8>) {
             };
             (r.time, "policy_reload", body)
         }
+        Subject::ConfigReload(r) => (
+            r.time,
+            "config_reload",
+            Body::ConfigReload {
+                what: r.what,
+                source: &r.source,
+                result: if r.outcome.is_ok() {
+                    "loaded"
+                } else {
+                    "rejected"
+                },
+                fingerprint: r.outcome.as_ref().ok().map(String::as_str),
+                error: r.outcome.as_ref().err().map(String::as_str),
+            },
+        ),
         Subject::SinkFailure(f) => (
             SystemTime::now(),
             "sink_failure",

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use super::export::Progress;
 use super::file::FileSink;
 use super::record::{self, ExportIncident, Origin, Subject};
-use super::{Admission, AuditError, AuditEvent, AuditSink, LogSink, PolicyReload};
+use super::{Admission, AuditError, AuditEvent, AuditSink, ConfigReload, LogSink, PolicyReload};
 use crate::telemetry::metrics::{Metrics, SinkResultLabels};
 
 /// What to do when a record cannot be written.
@@ -239,6 +239,10 @@ impl AuditSink for Sinks {
 
     async fn record_admission(&self, admission: &Admission) -> Result<(), AuditError> {
         self.write(Subject::Admission(admission)).await
+    }
+
+    async fn record_config_reload(&self, reload: &ConfigReload) -> Result<(), AuditError> {
+        self.write(Subject::ConfigReload(reload)).await
     }
 
     async fn record_reload(&self, reload: &PolicyReload) -> Result<(), AuditError> {

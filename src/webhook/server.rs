@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use super::review::{self, Action};
 use super::{mutate, respond, InjectionConfig};
-use crate::audit::{Admission, AuditSink};
+use crate::audit::{Admission, AuditSink, ConfigReload};
 use crate::directory::{Bindings, Directory};
 use crate::telemetry::metrics::{DecisionLabel, Metrics};
 use crate::telemetry::Readiness;
@@ -87,6 +87,7 @@ impl WebhookServer {
                     tls.key.display()
                 )
             })?;
+        let reload_audit = audit.clone();
         let state = Arc::new(Webhook {
             injection,
             directory,
@@ -109,7 +110,7 @@ impl WebhookServer {
                 tracing::error!(error = %e, "webhook server failed");
             }
         });
-        let reload = tokio::spawn(reload_loop(rustls, tls));
+        let reload = tokio::spawn(reload_loop(rustls, tls, reload_audit));
         let addr = handle
             .listening()
             .await
@@ -147,8 +148,10 @@ impl WebhookServer {
 }
 
 /// Re-reads the certificate and key when either file changes; a bad pair
-/// is logged and the previous one kept.
-async fn reload_loop(rustls: RustlsConfig, tls: TlsFiles) {
+/// is logged and the previous one kept. Each outcome is an audit record
+/// (`config_reload`): a new serving certificate, or one that was refused,
+/// changes who the API server can reach.
+async fn reload_loop(rustls: RustlsConfig, tls: TlsFiles, audit: Arc<dyn AuditSink>) {
     let mut seen = (mtime(&tls.cert), mtime(&tls.key));
     loop {
         tokio::time::sleep(tls.reload_every).await;
@@ -156,14 +159,31 @@ async fn reload_loop(rustls: RustlsConfig, tls: TlsFiles) {
         if now == seen {
             continue;
         }
-        match rustls.reload_from_pem_file(&tls.cert, &tls.key).await {
+        let outcome = match rustls.reload_from_pem_file(&tls.cert, &tls.key).await {
             Ok(()) => {
                 seen = now;
-                tracing::info!(cert = %tls.cert.display(), "reloaded the webhook certificate");
+                let fingerprint = std::fs::read(&tls.cert)
+                    .map(|pem| crate::secret::fingerprint_bytes(&pem))
+                    .unwrap_or_default();
+                tracing::info!(cert = %tls.cert.display(), %fingerprint, "reloaded the webhook certificate");
+                Ok(fingerprint)
             }
             Err(e) => {
-                tracing::warn!(error = %e, "new webhook certificate not usable; keeping the old one")
+                tracing::warn!(error = %e, "new webhook certificate not usable; keeping the old one");
+                // Each change is judged once: a pair that stays broken is
+                // not reported again until the files change again.
+                seen = now;
+                Err(e.to_string())
             }
+        };
+        let reload = ConfigReload {
+            time: SystemTime::now(),
+            what: "webhook_tls",
+            source: tls.cert.display().to_string(),
+            outcome,
+        };
+        if let Err(e) = audit.record_config_reload(&reload).await {
+            tracing::error!(error = %e, "audit record of the certificate reload not written");
         }
     }
 }
