@@ -23,6 +23,7 @@
 //! Time is `tokio::time::Instant`, so tests drive all of this with paused
 //! time; a credential's wall-clock expiry is converted once, when stored.
 
+pub mod fairness;
 pub mod limits;
 
 pub use crate::cloud::{Credential, FetchFuture, Fetcher, UpstreamCall};
@@ -36,6 +37,8 @@ use tokio::time::Instant;
 use crate::cloud::{now_unix, Cloud, CloudError, PerCloud};
 use crate::secret::SecretString;
 use crate::telemetry::metrics::{cloud_label, Metrics, ReasonLabel, UpstreamLabel};
+use fairness::NewKeyBuckets;
+pub use fairness::{CallerLimit, CallerLimits};
 use limits::UpstreamLimits;
 
 /// What a cache entry is for. Two requests share an entry only when every
@@ -187,6 +190,8 @@ pub struct CacheConfig {
     pub upstream_concurrency: usize,
     /// Upstream exchanges per second, per cloud.
     pub rates: PerCloud<f64>,
+    /// Bounds per ServiceAccount, so that one caller cannot starve others.
+    pub caller: CallerLimits,
 }
 
 impl Default for CacheConfig {
@@ -202,6 +207,7 @@ impl Default for CacheConfig {
             backoff_max: Duration::from_secs(300),
             upstream_concurrency: 64,
             rates: PerCloud::from_fn(Cloud::default_rate),
+            caller: CallerLimits::default(),
         }
     }
 }
@@ -262,6 +268,10 @@ struct Inner {
     hits: PerCloud<prometheus_client::metrics::counter::Counter>,
     config: CacheConfig,
     limits: UpstreamLimits,
+    /// New-key buckets per caller.
+    // INVARIANT: taken only while `entries` is held, never the other way
+    // round.
+    new_keys: Mutex<NewKeyBuckets>,
     metrics: Arc<Metrics>,
 }
 
@@ -283,6 +293,7 @@ impl Cache {
                     .clone()
             }),
             limits: UpstreamLimits::new(config.upstream_concurrency, config.rates),
+            new_keys: Mutex::new(NewKeyBuckets::new()),
             config,
             metrics,
         });
@@ -358,11 +369,8 @@ impl Cache {
                             };
                         }
                     }
-                    match (&entry.inflight, &entry.failure) {
-                        (Some(rx), _) => {
-                            inner.metrics.cache_coalesced.get_or_create(&label).inc();
-                            (CacheOutcome::Coalesced, rx.clone())
-                        }
+                    let coalesce = match (&entry.inflight, &entry.failure) {
+                        (Some(rx), _) => Some(rx.clone()),
                         (None, Some(failure)) if failure.retry_at > now => {
                             inner
                                 .metrics
@@ -375,14 +383,35 @@ impl Cache {
                                 upstream: None,
                             };
                         }
-                        (None, _) => {
-                            inner.metrics.cache_misses.get_or_create(&label).inc();
-                            let key = key.to_key();
-                            (CacheOutcome::Miss, start_fetch(inner, &key, entry, false))
+                        (None, _) => None,
+                    };
+                    if let Some(rx) = coalesce {
+                        inner.metrics.cache_coalesced.get_or_create(&label).inc();
+                        (CacheOutcome::Coalesced, rx)
+                    } else {
+                        // A new exchange for this caller: within its bound.
+                        let (_, inflight) = caller_use(&entries, &key);
+                        if inflight >= inner.config.caller.inflight.max(1) {
+                            return inner.limited(cloud, CallerLimit::Inflight, None);
                         }
+                        // Still there: the lock has been held since the lookup.
+                        let Some(entry) = entries.get_mut(&key) else {
+                            let reason = "cache entry vanished".into();
+                            return Traced {
+                                outcome: CacheOutcome::Miss,
+                                result: Err(CloudError::Unavailable { cloud, reason }),
+                                upstream: None,
+                            };
+                        };
+                        inner.metrics.cache_misses.get_or_create(&label).inc();
+                        let key = key.to_key();
+                        (CacheOutcome::Miss, start_fetch(inner, &key, entry, false))
                     }
                 }
                 None => {
+                    if let Err(limit) = inner.admit_new_key(&mut entries, &key, now) {
+                        return limit;
+                    }
                     inner.make_room(&mut entries);
                     let mut entry = Entry {
                         value: None,
@@ -426,6 +455,21 @@ impl Cache {
         self.inner
             .remove_where("invalidated", |k| k.pod_uid.as_deref() == Some(pod_uid));
     }
+}
+
+/// Entries one caller holds, and its least recently used idle one.
+type CallerHolding<'a> = (usize, Option<(&'a CacheKey, Instant)>);
+
+/// How many entries `key`'s caller holds, and how many of them have an
+/// exchange in flight. A scan: only misses pay for it, and a miss waits on
+/// an upstream call that costs far more.
+fn caller_use(entries: &Entries, key: &KeyRef<'_>) -> (usize, usize) {
+    entries
+        .iter()
+        .filter(|(k, _)| k.namespace == key.namespace && k.service_account == key.service_account)
+        .fold((0, 0), |(held, inflight), (_, e)| {
+            (held + 1, inflight + usize::from(e.inflight.is_some()))
+        })
 }
 
 async fn wait(
@@ -506,7 +550,7 @@ impl Inner {
         let outcome = match &result {
             Ok(_) => "ok",
             Err(CloudError::Rejected { .. }) => "rejected",
-            Err(CloudError::Throttled { .. }) => "throttled",
+            Err(CloudError::Throttled { .. } | CloudError::CallerLimited { .. }) => "throttled",
             Err(CloudError::Unavailable { .. }) => "unavailable",
             Err(CloudError::Protocol { .. }) => "protocol",
         };
@@ -626,14 +670,32 @@ impl Inner {
         drop(start_fetch(self, key, entry, true));
     }
 
-    /// Evicts the least recently used idle entry when the cache is full.
+    /// Makes room for one entry when the cache is full: evicts the least
+    /// recently used idle entry of the caller holding the most entries, so
+    /// that a caller filling the cache loses its own entries first.
     fn make_room(&self, entries: &mut Entries) {
         while entries.len() >= self.config.max_entries.max(1) {
-            let victim = entries
-                .iter()
-                .filter(|(_, e)| e.inflight.is_none())
-                .min_by_key(|(_, e)| e.last_access)
-                .map(|(k, _)| k.clone());
+            let victim = {
+                // Per caller: entries held, and its least recently used
+                // idle entry.
+                let mut held: hashbrown::HashMap<(&str, &str), CallerHolding<'_>> =
+                    hashbrown::HashMap::new();
+                for (k, e) in entries.iter() {
+                    let slot = held
+                        .entry((k.namespace.as_str(), k.service_account.as_str()))
+                        .or_insert((0, None));
+                    slot.0 += 1;
+                    if e.inflight.is_none() && slot.1.is_none_or(|(_, at)| e.last_access < at) {
+                        slot.1 = Some((k, e.last_access));
+                    }
+                }
+                let victim = held
+                    .values()
+                    .filter_map(|(count, lru)| lru.map(|(k, at)| (*count, at, k)))
+                    .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)))
+                    .map(|(_, _, k)| k.clone());
+                victim
+            };
             let Some(victim) = victim else {
                 return; // everything is in flight; allow a temporary overshoot
             };
@@ -643,6 +705,74 @@ impl Inner {
                 .get_or_create(&ReasonLabel { reason: "lru" })
                 .inc();
         }
+    }
+
+    /// A caller's request that met one of its bounds: a throttling answer,
+    /// counted, nothing else touched.
+    fn limited(&self, cloud: Cloud, limit: CallerLimit, wait: Option<Duration>) -> Traced {
+        self.metrics
+            .cache_caller_limited
+            .get_or_create(&ReasonLabel {
+                reason: limit.name(),
+            })
+            .inc();
+        Traced {
+            outcome: CacheOutcome::Miss,
+            result: Err(CloudError::CallerLimited {
+                cloud,
+                limit,
+                retry_after: wait
+                    .unwrap_or(Duration::from_secs(1))
+                    .max(Duration::from_secs(1)),
+            }),
+            upstream: None,
+        }
+    }
+
+    /// Whether `key`, new to the cache, may be added for its caller: within
+    /// its in-flight bound and new-key rate, with room among its entries
+    /// (its own least recently used idle entry gives way at the bound).
+    fn admit_new_key(
+        &self,
+        entries: &mut Entries,
+        key: &KeyRef<'_>,
+        now: Instant,
+    ) -> Result<(), Traced> {
+        let limits = &self.config.caller;
+        let (held, inflight) = caller_use(entries, key);
+        if inflight >= limits.inflight.max(1) {
+            return Err(self.limited(key.cloud, CallerLimit::Inflight, None));
+        }
+        let rate = self
+            .new_keys
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take(key.namespace, key.service_account, limits, now);
+        if let Err(wait) = rate {
+            return Err(self.limited(key.cloud, CallerLimit::NewKeys, Some(wait)));
+        }
+        if held >= limits.max_entries.max(1) {
+            let own = entries
+                .iter()
+                .filter(|(k, e)| {
+                    e.inflight.is_none()
+                        && k.namespace == key.namespace
+                        && k.service_account == key.service_account
+                })
+                .min_by_key(|(_, e)| e.last_access)
+                .map(|(k, _)| k.clone());
+            let Some(own) = own else {
+                return Err(self.limited(key.cloud, CallerLimit::Entries, None));
+            };
+            entries.remove(&own);
+            self.metrics
+                .cache_evictions
+                .get_or_create(&ReasonLabel {
+                    reason: "caller_quota",
+                })
+                .inc();
+        }
+        Ok(())
     }
 
     fn remove_where(&self, reason: &'static str, pred: impl Fn(&CacheKey) -> bool) {

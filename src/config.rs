@@ -136,6 +136,15 @@ pub struct CacheSettings {
     pub rate_gcp: f64,
     /// Upstream exchanges per second with AWS STS (0.1–100000).
     pub rate_aws: f64,
+    /// Exchanges one ServiceAccount may have in flight at once (1–10000).
+    pub caller_inflight: usize,
+    /// New cache keys (scopes, audiences) a second one ServiceAccount may
+    /// add, sustained (0.1–100000).
+    pub caller_new_keys_per_second: f64,
+    /// New cache keys one ServiceAccount may add at once (1–100000).
+    pub caller_new_keys_burst: f64,
+    /// Cache entries one ServiceAccount may hold (1–1000000).
+    pub caller_max_entries: usize,
 }
 
 impl Default for CacheSettings {
@@ -150,6 +159,10 @@ impl Default for CacheSettings {
             rate_azure: d.rates[Cloud::Azure],
             rate_gcp: d.rates[Cloud::Gcp],
             rate_aws: d.rates[Cloud::Aws],
+            caller_inflight: d.caller.inflight,
+            caller_new_keys_per_second: d.caller.new_keys_per_second,
+            caller_new_keys_burst: d.caller.new_keys_burst,
+            caller_max_entries: d.caller.max_entries,
         }
     }
 }
@@ -170,6 +183,12 @@ impl CacheSettings {
                 Cloud::Gcp => self.rate_gcp,
                 Cloud::Aws => self.rate_aws,
             }),
+            caller: crate::cache::CallerLimits {
+                inflight: self.caller_inflight,
+                new_keys_per_second: self.caller_new_keys_per_second,
+                new_keys_burst: self.caller_new_keys_burst,
+                max_entries: self.caller_max_entries,
+            },
             ..Default::default()
         }
     }
@@ -737,10 +756,35 @@ impl Config {
                 &c.upstream_concurrency.to_string(),
             ));
         }
+        for (key, value, max) in [
+            ("cache.caller_inflight", c.caller_inflight, 10_000),
+            ("cache.caller_max_entries", c.caller_max_entries, 1_000_000),
+        ] {
+            if !(1..=max).contains(&value) {
+                return Err(invalid(
+                    key,
+                    "a count of at least 1 (see docs/configuration.md)",
+                    &value.to_string(),
+                ));
+            }
+        }
+        if !(c.caller_new_keys_burst.is_finite()
+            && (1.0..=100_000.0).contains(&c.caller_new_keys_burst))
+        {
+            return Err(invalid(
+                "cache.caller_new_keys_burst",
+                "between 1 and 100000",
+                &c.caller_new_keys_burst.to_string(),
+            ));
+        }
         for (key, rate) in [
             ("cache.rate_azure", c.rate_azure),
             ("cache.rate_gcp", c.rate_gcp),
             ("cache.rate_aws", c.rate_aws),
+            (
+                "cache.caller_new_keys_per_second",
+                c.caller_new_keys_per_second,
+            ),
         ] {
             if !(rate.is_finite() && (0.1..=100_000.0).contains(&rate)) {
                 return Err(invalid(

@@ -104,7 +104,9 @@ impl BrokerError {
             BrokerError::BadRequest(_) => ErrorClass::BadRequest,
             BrokerError::Denied { .. } => ErrorClass::Forbidden,
             BrokerError::Upstream(CloudError::Rejected { .. }) => ErrorClass::Forbidden,
-            BrokerError::Upstream(CloudError::Throttled { .. }) => ErrorClass::Throttled,
+            BrokerError::Upstream(
+                CloudError::Throttled { .. } | CloudError::CallerLimited { .. },
+            ) => ErrorClass::Throttled,
             BrokerError::Upstream(_) | BrokerError::Unavailable(_) => ErrorClass::Unavailable,
         }
     }
@@ -118,6 +120,9 @@ impl BrokerError {
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             BrokerError::Upstream(CloudError::Throttled { retry_after, .. }) => *retry_after,
+            BrokerError::Upstream(CloudError::CallerLimited { retry_after, .. }) => {
+                Some(*retry_after)
+            }
             _ => None,
         }
     }
@@ -145,6 +150,7 @@ impl BrokerError {
             BrokerError::Denied { .. } => "policy_denied",
             BrokerError::Upstream(CloudError::Rejected { .. }) => "upstream_rejected",
             BrokerError::Upstream(CloudError::Throttled { .. }) => "upstream_throttled",
+            BrokerError::Upstream(CloudError::CallerLimited { .. }) => "caller_limited",
             BrokerError::Upstream(_) => "upstream_unavailable",
             BrokerError::Unavailable(_) => "unavailable",
         }
@@ -176,6 +182,13 @@ impl BrokerError {
             BrokerError::Upstream(CloudError::Throttled { cloud, .. }) => format!(
                 "{} is throttling token requests; retry later",
                 cloud.upstream()
+            ),
+            BrokerError::Upstream(CloudError::CallerLimited {
+                limit, retry_after, ..
+            }) => format!(
+                "Lanyard limits each service account: too many {}; retry in {} s",
+                limit.describe(),
+                retry_after.as_secs().max(1)
             ),
             other if other.class() == ErrorClass::Unavailable => {
                 format!("Token service temporarily unavailable: {other}")
@@ -211,6 +224,11 @@ pub(crate) fn samples() -> Vec<BrokerError> {
             cloud: Cloud::Azure,
             code: "AADSTS70021".into(),
             message: "No matching federated identity record found".into(),
+        }),
+        BrokerError::Upstream(CloudError::CallerLimited {
+            cloud: Cloud::Azure,
+            limit: crate::cache::CallerLimit::NewKeys,
+            retry_after: Duration::from_secs(2),
         }),
         BrokerError::Upstream(CloudError::Throttled {
             cloud: Cloud::Aws,

@@ -230,6 +230,16 @@ pub enum WireError {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         retry_after_secs: Option<u64>,
     },
+    /// [`CloudError::CallerLimited`]: the caller's ServiceAccount met one
+    /// of its fairness bounds on the agent.
+    CallerLimited {
+        /// The cloud the request was for.
+        cloud: Cloud,
+        /// Which bound.
+        limit: crate::cache::CallerLimit,
+        /// How long to wait, in whole seconds.
+        retry_after_secs: u64,
+    },
     /// [`CloudError::Unavailable`]: the cloud could not be reached or failed.
     UpstreamUnavailable {
         /// The cloud that failed.
@@ -272,7 +282,7 @@ impl WireError {
             | WireError::CloudDisabled { .. } => 404,
             WireError::BadRequest { .. } => 400,
             WireError::PolicyDenied { .. } | WireError::UpstreamRejected { .. } => 403,
-            WireError::UpstreamThrottled { .. } => 429,
+            WireError::UpstreamThrottled { .. } | WireError::CallerLimited { .. } => 429,
             WireError::UpstreamUnavailable { .. }
             | WireError::UpstreamProtocol { .. }
             | WireError::Unavailable { .. }
@@ -319,6 +329,15 @@ impl From<&BrokerError> for WireError {
                 cloud: *cloud,
                 code: code.clone(),
                 message: message.clone(),
+            },
+            BrokerError::Upstream(CloudError::CallerLimited {
+                cloud,
+                limit,
+                retry_after,
+            }) => WireError::CallerLimited {
+                cloud: *cloud,
+                limit: *limit,
+                retry_after_secs: retry_after.as_secs().max(1),
             },
             BrokerError::Upstream(CloudError::Throttled {
                 cloud,
@@ -381,6 +400,15 @@ impl From<WireError> for BrokerError {
                 cloud,
                 code,
                 message,
+            }),
+            WireError::CallerLimited {
+                cloud,
+                limit,
+                retry_after_secs,
+            } => BrokerError::Upstream(CloudError::CallerLimited {
+                cloud,
+                limit,
+                retry_after: Duration::from_secs(retry_after_secs.max(1)),
             }),
             WireError::UpstreamThrottled {
                 cloud,

@@ -452,3 +452,140 @@ async fn a_cancelled_caller_does_not_strand_the_others() {
     assert_eq!(get(&cache, &k, &up).await.unwrap(), "token-1");
     assert_eq!(up.calls(), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_flooding_caller_is_limited_and_does_not_delay_another() {
+    let cache = cache(CacheConfig::default());
+    let up = Upstream::new(3600);
+    // 200 distinct scopes at once from one ServiceAccount.
+    let flood: Vec<_> = (0..200)
+        .map(|i| {
+            let (cache, up) = (cache.clone(), up.clone());
+            tokio::spawn(async move {
+                get(&cache, &key(Cloud::Azure, "flood", &format!("s{i}")), &up).await
+            })
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    // Another ServiceAccount's first request: one upstream latency (50 ms),
+    // not a place behind the flood.
+    let started = Instant::now();
+    get(&cache, &key(Cloud::Azure, "victim", "s"), &up)
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() <= Duration::from_millis(60),
+        "{:?}",
+        started.elapsed()
+    );
+    let mut limited = std::collections::HashMap::new();
+    let mut granted = 0;
+    for f in flood {
+        match f.await.unwrap() {
+            Ok(_) => granted += 1,
+            Err(CloudError::CallerLimited {
+                limit, retry_after, ..
+            }) => {
+                assert!(retry_after >= Duration::from_secs(1));
+                *limited.entry(limit).or_insert(0) += 1;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    // At most 8 of its exchanges were in flight at once; the rest waited
+    // for nothing upstream: refused at once.
+    assert_eq!(granted, 8, "{limited:?}");
+    assert_eq!(limited.get(&CallerLimit::Inflight), Some(&192));
+    assert_eq!(up.calls(), 9);
+}
+
+#[tokio::test(start_paused = true)]
+async fn new_keys_are_rate_limited_per_caller() {
+    let config = CacheConfig {
+        caller: CallerLimits {
+            new_keys_per_second: 2.0,
+            new_keys_burst: 3.0,
+            ..CallerLimits::default()
+        },
+        ..Default::default()
+    };
+    let cache = cache(config);
+    let up = Upstream::new(3600);
+    for i in 0..3 {
+        get(&cache, &key(Cloud::Azure, "flood", &format!("s{i}")), &up)
+            .await
+            .unwrap();
+    }
+    let err = get(&cache, &key(Cloud::Azure, "flood", "s3"), &up)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            CloudError::CallerLimited {
+                limit: CallerLimit::NewKeys,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // Known keys are still served (hits are never limited), and another
+    // caller adds its own.
+    assert_eq!(
+        get(&cache, &key(Cloud::Azure, "flood", "s0"), &up)
+            .await
+            .unwrap(),
+        "token-1"
+    );
+    get(&cache, &key(Cloud::Azure, "other", "s0"), &up)
+        .await
+        .unwrap();
+    // Half a second later: one more new key for the flood.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    get(&cache, &key(Cloud::Azure, "flood", "s3"), &up)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_caller_at_its_quota_or_filling_the_cache_evicts_only_its_own() {
+    let config = CacheConfig {
+        max_entries: 10,
+        caller: CallerLimits {
+            max_entries: 6,
+            new_keys_burst: 1000.0,
+            ..CallerLimits::default()
+        },
+        ..Default::default()
+    };
+    let cache = cache(config);
+    let up = Upstream::new(3600);
+    // Two victims hold two entries each, used before the flood begins.
+    for sa in ["v1", "v2"] {
+        for s in ["a", "b"] {
+            get(&cache, &key(Cloud::Azure, sa, s), &up).await.unwrap();
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The flood asks for 30 scopes, one after another.
+    for i in 0..30 {
+        get(&cache, &key(Cloud::Azure, "flood", &format!("s{i}")), &up)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(cache.len() <= 10);
+    let calls = up.calls();
+    // Every victim entry is still cached: a hit, no new exchange.
+    for sa in ["v1", "v2"] {
+        for s in ["a", "b"] {
+            get(&cache, &key(Cloud::Azure, sa, s), &up).await.unwrap();
+        }
+    }
+    assert_eq!(up.calls(), calls, "a victim's entry was evicted");
+    // The flood kept at most its quota: its oldest are gone.
+    get(&cache, &key(Cloud::Azure, "flood", "s0"), &up)
+        .await
+        .unwrap();
+    assert_eq!(up.calls(), calls + 1);
+}

@@ -342,6 +342,17 @@ pub enum CloudError {
         /// What failed (connection, timeout, a 5xx status).
         reason: String,
     },
+    /// Lanyard itself refused: the caller's ServiceAccount met one of its
+    /// fairness bounds (`cache.caller_*`); the cloud was not asked.
+    #[error("too many {} from this service account for {cloud}; retry after {retry_after:?}", limit.describe())]
+    CallerLimited {
+        /// The cloud the request was for.
+        cloud: Cloud,
+        /// Which bound.
+        limit: crate::cache::CallerLimit,
+        /// How long to wait.
+        retry_after: Duration,
+    },
     /// The cloud answered something we cannot interpret.
     #[error("{cloud} token service answered unexpectedly: {reason}")]
     Protocol {

@@ -80,6 +80,9 @@ pub struct Metrics {
     pub cache_refresh_failures: Family<CloudLabel, Counter>,
     /// `lanyard_cache_evictions`: entries removed, by reason.
     pub cache_evictions: Family<ReasonLabel, Counter>,
+    /// `lanyard_cache_caller_limited`: requests refused because their
+    /// ServiceAccount met one of its fairness bounds, by bound.
+    pub cache_caller_limited: Family<ReasonLabel, Counter>,
     /// `lanyard_cache_entries`: entries in the cache now.
     pub cache_entries: Gauge,
     /// `lanyard_upstream_requests`: upstream exchanges, by cloud and outcome.
@@ -155,6 +158,7 @@ impl Metrics {
             cache_refreshes: Family::default(),
             cache_refresh_failures: Family::default(),
             cache_evictions: Family::default(),
+            cache_caller_limited: Family::default(),
             cache_entries: Gauge::default(),
             upstream_requests: Family::default(),
             upstream_latency: Family::new_with_constructor(latency_histogram),
@@ -205,6 +209,11 @@ impl Metrics {
             "cache_evictions",
             "Cache entries evicted, by reason",
             m.cache_evictions.clone(),
+        );
+        registry.register(
+            "cache_caller_limited",
+            "Requests refused because their ServiceAccount met a fairness bound (in-flight exchanges, new keys a second, entries), by bound",
+            m.cache_caller_limited.clone(),
         );
         registry.register(
             "cache_entries",

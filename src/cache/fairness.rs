@@ -1,0 +1,160 @@
+//! Fairness between callers (ServiceAccounts) on one node.
+//!
+//! The upstream limits ([`super::limits`]) protect the clouds; they are
+//! node-wide, so without these bounds one pod asking for many distinct
+//! scopes (each a miss) would take the node's upstream budget and, filling
+//! the cache, evict other pods' credentials. Per ServiceAccount:
+//! - at most `inflight` exchanges of its own at once;
+//! - new cache keys at most `new_keys_per_second` (with a burst): the
+//!   cloud's rate is shared, one caller's flood cannot spend it all;
+//! - at most `max_entries` entries: past it, its own least recently used
+//!   entry makes room; and when the whole cache is full, the entry evicted
+//!   is the least recently used of the caller holding the most.
+//!
+//! A caller over a bound gets a throttling answer (429 with `Retry-After`
+//! in its SDK's format); others are not slowed. Cache hits are never
+//! limited.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// The bounds, per ServiceAccount (`cache.caller_*`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CallerLimits {
+    /// Most exchanges one caller has in flight at once.
+    pub inflight: usize,
+    /// New cache keys a second, sustained.
+    pub new_keys_per_second: f64,
+    /// New cache keys allowed at once before the rate applies.
+    pub new_keys_burst: f64,
+    /// Most cache entries one caller holds.
+    pub max_entries: usize,
+}
+
+impl Default for CallerLimits {
+    /// A Ray worker asks for a handful of scopes; a few hundred distinct
+    /// ones is already unusual, and 8 exchanges at once serve a pod that
+    /// starts with every SDK at once.
+    fn default() -> Self {
+        CallerLimits {
+            inflight: 8,
+            new_keys_per_second: 5.0,
+            new_keys_burst: 50.0,
+            max_entries: 1_000,
+        }
+    }
+}
+
+/// Which bound a caller met.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallerLimit {
+    /// Too many exchanges in flight.
+    Inflight,
+    /// New cache keys too fast.
+    NewKeys,
+    /// Its entries are at the bound and every one is in use.
+    Entries,
+}
+
+impl CallerLimit {
+    /// As in audit records, metrics and answers.
+    pub fn name(self) -> &'static str {
+        match self {
+            CallerLimit::Inflight => "inflight",
+            CallerLimit::NewKeys => "new_keys",
+            CallerLimit::Entries => "entries",
+        }
+    }
+
+    /// What was too many, for the caller's answer.
+    pub fn describe(self) -> &'static str {
+        match self {
+            CallerLimit::Inflight => "token exchanges in progress",
+            CallerLimit::NewKeys => "new scopes a second",
+            CallerLimit::Entries => "cached credentials in use",
+        }
+    }
+}
+
+/// Per-caller token buckets for new keys, by (namespace, ServiceAccount).
+pub struct NewKeyBuckets {
+    buckets: HashMap<(String, String), (f64, Instant)>,
+}
+
+/// Callers remembered at most; beyond, buckets that have refilled (their
+/// callers idle) are forgotten, which changes nothing for them.
+const MAX_REMEMBERED: usize = 10_000;
+
+impl NewKeyBuckets {
+    /// No caller seen yet.
+    pub fn new() -> Self {
+        NewKeyBuckets {
+            buckets: HashMap::new(),
+        }
+    }
+
+    /// Takes a token for `caller`, or says how long until one is there.
+    pub fn take(
+        &mut self,
+        namespace: &str,
+        service_account: &str,
+        limits: &CallerLimits,
+        now: Instant,
+    ) -> Result<(), Duration> {
+        let rate = limits.new_keys_per_second.max(0.001);
+        let burst = limits.new_keys_burst.max(1.0);
+        if self.buckets.len() >= MAX_REMEMBERED {
+            self.buckets.retain(|_, (tokens, at)| {
+                *tokens + now.duration_since(*at).as_secs_f64() * rate < burst
+            });
+        }
+        let bucket = self
+            .buckets
+            .entry((namespace.to_string(), service_account.to_string()))
+            .or_insert((burst, now));
+        bucket.0 = (bucket.0 + now.duration_since(bucket.1).as_secs_f64() * rate).min(burst);
+        bucket.1 = now;
+        if bucket.0 >= 1.0 {
+            bucket.0 -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64((1.0 - bucket.0) / rate))
+        }
+    }
+}
+
+impl Default for NewKeyBuckets {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_caller_has_its_own_bucket() {
+        let limits = CallerLimits {
+            new_keys_per_second: 2.0,
+            new_keys_burst: 3.0,
+            ..CallerLimits::default()
+        };
+        let mut b = NewKeyBuckets::new();
+        let t0 = Instant::now();
+        for _ in 0..3 {
+            assert!(b.take("a", "flood", &limits, t0).is_ok());
+        }
+        let wait = b.take("a", "flood", &limits, t0).unwrap_err();
+        assert!(wait > Duration::from_millis(400) && wait <= Duration::from_millis(500));
+        // Another ServiceAccount, even of the same namespace, is untouched.
+        assert!(b.take("a", "quiet", &limits, t0).is_ok());
+        // Half a second later the flood has one more token.
+        assert!(b
+            .take("a", "flood", &limits, t0 + Duration::from_millis(500))
+            .is_ok());
+    }
+}
