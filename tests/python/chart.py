@@ -17,12 +17,13 @@ from __future__ import annotations
 import base64
 import json
 import os
-import signal
 import subprocess
 import time
 from pathlib import Path
 
 import yaml
+
+from conftest import stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "lanyard"
@@ -107,15 +108,9 @@ class Container:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        code = stop_process(self.proc)
         self.log.close()
-        return self.proc.returncode
+        return code
 
 
 def materialise(objects: list[dict], volume: dict, target: Path) -> list[Path]:

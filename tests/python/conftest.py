@@ -34,6 +34,18 @@ SDK_VARIABLES = [
 ]
 
 
+def stop_process(proc, timeout: float = 15.0) -> int:
+    """SIGTERM, then SIGKILL after `timeout` seconds; the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
 def lanyard_binary() -> str:
     explicit = os.environ.get("LANYARD_BIN")
     if explicit:
@@ -113,15 +125,9 @@ class Dev:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        code = stop_process(self.proc)
         self.log.close()
-        return self.proc.returncode
+        return code
 
 
 @pytest.fixture

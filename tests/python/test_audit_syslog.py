@@ -6,7 +6,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 from azure.identity import ManagedIdentityCredential
 
-from conftest import Dev
+from conftest import Dev, stop_process
 
 RSYSLOGD = shutil.which("rsyslogd") or ("/usr/sbin/rsyslogd" if os.path.exists("/usr/sbin/rsyslogd") else None)
 MODULES = Path("/usr/lib/x86_64-linux-gnu/rsyslog")
@@ -73,13 +72,8 @@ action(type="omfile" file="{self.out}" template="text")
         return int((self.work / f"{name}.port").read_text().strip())
 
     def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc:
+            stop_process(self.proc)
         self.log.close()
 
     def received(self):
