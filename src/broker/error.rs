@@ -227,7 +227,7 @@ pub(crate) fn samples() -> Vec<BrokerError> {
         }),
         BrokerError::Upstream(CloudError::CallerLimited {
             cloud: Cloud::Azure,
-            limit: crate::cache::CallerLimit::NewKeys,
+            limit: crate::cloud::CallerLimit::NewKeys,
             retry_after: Duration::from_secs(2),
         }),
         BrokerError::Upstream(CloudError::Throttled {

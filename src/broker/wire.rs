@@ -236,7 +236,7 @@ pub enum WireError {
         /// The cloud the request was for.
         cloud: Cloud,
         /// Which bound.
-        limit: crate::cache::CallerLimit,
+        limit: crate::cloud::CallerLimit,
         /// How long to wait, in whole seconds.
         retry_after_secs: u64,
     },

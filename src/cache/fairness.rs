@@ -47,37 +47,7 @@ impl Default for CallerLimits {
     }
 }
 
-/// Which bound a caller met.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CallerLimit {
-    /// Too many exchanges in flight.
-    Inflight,
-    /// New cache keys too fast.
-    NewKeys,
-    /// Its entries are at the bound and every one is in use.
-    Entries,
-}
-
-impl CallerLimit {
-    /// As in audit records, metrics and answers.
-    pub fn name(self) -> &'static str {
-        match self {
-            CallerLimit::Inflight => "inflight",
-            CallerLimit::NewKeys => "new_keys",
-            CallerLimit::Entries => "entries",
-        }
-    }
-
-    /// What was too many, for the caller's answer.
-    pub fn describe(self) -> &'static str {
-        match self {
-            CallerLimit::Inflight => "token exchanges in progress",
-            CallerLimit::NewKeys => "new scopes a second",
-            CallerLimit::Entries => "cached credentials in use",
-        }
-    }
-}
+pub use crate::cloud::CallerLimit;
 
 /// Per-caller token buckets for new keys, by (namespace, ServiceAccount).
 pub struct NewKeyBuckets {

@@ -251,6 +251,39 @@ where
     Arc::new(move |subject| Box::pin(exchange(params.clone(), subject)))
 }
 
+/// Which of its fairness bounds (`cache::fairness`) a caller met: part
+/// of [`CloudError::CallerLimited`], so it lives with the error vocabulary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallerLimit {
+    /// Too many exchanges in flight.
+    Inflight,
+    /// New cache keys too fast.
+    NewKeys,
+    /// Its entries are at the bound and every one is in use.
+    Entries,
+}
+
+impl CallerLimit {
+    /// As in audit records, metrics and answers.
+    pub fn name(self) -> &'static str {
+        match self {
+            CallerLimit::Inflight => "inflight",
+            CallerLimit::NewKeys => "new_keys",
+            CallerLimit::Entries => "entries",
+        }
+    }
+
+    /// What was too many, for the caller's answer.
+    pub fn describe(self) -> &'static str {
+        match self {
+            CallerLimit::Inflight => "token exchanges in progress",
+            CallerLimit::NewKeys => "new scopes a second",
+            CallerLimit::Entries => "cached credentials in use",
+        }
+    }
+}
+
 /// One upstream call as the audit record names it: how long it took and
 /// the cloud's own id for it (Entra's `x-ms-request-id`, STS's
 /// `x-amzn-RequestId`), which the cloud's support asks for. Google's token
@@ -349,7 +382,7 @@ pub enum CloudError {
         /// The cloud the request was for.
         cloud: Cloud,
         /// Which bound.
-        limit: crate::cache::CallerLimit,
+        limit: CallerLimit,
         /// How long to wait.
         retry_after: Duration,
     },
