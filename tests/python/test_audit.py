@@ -234,10 +234,9 @@ def test_records_name_the_upstream_call_a_request_waited_on(tmp_path, monkeypatc
     id where the cloud sends one: Entra's x-ms-request-id, STS's
     x-amzn-RequestId); a cache hit waited on none and names none."""
     import re
+    import sys
 
     import boto3
-    import google.auth
-    import google.auth.transport.requests
 
     audit_file = tmp_path / "audit.jsonl"
     dev = start(tmp_path, audit_file, "dev")
@@ -246,8 +245,13 @@ def test_records_name_the_upstream_call_a_request_waited_on(tmp_path, monkeypatc
     try:
         for _ in range(2):  # a miss, then a hit
             ManagedIdentityCredential().get_token("https://storage.azure.com/.default")
-        creds, _ = google.auth.default()
-        creds.refresh(google.auth.transport.requests.Request())
+        # google-auth reads the metadata host when first imported: in a
+        # process of its own, so that an earlier test's import cannot point
+        # it at an earlier `lanyard dev`.
+        google = ("import google.auth, google.auth.transport.requests as r; "
+                  "c, _ = google.auth.default(); c.refresh(r.Request())")
+        subprocess.run([sys.executable, "-c", google], env={**os.environ, **dev.exports},
+                       check=True, timeout=60)
         boto3.Session().get_credentials().get_frozen_credentials()
     finally:
         assert dev.stop() == 0
