@@ -101,9 +101,6 @@ class Container:
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.argv, env=env, stdout=self.log, stderr=subprocess.STDOUT)
 
-    def port(self, name: str) -> int:
-        return next(p["containerPort"] for p in self.spec["ports"] if p["name"] == name)
-
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
 
