@@ -101,6 +101,8 @@ pub struct AwsSts {
     throttle: AtomicU32,
     /// What the emulator has been asked and has issued.
     pub stats: AwsStsStats,
+    /// Each access key id and the role ARN it was issued for.
+    pub ledger: super::Ledger,
 }
 
 impl AwsSts {
@@ -113,6 +115,7 @@ impl AwsSts {
             key_sets: super::IssuerKeys::new(http),
             throttle: AtomicU32::new(0),
             stats: AwsStsStats::default(),
+            ledger: super::Ledger::default(),
         }
     }
 
@@ -394,6 +397,7 @@ async fn assume(sts: &AwsSts, body: &[u8]) -> Result<Response, StsError> {
         escape(sub),
     );
     sts.stats.issued.fetch_add(1, Ordering::Relaxed);
+    sts.ledger.record(&credentials.access_key_id, &role.arn);
     Ok((
         StatusCode::OK,
         [

@@ -69,6 +69,8 @@ pub struct Entra {
     key_sets: super::IssuerKeys,
     /// What the emulator has been asked and has issued.
     pub stats: EntraStats,
+    /// Each access token and the app (`TENANT/CLIENT_ID`) it was issued to.
+    pub ledger: super::Ledger,
 }
 
 impl Entra {
@@ -80,6 +82,7 @@ impl Entra {
             lifetime,
             key_sets: super::IssuerKeys::new(http),
             stats: EntraStats::default(),
+            ledger: super::Ledger::default(),
         }
     }
 
@@ -312,6 +315,10 @@ async fn issue(entra: &Entra, tenant: &str, body: &[u8]) -> Result<Response, Aad
 
     entra.stats.issued.fetch_add(1, Ordering::Relaxed);
     let lifetime = entra.lifetime.as_secs();
+    let access_token = format!("entra-emulated.{}", random_token(48));
+    entra
+        .ledger
+        .record(&access_token, &format!("{}/{}", app.tenant_id, app.client_id));
     Ok((
         StatusCode::OK,
         [
@@ -322,7 +329,7 @@ async fn issue(entra: &Entra, tenant: &str, body: &[u8]) -> Result<Response, Aad
             "token_type": "Bearer",
             "expires_in": lifetime,
             "ext_expires_in": lifetime,
-            "access_token": format!("entra-emulated.{}", random_token(48)),
+            "access_token": access_token,
         })),
     )
         .into_response())

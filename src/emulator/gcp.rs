@@ -311,6 +311,10 @@ pub struct Gcp {
     signing_key: SigningKey,
     /// What the emulator has been asked and has issued.
     pub stats: GcpStats,
+    /// Each token and whom it was issued to: federated tokens to the
+    /// federated principal, service-account access tokens to the account's
+    /// email, ID tokens to `EMAIL (id token)`.
+    pub ledger: super::Ledger,
 }
 
 impl Gcp {
@@ -368,6 +372,7 @@ impl Gcp {
             federated: Mutex::new(FederatedStore::new(FEDERATED_CAPACITY)),
             signing_key: SigningKey::generate_rs256()?,
             stats: GcpStats::default(),
+            ledger: super::Ledger::default(),
         })
     }
 
@@ -662,10 +667,12 @@ async fn exchange(gcp: &Gcp, headers: &HeaderMap, body: &[u8]) -> Result<Respons
     // configured lifetime (Google: min(exp - now, 3600)).
     let expires_in = exp.saturating_sub(now).clamp(1, gcp.lifetime.as_secs());
     let access_token = format!("ya29.emulated-federated.{}", random_token(48));
+    let principal = principal_for(&provider.config.name, &subject);
+    gcp.ledger.record(&access_token, &principal);
     gcp.remember(
         &access_token,
         Federated {
-            principal: principal_for(&provider.config.name, &subject),
+            principal,
             expires_at: now + expires_in,
         },
         now,
@@ -988,10 +995,12 @@ fn impersonate(
         Method::GenerateAccessToken => {
             check_scopes(fields.get("scope"))?;
             let lifetime = check_lifetime(fields.get("lifetime"))?.min(cap);
+            let access_token = format!("ya29.emulated-sa.{}", random_token(48));
+            gcp.ledger.record(&access_token, &sa.email);
             Ok((
                 StatusCode::OK,
                 Json(json!({
-                    "accessToken": format!("ya29.emulated-sa.{}", random_token(48)),
+                    "accessToken": access_token,
                     "expireTime": rfc3339(now + lifetime),
                 })),
             )
@@ -1031,6 +1040,8 @@ fn impersonate(
                     "Internal error encountered.",
                 )
             })?;
+            gcp.ledger
+                .record(&token, &format!("{} (id token)", sa.email));
             Ok((StatusCode::OK, Json(json!({ "token": token }))).into_response())
         }
     }

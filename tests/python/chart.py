@@ -59,7 +59,10 @@ class Container:
     """A rendered container run as a local process."""
 
     def __init__(self, objects: list[dict], kind: str, binary: str, workdir: Path,
-                 downward: dict[str, str], kubeconfig: str):
+                 downward: dict[str, str], kubeconfig: str, prefix: list[str] | None = None):
+        """`prefix` runs the process through another command (a network
+        namespace, a mount of the node's trust store) that ends by exec'ing
+        the container's own argv."""
         workdir.mkdir(parents=True, exist_ok=True)
         spec = pod_spec(objects, kind)
         (container,) = spec["containers"]
@@ -99,7 +102,8 @@ class Container:
         self.env = env
         self.log_path = workdir / f"{kind.lower()}.log"
         self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.argv, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen([*(prefix or []), *self.argv], env=env, stdout=self.log,
+                                     stderr=subprocess.STDOUT)
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")

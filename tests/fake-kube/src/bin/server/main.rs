@@ -19,8 +19,20 @@
 //!   from the stored objects;
 //! - `GET /requests?prefix=PATH`: how many API requests began with PATH.
 //!
+//! With `--clouds FILE` it also runs the clouds' token services (see
+//! `clouds.rs`), trusting this cluster's issuer, which it then serves over
+//! HTTP on a listener of its own; the control port answers
+//! `GET /clouds/whois?credential=C` (which cloud issued C, to whom) and
+//! `GET /clouds/counts` (credentials issued per principal).
+//!
+//! `--host IP` binds every listener on IP (any free port) instead of
+//! 127.0.0.1, for a process run in a network namespace of its own.
+//!
 //! On start it prints one JSON line to stdout: `{"api", "control",
-//! "kubeconfig", "issuer"}`. It stops on SIGTERM or SIGINT.
+//! "kubeconfig", "issuer"}`, with `"azure"`, `"gcp"` and `"aws"` (each
+//! emulator's base URL) when the clouds run. It stops on SIGTERM or SIGINT.
+
+mod clouds;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -46,28 +58,40 @@ const ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
 struct Args {
     listen: SocketAddr,
     control: SocketAddr,
+    host: std::net::IpAddr,
     dir: PathBuf,
+    clouds: Option<PathBuf>,
 }
 
 fn args() -> Result<Args, String> {
-    let mut listen = "127.0.0.1:0".parse().map_err(|e| format!("{e}"))?;
-    let mut control = "127.0.0.1:0".parse().map_err(|e| format!("{e}"))?;
+    let mut host: std::net::IpAddr = [127, 0, 0, 1].into();
+    let mut listen = None;
+    let mut control = None;
     let mut dir = None;
+    let mut clouds = None;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let value = it.next().ok_or(format!("{flag} needs a value"))?;
         match flag.as_str() {
-            "--listen" => listen = value.parse().map_err(|e| format!("--listen: {e}"))?,
-            "--control" => control = value.parse().map_err(|e| format!("--control: {e}"))?,
+            "--listen" => listen = Some(value.parse().map_err(|e| format!("--listen: {e}"))?),
+            "--control" => {
+                control = Some(value.parse().map_err(|e| format!("--control: {e}"))?)
+            }
+            "--host" => host = value.parse().map_err(|e| format!("--host: {e}"))?,
             "--dir" => dir = Some(PathBuf::from(value)),
+            "--clouds" => clouds = Some(PathBuf::from(value)),
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
-    let dir = dir.ok_or("usage: lanyard-fake-kube --dir DIR [--listen ADDR] [--control ADDR]")?;
+    let dir = dir.ok_or(
+        "usage: lanyard-fake-kube --dir DIR [--host IP] [--listen ADDR] [--control ADDR] [--clouds FILE]",
+    )?;
     Ok(Args {
-        listen,
-        control,
+        listen: listen.unwrap_or(SocketAddr::new(host, 0)),
+        control: control.unwrap_or(SocketAddr::new(host, 0)),
+        host,
         dir,
+        clouds,
     })
 }
 
@@ -75,6 +99,7 @@ fn args() -> Result<Args, String> {
 struct Ctl {
     kube: Arc<FakeKube>,
     issuer: Arc<Issuer>,
+    clouds: Option<Arc<clouds::Clouds>>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -105,7 +130,70 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
-    let issuer = Arc::new(Issuer::new(ISSUER, SigningKey::generate_rs256()?));
+    let clouds_config: Option<clouds::CloudsConfig> = match &args.clouds {
+        Some(path) => Some(serde_json::from_slice(&std::fs::read(path)?)?),
+        None => None,
+    };
+    let mut info = serde_json::Map::new();
+    // The clouds fetch the issuer's keys over HTTP: serve it where they can.
+    let issuer_listener = match clouds_config {
+        Some(_) => Some(tokio::net::TcpListener::bind((args.host, 0)).await?),
+        None => None,
+    };
+    let issuer_url = match &issuer_listener {
+        Some(l) => format!("http://{}", l.local_addr()?),
+        None => ISSUER.to_string(),
+    };
+    let issuer = Arc::new(Issuer::new(issuer_url, SigningKey::generate_rs256()?));
+    if let Some(listener) = issuer_listener {
+        let router = issuer.router();
+        tokio::spawn(async move { axum::serve(listener, router).await });
+    }
+    let clouds = match &clouds_config {
+        Some(config) => {
+            let clouds = Arc::new(clouds::Clouds::new(config, issuer.url())?);
+            let tls = match &config.tls {
+                Some(tls) => {
+                    let pki = tls.pki()?;
+                    let ca = args.dir.join("clouds-ca.crt");
+                    std::fs::create_dir_all(&args.dir)?;
+                    std::fs::write(&ca, &pki.ca_pem)?;
+                    info.insert("clouds_ca".into(), json!(ca));
+                    let rustls = axum_server::tls_rustls::RustlsConfig::from_pem(
+                        pki.cert_pem.into_bytes(),
+                        pki.key_pem.into_bytes(),
+                    )
+                    .await?;
+                    Some((tls, rustls))
+                }
+                None => None,
+            };
+            for (name, router) in clouds.routers() {
+                match &tls {
+                    Some((serving, rustls)) => {
+                        let addr = serving
+                            .address(name)
+                            .ok_or_else(|| anyhow::anyhow!("no TLS address for {name}"))?;
+                        let listener = std::net::TcpListener::bind(addr)?;
+                        listener.set_nonblocking(true)?;
+                        info.insert(name.into(), Value::from(format!("https://{addr}")));
+                        let server = axum_server::from_tcp_rustls(listener, rustls.clone())?;
+                        tokio::spawn(async move { server.serve(router.into_make_service()).await });
+                    }
+                    None => {
+                        let listener = tokio::net::TcpListener::bind((args.host, 0)).await?;
+                        info.insert(
+                            name.into(),
+                            Value::from(format!("http://{}", listener.local_addr()?)),
+                        );
+                        tokio::spawn(async move { axum::serve(listener, router).await });
+                    }
+                }
+            }
+            Some(clouds)
+        }
+        None => None,
+    };
     let token = uuid::Uuid::new_v4().to_string();
     let kube = FakeKube::new(issuer.url(), issuer.key().jwk(), &token);
     let api = tokio::net::TcpListener::bind(args.listen).await?;
@@ -116,22 +204,26 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let kubeconfig = args.dir.join("kubeconfig");
     std::fs::write(&kubeconfig, kube.kubeconfig(&api_url))?;
 
+    info.insert("api".into(), Value::from(api_url));
+    info.insert("control".into(), Value::from(control_url));
+    info.insert("kubeconfig".into(), json!(kubeconfig));
+    info.insert("issuer".into(), Value::from(issuer.url()));
     let ctl = Ctl {
         kube: kube.clone(),
         issuer,
+        clouds,
     };
     let control_router = Router::new()
         .route("/apply", post(apply))
         .route("/objects/{kind}/{namespace}/{name}", delete(remove))
         .route("/token", post(mint))
         .route("/requests", get(requests))
+        .route("/clouds/whois", get(whois))
+        .route("/clouds/counts", get(counts))
         .with_state(ctl);
     tokio::spawn(async move { axum::serve(api, kube.router()).await });
     tokio::spawn(async move { axum::serve(control, control_router).await });
-    println!(
-        "{}",
-        json!({"api": api_url, "control": control_url, "kubeconfig": kubeconfig, "issuer": ISSUER})
-    );
+    println!("{}", Value::Object(info));
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = term.recv() => {}
@@ -239,4 +331,30 @@ struct Prefix {
 
 async fn requests(State(ctl): State<Ctl>, Query(q): Query<Prefix>) -> Json<Value> {
     Json(json!({"count": ctl.kube.requests(&q.prefix)}))
+}
+
+#[derive(Deserialize)]
+struct Credential {
+    credential: String,
+}
+
+async fn whois(State(ctl): State<Ctl>, Query(q): Query<Credential>) -> Response {
+    let Some(clouds) = &ctl.clouds else {
+        return bad("the clouds are not running (--clouds)");
+    };
+    match clouds.whois(&q.credential) {
+        Some(v) => Json(v).into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            Json(json!({"error": "no cloud issued this credential"})),
+        )
+            .into_response(),
+    }
+}
+
+async fn counts(State(ctl): State<Ctl>) -> Response {
+    match &ctl.clouds {
+        Some(clouds) => Json(clouds.counts()).into_response(),
+        None => bad("the clouds are not running (--clouds)"),
+    }
 }

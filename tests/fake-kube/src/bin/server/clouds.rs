@@ -1,0 +1,243 @@
+//! The clouds' side of workload identity federation, for the server binary:
+//! Entra ID, Google (STS and IAM Credentials) and AWS STS emulators that
+//! trust this fake cluster's issuer, set up from one JSON file the way an
+//! administrator sets them up in each cloud (a federated credential per
+//! app, an IAM binding per Google service account, a trust policy per
+//! role).
+//!
+//! Each emulator fetches the issuer's discovery document and keys over
+//! HTTP, as the real services do, so the issuer must be served at a URL
+//! the emulators can reach: the server then serves it on a listener of its
+//! own and names that URL as the issuer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use lanyard::emulator::aws::{AwsEmulatorConfig, AwsRole, AwsSts, OidcProvider};
+use lanyard::emulator::entra::{App, Entra, FederatedCredential};
+use lanyard::emulator::gcp::{
+    Gcp, GcpEmulatorConfig, GcpServiceAccount, WorkloadIdentityProvider,
+};
+
+/// The `--clouds` file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CloudsConfig {
+    /// Entra tenant of every app.
+    pub azure_tenant_id: String,
+    #[serde(default = "azure_audience")]
+    pub azure_audience: String,
+    /// The workload identity provider's full name; also the default
+    /// audience, as in Google's own configuration.
+    pub gcp_provider: String,
+    #[serde(default = "aws_audience")]
+    pub aws_audience: String,
+    /// Lifetime of access tokens the emulators issue (seconds).
+    #[serde(default = "lifetime")]
+    pub lifetime_seconds: u64,
+    /// Who may federate, one entry per Kubernetes ServiceAccount.
+    pub identities: Vec<Identity>,
+    /// Serve the clouds over TLS at these addresses, under their real
+    /// names; without it each is plain HTTP on any free port of `--host`.
+    pub tls: Option<TlsServing>,
+}
+
+/// Where the clouds listen with TLS, and the names their certificate
+/// carries (`login.microsoftonline.com`, `sts.googleapis.com`, ...): a
+/// resolver that maps those names to these addresses (a network
+/// namespace's hosts file) and a trust store holding `ca.crt` make
+/// unmodified clients reach the emulators as they would the clouds.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsServing {
+    pub names: Vec<String>,
+    pub azure: std::net::SocketAddr,
+    pub gcp: std::net::SocketAddr,
+    pub aws: std::net::SocketAddr,
+}
+
+/// A CA (written out as PEM for trust stores) and the serving
+/// certificate it signs for `names`.
+pub struct Pki {
+    pub ca_pem: String,
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl TlsServing {
+    pub fn pki(&self) -> anyhow::Result<Pki> {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+        let ca_key = KeyPair::generate()?;
+        let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "lanyard-fake-kube clouds CA");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_cert = ca_params.self_signed(&ca_key)?;
+        let issuer = Issuer::new(ca_params, ca_key);
+        let key = KeyPair::generate()?;
+        let mut names = self.names.clone();
+        names.extend([self.azure, self.gcp, self.aws].map(|a| a.ip().to_string()));
+        let cert = CertificateParams::new(names)?.signed_by(&key, &issuer)?;
+        Ok(Pki {
+            ca_pem: ca_cert.pem(),
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        })
+    }
+
+    pub fn address(&self, cloud: &str) -> Option<std::net::SocketAddr> {
+        match cloud {
+            "azure" => Some(self.azure),
+            "gcp" => Some(self.gcp),
+            "aws" => Some(self.aws),
+            _ => None,
+        }
+    }
+}
+
+fn azure_audience() -> String {
+    "api://AzureADTokenExchange".into()
+}
+
+fn aws_audience() -> String {
+    "sts.amazonaws.com".into()
+}
+
+fn lifetime() -> u64 {
+    3600
+}
+
+/// One ServiceAccount and the cloud identities it is trusted as.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Identity {
+    pub namespace: String,
+    pub service_account: String,
+    pub azure_client_id: Option<String>,
+    pub gcp_service_account: Option<String>,
+    pub aws_role_arn: Option<String>,
+}
+
+impl Identity {
+    fn subject(&self) -> String {
+        format!(
+            "system:serviceaccount:{}:{}",
+            self.namespace, self.service_account
+        )
+    }
+}
+
+/// The three emulators, started.
+pub struct Clouds {
+    pub entra: Arc<Entra>,
+    pub gcp: Arc<Gcp>,
+    pub aws: Arc<AwsSts>,
+}
+
+impl Clouds {
+    /// Emulators trusting `issuer` for the identities in `config`.
+    pub fn new(config: &CloudsConfig, issuer: &str) -> anyhow::Result<Clouds> {
+        let http = lanyard::http::client();
+        let apps = config
+            .identities
+            .iter()
+            .filter_map(|i| {
+                i.azure_client_id.as_ref().map(|client_id| App {
+                    tenant_id: config.azure_tenant_id.clone(),
+                    client_id: client_id.clone(),
+                    federated: vec![FederatedCredential {
+                        issuer: issuer.to_string(),
+                        subject: i.subject(),
+                        audience: config.azure_audience.clone(),
+                    }],
+                })
+            })
+            .collect();
+        let lifetime = Duration::from_secs(config.lifetime_seconds);
+        let entra = Arc::new(Entra::new(apps, lifetime, http.clone()));
+        let gcp = Arc::new(Gcp::new(
+            GcpEmulatorConfig {
+                providers: vec![WorkloadIdentityProvider {
+                    name: config.gcp_provider.clone(),
+                    issuer: issuer.to_string(),
+                    allowed_audiences: vec![config.gcp_provider.clone()],
+                }],
+                service_accounts: config
+                    .identities
+                    .iter()
+                    .filter_map(|i| {
+                        i.gcp_service_account
+                            .as_ref()
+                            .map(|email| GcpServiceAccount {
+                                email: email.clone(),
+                                members: vec![Gcp::principal_for(
+                                    &config.gcp_provider,
+                                    &i.subject(),
+                                )],
+                            })
+                    })
+                    .collect(),
+                lifetime,
+            },
+            http.clone(),
+        )?);
+        let aws = Arc::new(AwsSts::new(
+            AwsEmulatorConfig {
+                providers: vec![OidcProvider {
+                    issuer: issuer.to_string(),
+                    audiences: vec![config.aws_audience.clone()],
+                }],
+                roles: config
+                    .identities
+                    .iter()
+                    .filter_map(|i| {
+                        i.aws_role_arn.as_ref().map(|arn| AwsRole {
+                            arn: arn.clone(),
+                            trusted_subjects: vec![i.subject()],
+                            max_session_duration: 43_200,
+                        })
+                    })
+                    .collect(),
+            },
+            http,
+        ));
+        Ok(Clouds { entra, gcp, aws })
+    }
+
+    /// The routers to serve: Entra's authority host, Google's STS and IAM
+    /// Credentials (one host), AWS STS.
+    pub fn routers(&self) -> [(&'static str, Router); 3] {
+        [
+            ("azure", self.entra.router()),
+            ("gcp", self.gcp.router()),
+            ("aws", self.aws.router()),
+        ]
+    }
+
+    /// Which cloud issued `credential` and to whom (an Entra app as
+    /// `TENANT/CLIENT_ID`, a Google principal or service-account email, an
+    /// AWS role ARN for an access key id).
+    pub fn whois(&self, credential: &str) -> Option<Value> {
+        [
+            ("azure", self.entra.ledger.owner(credential)),
+            ("gcp", self.gcp.ledger.owner(credential)),
+            ("aws", self.aws.ledger.owner(credential)),
+        ]
+        .into_iter()
+        .find_map(|(cloud, owner)| owner.map(|p| json!({"cloud": cloud, "principal": p})))
+    }
+
+    /// Credentials issued per principal, per cloud.
+    pub fn counts(&self) -> Value {
+        json!({
+            "azure": self.entra.ledger.counts(),
+            "gcp": self.gcp.ledger.counts(),
+            "aws": self.aws.ledger.counts(),
+        })
+    }
+}

@@ -1,0 +1,405 @@
+"""End to end as a cluster runs it: the chart's agent on two nodes and its
+webhook, the Ray example's pods admitted by that webhook and run by the
+kubelet-like harness (tests/python/kubelet.py) in network namespaces of
+their own, real SDKs in the app containers, the clouds emulated behind
+their real names and counted there.
+
+Skipped, with the reason, only where the machine cannot create network
+namespaces."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from chart import Container, find, render
+from conftest import ROOT, lanyard_binary
+from kubelet import (API_IP, Cluster, FakeKubeProcess, Pod, admit, can_create_namespaces, request, results,
+                     trust_bundle, wait_until, with_trust_store)
+
+REASON = can_create_namespaces()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=f"pods end to end: {REASON}")
+
+TENANT = "5f0c8b0e-6a3b-4c1e-9a51-3d2f1e0c7b21"
+PROVIDER = ("//iam.googleapis.com/projects/123456789012/locations/global/"
+            "workloadIdentityPools/e2e/providers/cluster")
+AGENT_PORT, AGENT_ADMIN, HOOK_PORT, HOOK_ADMIN = 8700, 8701, 8443, 8444
+EXAMPLE_SA = list(yaml.safe_load_all((ROOT / "docs/examples/ray-serviceaccount.yaml").read_text()))
+RAY = EXAMPLE_SA[1]["metadata"]["annotations"]
+
+
+def identity(namespace: str, name: str, client_id: str, gcp_sa: str, role: str) -> dict:
+    return {"namespace": namespace, "service_account": name, "azure_client_id": client_id,
+            "gcp_service_account": gcp_sa, "aws_role_arn": role}
+
+
+IDENTITIES = [
+    identity("ray", "ray-worker", RAY["azure.workload.identity/client-id"],
+             RAY["iam.gke.io/gcp-service-account"], RAY["eks.amazonaws.com/role-arn"]),
+    identity("etl", "etl-runner", "11111111-2222-3333-4444-555555555555",
+             "etl@lanyard-e2e.iam.gserviceaccount.com", "arn:aws:iam::111122223333:role/etl"),
+    identity("legacy", "scripts", "66666666-7777-8888-9999-000000000000",
+             "scripts@lanyard-e2e.iam.gserviceaccount.com", "arn:aws:iam::111122223333:role/scripts"),
+]
+
+
+def expected(ident: dict) -> dict:
+    """Whose credentials each cloud must have issued to a pod of `ident`."""
+    return {"azure": f"{TENANT}/{ident['azure_client_id']}", "gcp": ident["gcp_service_account"],
+            "aws": ident["aws_role_arn"]}
+
+
+def fake_kube_binary() -> Path:
+    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+    binary = Path(os.environ.get("LANYARD_FAKE_KUBE_BIN") or target / "debug" / "lanyard-fake-kube")
+    assert binary.exists(), f"{binary}: cargo build -p lanyard-fake-kube --features server"
+    return binary
+
+
+class E2E:
+    """The running cluster: API server with clouds, webhook, two nodes."""
+
+    def __init__(self, workdir: Path):
+        self.started = time.monotonic()
+        self.workdir = workdir
+        self.cluster = Cluster(workdir)
+        self.roles: list[Container] = []
+        self.startup: list[float] = []
+        self.figures: dict = {}
+        clouds = {"azure_tenant_id": TENANT, "gcp_provider": PROVIDER, "identities": IDENTITIES}
+        self.kube = FakeKubeProcess(self.cluster, fake_kube_binary(), clouds)
+        self.bundle = trust_bundle(workdir, self.kube.clouds_ca)
+        self.values = {
+            "cluster": {"name": "e2e"},
+            "azure": {"tenantId": TENANT},
+            "gcp": {"workloadIdentityProvider": PROVIDER, "projectId": "lanyard-e2e",
+                    "projectNumber": "123456789012"},
+            "aws": {"region": "us-east-1"},
+            "agent": {"port": AGENT_PORT, "adminPort": AGENT_ADMIN, "reachVia": "hostPort"},
+            "webhook": {"port": HOOK_PORT, "adminPort": HOOK_ADMIN},
+        }
+        self.objects = render(self.values)
+        for obj in EXAMPLE_SA:
+            self.kube.apply(obj)
+        for ident in IDENTITIES[1:]:
+            self.kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ident["namespace"]}})
+            self.kube.apply({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {
+                "name": ident["service_account"], "namespace": ident["namespace"], "annotations": {
+                    "azure.workload.identity/client-id": ident["azure_client_id"],
+                    "iam.gke.io/gcp-service-account": ident["gcp_service_account"],
+                    "eks.amazonaws.com/role-arn": ident["aws_role_arn"]}}})
+        self.webhook = Container(self.objects, "Deployment", lanyard_binary(), workdir / "webhook",
+                                 {"spec.nodeName": "control-plane", "status.hostIP": API_IP},
+                                 self.kube.kubeconfig, prefix=["ip", "netns", "exec", self.cluster.api])
+        self.roles.append(self.webhook)
+        secret = find(self.objects, "Secret", "lanyard-webhook-tls")
+        self.webhook_ca = base64.b64decode(secret["data"]["ca.crt"]).decode()
+        self.nodes = [self.cluster.add_node("node-a"), self.cluster.add_node("node-b")]
+        self.agents = {node.name: self.start_agent(node) for node in self.nodes}
+        wait_until(lambda: request(self.cluster.api, "GET", f"http://127.0.0.1:{HOOK_ADMIN}/readyz").status == 200,
+                   "the webhook is ready")
+        self.bin_dir = Path(lanyard_binary()).parent
+        self.pods: list[Pod] = []
+
+    def start_agent(self, node) -> Container:
+        agent = Container(self.objects, "DaemonSet", lanyard_binary(), self.workdir / f"agent-{node.name}",
+                          {"spec.nodeName": node.name, "status.hostIP": node.address}, self.kube.kubeconfig,
+                          prefix=["ip", "netns", "exec", node.ns, *with_trust_store(self.bundle)])
+        self.roles.append(agent)
+        wait_until(lambda: agent.proc.poll() is None and request(
+            node.ns, "GET", f"http://127.0.0.1:{AGENT_ADMIN}/readyz").status == 200,
+            f"the agent on {node.name} is ready", timeout=60)
+        return agent
+
+    def restart_agent(self, node) -> None:
+        self.agents[node.name].stop()
+        self.agents[node.name] = self.start_agent(node)
+
+    def run_pod(self, node, template: dict, name: str, namespace: str, rotate_every: float | None = None
+                ) -> Pod:
+        """Admission, scheduling onto `node`, storage, then the kubelet."""
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {**copy.deepcopy(template.get("metadata", {})), "name": name, "namespace": namespace},
+               "spec": copy.deepcopy(template["spec"])}
+        mutated = admit(self.cluster, f"https://{API_IP}:{HOOK_PORT}", self.webhook_ca,
+                        "lanyard-webhook.lanyard-system.svc", pod)
+        mutated["spec"]["nodeName"] = node.name
+        stored = self.kube.apply(mutated)
+        running = Pod(self.cluster, self.kube, node, stored, self.bin_dir, rotate_every)
+        self.pods.append(running)
+        running.start_init_containers()
+        return running
+
+    def whose(self, line: dict) -> str | None:
+        found = self.kube.whois(line["credential"])
+        assert found is None or found["cloud"] == line["cloud"], (line["cloud"], found)
+        return found and found["principal"]
+
+    def close(self) -> list[str]:
+        for pod in self.pods:
+            pod.stop()
+        codes = [(r.argv[1], r.stop()) for r in self.roles if r.proc.poll() is None]
+        problems = [f"{role} exited {code}" for role, code in codes if code != 0]
+        return problems + self.cluster.close()
+
+
+@pytest.fixture(scope="module")
+def e2e():
+    workdir = Path(tempfile.mkdtemp(prefix="lanyard-pods-"))
+    env = None
+    try:
+        env = E2E(workdir)
+        yield env
+    finally:
+        problems = env.close() if env else []
+        if env:
+            figures = {"startup_p50_s": statistics.median(env.startup) if env.startup else None,
+                       "startup_samples": len(env.startup),
+                       "harness_s": round(time.monotonic() - env.started, 1), **env.figures}
+            target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+            (target / "pods-e2e-figures.json").write_text(json.dumps(figures))
+            print("pods end to end:", figures)
+        leftover = [ns for ns in os.listdir("/var/run/netns") if env and ns.startswith(env.cluster.tag)] \
+            if os.path.isdir("/var/run/netns") else []
+        if not os.environ.get("LANYARD_KEEP_PODS"):
+            shutil.rmtree(workdir, ignore_errors=True)
+        assert not leftover, f"namespaces left behind: {leftover}"
+        assert not problems, problems
+
+
+def ray_templates() -> tuple[dict, dict]:
+    raycluster = yaml.safe_load((ROOT / "docs/examples/raycluster.yaml").read_text())
+    return raycluster["spec"]["headGroupSpec"]["template"], raycluster["spec"]["workerGroupSpecs"][0]["template"]
+
+
+def plain_template(service_account: str, annotations: dict | None = None) -> dict:
+    return {"metadata": {"labels": {"lanyard.dev/inject": "true"}, "annotations": annotations or {}},
+            "spec": {"serviceAccountName": service_account, "automountServiceAccountToken": False,
+                     "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
+                                         "seccompProfile": {"type": "RuntimeDefault"}},
+                     "containers": [{"name": "app", "image": "python:3.11-slim",
+                                     "securityContext": {"allowPrivilegeEscalation": False,
+                                                         "capabilities": {"drop": ["ALL"]}}}]}}
+
+
+def run_app(e2e: E2E, pod: Pod, *sdk_args: str, timeout: float = 120.0) -> list[dict]:
+    """The pod's first app container runs the SDK script to completion."""
+    proc, out = pod.start_app(pod.app_containers()[0], list(sdk_args))
+    code = proc.proc.wait(timeout=timeout)
+    assert code == 0, proc.output()
+    lines = results(out)
+    if pod.sidecar_started is not None and lines and lines[0]["ok"]:
+        first = min(line["t"] for line in lines if line["ok"])
+        # Wall clock of the script against the monotonic start: convert.
+        e2e.startup.append(first - (time.time() - (time.monotonic() - pod.sidecar_started)))
+        e2e.figures.setdefault("sidecar_ready_s", []).append(round(pod.sidecar_ready - pod.sidecar_started, 3))
+    return lines
+
+
+def assert_all_ok_and_owned(e2e: E2E, lines: list[dict], ident: dict) -> None:
+    want = expected(ident)
+    failed = [line for line in lines if not line["ok"]]
+    assert not failed, failed
+    for line in lines:
+        assert e2e.whose(line) == want[line["cloud"]], (line["cloud"], want[line["cloud"]])
+
+
+def test_one_raycluster_on_one_node_shares_one_exchange_per_identity(e2e):
+    head, worker = ray_templates()
+    node = e2e.nodes[0]
+    before = e2e.kube.counts()
+    pods = [e2e.run_pod(node, head, "ray-data-head", "ray")]
+    pods += [e2e.run_pod(node, worker, f"ray-data-worker-{i}", "ray") for i in range(2)]
+    for pod in pods:
+        # The head's autoscaler container is skipped; its Ray container and
+        # the workers' get the SDK variables.
+        container = pod.app_containers()[0]
+        names = {e["name"] for e in container.get("env", [])}
+        assert {"IDENTITY_ENDPOINT", "GCE_METADATA_HOST", "AWS_CONTAINER_CREDENTIALS_FULL_URI"} <= names
+        assert_all_ok_and_owned(e2e, run_app(e2e, pod, "--count", "2"), IDENTITIES[0])
+    after = e2e.kube.counts()
+    want = expected(IDENTITIES[0])
+    for cloud, principal in want.items():
+        issued = after[cloud].get(principal, 0) - before[cloud].get(principal, 0)
+        assert issued == 1, f"{cloud}: {issued} exchanges for {principal} across three pods"
+    # Google: one STS exchange under it, for the federated principal.
+    sts = {p: n for p, n in after["gcp"].items() if "subject/system:serviceaccount:ray:ray-worker" in p}
+    assert list(sts.values()) == [1], sts
+
+
+def test_pods_of_other_service_accounts_get_their_own_identity_and_not_each_others_sidecar(e2e):
+    node = e2e.nodes[0]
+    _, worker = ray_templates()
+    ray_pod = e2e.run_pod(node, worker, "ray-data-worker-iso", "ray")
+    etl_pod = e2e.run_pod(node, plain_template("etl-runner"), "etl-0", "etl")
+    assert_all_ok_and_owned(e2e, run_app(e2e, etl_pod), IDENTITIES[1])
+    assert_all_ok_and_owned(e2e, run_app(e2e, ray_pod, "--clouds", "azure"), IDENTITIES[0])
+    sidecar = next(c for c in ray_pod.spec["initContainers"] if c.get("restartPolicy") == "Always")
+    port = sidecar["args"][sidecar["args"].index("--listen") + 1].rsplit(":", 1)[1]
+    # From the etl pod: the ray pod's SDK port is on the ray pod's loopback
+    # only; its own loopback port is its own sidecar.
+    with pytest.raises(OSError):
+        request(etl_pod.ns, "GET", f"http://{ray_pod.ip}:{port}/metadata/identity/oauth2/token"
+                "?api-version=2018-02-01&resource=https://storage.azure.com", headers={"Metadata": "true"},
+                timeout=3)
+    app = etl_pod.app_containers()[0]
+    probe = etl_pod.exec(app, ["curl", "-sS", "--max-time", "5", "-H", "Metadata-Flavor: Google",
+                               f"http://127.0.0.1:{port}/computeMetadata/v1/instance/service-accounts/default/email"])
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.strip() == IDENTITIES[1]["gcp_service_account"]
+
+
+def test_a_pod_on_another_node_is_refused_by_this_nodes_agent(e2e):
+    node_a, node_b = e2e.nodes
+    _, worker = ray_templates()
+    pod = e2e.run_pod(node_b, worker, "ray-data-worker-b", "ray")
+    assert_all_ok_and_owned(e2e, run_app(e2e, pod, "--clouds", "aws"), IDENTITIES[0])
+    # The same pod pointed at node A's agent (as a pod that rewrote its
+    # sidecar's agent URL would be): refused, in the SDK's own format.
+    sidecar = next(c for c in pod.spec["initContainers"] if c.get("restartPolicy") == "Always")
+    rogue = copy.deepcopy(sidecar)
+    rogue["name"] = "rogue"
+    rogue["env"] = [e for e in rogue["env"] if e["name"] != "LANYARD_AGENT_URL"] + [
+        {"name": "LANYARD_AGENT_URL", "value": f"http://{node_a.address}:{AGENT_PORT}"}]
+    rogue["args"] = ["--listen", "127.0.0.1:18000", "--probe-listen", "0.0.0.0:18001"]
+    proc = pod.start(rogue, pod.image_command(rogue), {"PATH": "/usr/bin:/bin", "HOME": "/"})
+    app = pod.app_containers()[0]
+    try:
+        def refused():
+            r = pod.exec(app, ["curl", "-sS", "--max-time", "5", "-H", "Metadata:true",
+                               "http://127.0.0.1:18000/metadata/identity/oauth2/token"
+                               "?api-version=2018-02-01&resource=https://storage.azure.com", "-w", "\n%{http_code}"])
+            body, _, status = r.stdout.rpartition("\n")
+            return (status, body) if status not in ("000", "") else None
+        status, body = wait_until(refused, "the rogue sidecar answers", timeout=30)
+        assert status == "403", (status, body)
+        assert "access_token" not in body
+    finally:
+        proc.stop()
+    # Node A's agent recorded why: the token names node B.
+    audit = e2e.workdir / f"agent-{node_a.name}" / "volumes" / "audit" / "audit.jsonl"
+    refusals = [r for r in map(json.loads, audit.read_text().splitlines())
+                if r["type"] == "credential" and r["decision"].get("reason") == "other_node"]
+    assert len(refusals) == 1, refusals
+    assert "node-b" in refusals[0]["outcome"]["message"]
+
+
+def test_token_rotation_while_the_app_keeps_calling_fails_no_call(e2e):
+    _, worker = ray_templates()
+    pod = e2e.run_pod(e2e.nodes[0], worker, "ray-data-worker-rot", "ray", rotate_every=0.5)
+    lines = run_app(e2e, pod, "--count", "25", "--interval", "0.1")
+    assert pod.rotations >= 5, f"only {pod.rotations} rotations while the app called"
+    assert len(lines) == 75
+    assert_all_ok_and_owned(e2e, lines, IDENTITIES[0])
+
+
+def test_agent_restart_under_three_calling_pods_recovers_without_a_wrong_credential(e2e):
+    node = e2e.nodes[0]
+    _, worker = ray_templates()
+    pods = [e2e.run_pod(node, worker, f"ray-data-worker-r{i}", "ray") for i in range(2)]
+    pods.append(e2e.run_pod(node, plain_template("etl-runner"), "etl-r", "etl"))
+    owners = [IDENTITIES[0], IDENTITIES[0], IDENTITIES[1]]
+    stop_file = e2e.workdir / "stop-restart"
+    apps = [pod.start_app(pod.app_containers()[0], ["--count", "100000", "--interval", "0.05",
+                                                    "--stop-file", str(stop_file)]) for pod in pods]
+    wait_until(lambda: all(len(results(out)) >= 6 for _, out in apps), "every pod has called", timeout=60)
+    began = time.time()
+    e2e.restart_agent(node)
+    restarted = time.time()
+    wait_until(lambda: all(any(l["ok"] and l["started"] > restarted for l in results(out)) for _, out in apps),
+               "every pod got credentials again after the restart", timeout=60)
+    time.sleep(1)
+    stop_file.write_text("")
+    for proc, _ in apps:
+        assert proc.proc.wait(timeout=60) == 0, proc.output()
+    for (_, out), ident in zip(apps, owners):
+        lines = results(out)
+        want = expected(ident)
+        for line in lines:
+            if line["ok"]:
+                assert e2e.whose(line) == want[line["cloud"]]
+        # Calls were in flight while the agent was down: the SDKs retried
+        # (their own retry policies, against the sidecar's 503s) and most
+        # came through.
+        during = [l for l in lines if l["started"] < restarted and l["t"] > began]
+        assert during, "no call overlapped the restart"
+        e2e.figures.setdefault("restart_calls_during_outage", 0)
+        e2e.figures["restart_calls_during_outage"] += len(during)
+        e2e.figures.setdefault("restart_failed_calls", 0)
+        e2e.figures["restart_failed_calls"] += sum(not l["ok"] for l in lines)
+        e2e.figures["agent_restart_s"] = round(restarted - began, 2)
+        # Every cloud answers again once the agent is back.
+        recovered = {l["cloud"] for l in lines if l["ok"] and l["started"] > restarted + 1}
+        assert recovered == {"azure", "gcp", "aws"}, (recovered, [l for l in lines if not l["ok"]][-3:])
+
+
+def test_a_deleted_pod_stops_getting_credentials(e2e):
+    _, worker = ray_templates()
+    pod = e2e.run_pod(e2e.nodes[0], worker, "ray-data-worker-del", "ray")
+    assert_all_ok_and_owned(e2e, run_app(e2e, pod, "--clouds", "azure,aws"), IDENTITIES[0])
+    e2e.kube.delete("pods", "ray", pod.name)
+    deleted = time.time()
+
+    def refused():
+        lines = run_app(e2e, pod, "--clouds", "azure,aws")
+        return all(not line["ok"] for line in lines) and lines
+    lines = wait_until(refused, "the deleted pod is refused", timeout=30, interval=0.5)
+    e2e.figures["deleted_pod_refused_after_s"] = round(lines[-1]["t"] - deleted, 2)
+    assert all("pod" in line["error"] for line in lines), lines
+    assert all("access_token" not in line["error"] for line in lines), lines
+
+
+def test_transparent_mode_serves_clients_that_only_know_169_254_169_254(e2e):
+    node = e2e.nodes[0]
+    opted = e2e.run_pod(node, plain_template("scripts", {"lanyard.dev/transparent": "true"}), "legacy-0", "legacy")
+    plain = e2e.run_pod(node, plain_template("scripts"), "legacy-1", "legacy")
+    names = [c["name"] for c in opted.spec["initContainers"]]
+    assert names[:2] == ["lanyard-redirect", "lanyard"], names
+    assert [c["name"] for c in plain.spec.get("initContainers", [])] == ["lanyard"]
+    want = expected(IDENTITIES[2])
+    app = opted.app_containers()[0]
+    curl = ["curl", "-sS", "--fail", "--max-time", "5"]
+    # AWS IMDSv2 with curl.
+    token = opted.exec(app, [*curl, "-X", "PUT", "-H", "X-aws-ec2-metadata-token-ttl-seconds: 60",
+                             "http://169.254.169.254/latest/api/token"])
+    assert token.returncode == 0, token.stderr
+    role = opted.exec(app, [*curl, "-H", f"X-aws-ec2-metadata-token: {token.stdout}",
+                            "http://169.254.169.254/latest/meta-data/iam/security-credentials/"])
+    assert role.returncode == 0, role.stderr
+    creds = opted.exec(app, [*curl, "-H", f"X-aws-ec2-metadata-token: {token.stdout}",
+                             f"http://169.254.169.254/latest/meta-data/iam/security-credentials/{role.stdout.strip()}"])
+    assert creds.returncode == 0, creds.stderr
+    assert e2e.whose({"cloud": "aws", "credential": json.loads(creds.stdout)["AccessKeyId"]}) == want["aws"]
+    # Azure IMDS with curl.
+    azure = opted.exec(app, [*curl, "-H", "Metadata: true", "http://169.254.169.254/metadata/identity/oauth2/token"
+                             "?api-version=2018-02-01&resource=https://storage.azure.com/"])
+    assert azure.returncode == 0, azure.stderr
+    assert e2e.whose({"cloud": "azure", "credential": json.loads(azure.stdout)["access_token"]}) == want["azure"]
+    # google-auth with no GCE_METADATA_* variable: metadata.google.internal
+    # through the pod's hostAliases, then the redirect.
+    script = ("import os\n"
+              "[os.environ.pop(k) for k in list(os.environ) if k.startswith('GCE_METADATA')]\n"
+              "import google.auth, google.auth.transport.requests\n"
+              "c, _ = google.auth.default()\n"
+              "c.refresh(google.auth.transport.requests.Request())\n"
+              "print(c.token)\n")
+    from kubelet import SDK_PYTHON
+    google = opted.exec(app, [SDK_PYTHON, "-c", script])
+    assert google.returncode == 0, google.stderr
+    assert e2e.whose({"cloud": "gcp", "credential": google.stdout.strip()}) == want["gcp"]
+    # Without the annotation nothing is redirected.
+    miss = plain.exec(plain.app_containers()[0], [*curl, "--max-time", "3", "-H", "Metadata: true",
+                                                  "http://169.254.169.254/metadata/identity/oauth2/token"
+                                                  "?api-version=2018-02-01&resource=https://storage.azure.com/"])
+    assert miss.returncode != 0 and "access_token" not in miss.stdout
