@@ -103,6 +103,8 @@ pub struct AwsSts {
     pub stats: AwsStsStats,
     /// Each access key id and the role ARN it was issued for.
     pub ledger: super::Ledger,
+    /// Misbehaviour to inject (tests, benchmarks).
+    pub faults: Arc<super::faults::Faults>,
 }
 
 impl AwsSts {
@@ -116,14 +118,16 @@ impl AwsSts {
             throttle: AtomicU32::new(0),
             stats: AwsStsStats::default(),
             ledger: super::Ledger::default(),
+            faults: Default::default(),
         }
     }
 
     /// STS answers every action on `POST /`.
     pub fn router(self: &Arc<Self>) -> Router {
-        Router::new()
+        let router = Router::new()
             .route("/", post(handle))
-            .with_state(self.clone())
+            .with_state(self.clone());
+        self.faults.layer(router, fault_response)
     }
 
     /// Makes the next `n` requests fail with `Throttling` ("Rate exceeded",
@@ -763,4 +767,20 @@ mod tests {
         assert!(sts.take_throttle());
         assert!(!sts.take_throttle());
     }
+}
+
+/// An injected error status as STS answers it: 429 becomes STS's own
+/// throttling answer (HTTP 400 `Throttling`), 503 `ServiceUnavailable`,
+/// other 5xx `InternalFailure`.
+fn fault_response(status: StatusCode, _retry_after: Option<u64>) -> Response {
+    match status.as_u16() {
+        429 => sts_error(StatusCode::BAD_REQUEST, "Throttling", "Rate exceeded"),
+        503 => sts_error(
+            status,
+            "ServiceUnavailable",
+            "Service is unable to handle request.",
+        ),
+        _ => sts_error(status, "InternalFailure", "An internal error occurred."),
+    }
+    .into_response()
 }

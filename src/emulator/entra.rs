@@ -71,6 +71,8 @@ pub struct Entra {
     pub stats: EntraStats,
     /// Each access token and the app (`TENANT/CLIENT_ID`) it was issued to.
     pub ledger: super::Ledger,
+    /// Misbehaviour to inject (tests, benchmarks).
+    pub faults: Arc<super::faults::Faults>,
 }
 
 impl Entra {
@@ -83,15 +85,17 @@ impl Entra {
             key_sets: super::IssuerKeys::new(http),
             stats: EntraStats::default(),
             ledger: super::Ledger::default(),
+            faults: Default::default(),
         }
     }
 
     /// The token endpoint, `POST /{tenant}/oauth2/v2.0/token`: serve it at an
     /// authority host's root.
     pub fn router(self: &Arc<Self>) -> Router {
-        Router::new()
+        let router = Router::new()
             .route("/{tenant}/oauth2/v2.0/token", post(token))
-            .with_state(self.clone())
+            .with_state(self.clone());
+        self.faults.layer(router, fault_response)
     }
 
     fn key_set(&self, issuer: &str) -> Arc<KeySet> {
@@ -316,9 +320,10 @@ async fn issue(entra: &Entra, tenant: &str, body: &[u8]) -> Result<Response, Aad
     entra.stats.issued.fetch_add(1, Ordering::Relaxed);
     let lifetime = entra.lifetime.as_secs();
     let access_token = format!("entra-emulated.{}", random_token(48));
-    entra
-        .ledger
-        .record(&access_token, &format!("{}/{}", app.tenant_id, app.client_id));
+    entra.ledger.record(
+        &access_token,
+        &format!("{}/{}", app.tenant_id, app.client_id),
+    );
     Ok((
         StatusCode::OK,
         [
@@ -343,4 +348,17 @@ fn rfc3339(unix: u64) -> String {
                 .ok()
         })
         .unwrap_or_else(|| unix.to_string())
+}
+
+/// An injected error status as Entra answers a transient failure (429 or
+/// 5xx, `temporarily_unavailable`, AADSTS90033); MSAL and azure-identity
+/// retry on the status and honour `Retry-After`.
+fn fault_response(status: StatusCode, _retry_after: Option<u64>) -> Response {
+    aad(
+        status,
+        "temporarily_unavailable",
+        90033,
+        "A transient error has occurred. Please try again.",
+    )
+    .into_response()
 }

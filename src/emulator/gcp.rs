@@ -315,6 +315,8 @@ pub struct Gcp {
     /// federated principal, service-account access tokens to the account's
     /// email, ID tokens to `EMAIL (id token)`.
     pub ledger: super::Ledger,
+    /// Misbehaviour to inject (tests, benchmarks).
+    pub faults: Arc<super::faults::Faults>,
 }
 
 impl Gcp {
@@ -373,20 +375,22 @@ impl Gcp {
             signing_key: SigningKey::generate_rs256()?,
             stats: GcpStats::default(),
             ledger: super::Ledger::default(),
+            faults: Default::default(),
         })
     }
 
     /// STS, IAM Credentials and the ID-token JWKS on one listener (point both
     /// endpoints of the exchanger at it).
     pub fn router(self: &Arc<Self>) -> Router {
-        Router::new()
+        let router = Router::new()
             .route("/v1/token", post(sts_token))
             .route(
                 "/v1/projects/-/serviceAccounts/{name}",
                 post(iam_credentials),
             )
             .route("/oauth2/v3/certs", get(certs))
-            .with_state(self.clone())
+            .with_state(self.clone());
+        self.faults.layer(router, fault_response)
     }
 
     /// See [`principal_for`].
@@ -1283,4 +1287,18 @@ mod tests {
         zero.lifetime = Duration::ZERO;
         assert!(Gcp::new(zero, http).is_err());
     }
+}
+
+/// An injected error status in Google's API error format: 429 is
+/// `RESOURCE_EXHAUSTED`, 503 `UNAVAILABLE`, other 5xx `INTERNAL`.
+fn fault_response(status: StatusCode, _retry_after: Option<u64>) -> Response {
+    let (name, message) = match status.as_u16() {
+        429 => (
+            "RESOURCE_EXHAUSTED",
+            "Quota exceeded for quota metric 'Token requests'.",
+        ),
+        503 => ("UNAVAILABLE", "The service is currently unavailable."),
+        _ => ("INTERNAL", "Internal error encountered."),
+    };
+    api(status, name, message).into_response()
 }

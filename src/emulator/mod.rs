@@ -12,6 +12,7 @@
 
 pub mod aws;
 pub mod entra;
+pub mod faults;
 pub mod gcp;
 pub mod issuer;
 pub mod keys;
