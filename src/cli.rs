@@ -10,7 +10,7 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::Args;
+use clap::{Args, Subcommand};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
@@ -188,6 +188,57 @@ impl SidecarArgs {
                 "annotations",
                 (!annotations.is_empty()).then_some(annotations),
             )
+    }
+}
+
+/// What the sidecar binary (and `lanyard sidecar`) does instead of serving.
+#[derive(Subcommand)]
+pub enum SidecarCommand {
+    /// Transparent mode's init step: redirect TCP to 169.254.169.254:80 in
+    /// this network namespace to 127.0.0.1:PORT (one nf_tables rule, needs
+    /// CAP_NET_ADMIN), then exit.
+    Redirect(RedirectArgs),
+}
+
+/// The flags of `redirect`.
+#[derive(Args)]
+pub struct RedirectArgs {
+    /// The sidecar's loopback port (its `--listen 127.0.0.1:PORT`).
+    #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    pub port: u16,
+}
+
+impl SidecarCommand {
+    /// Runs the command: logs one line on success; a failure exits 1 with
+    /// the reason on stderr.
+    pub fn run(&self, global: &GlobalArgs) -> ExitCode {
+        match self {
+            SidecarCommand::Redirect(args) => redirect(global, args.port),
+        }
+    }
+}
+
+/// `redirect`: no configuration and no runtime, one netlink exchange.
+fn redirect(global: &GlobalArgs, port: u16) -> ExitCode {
+    telemetry::init(
+        global.log_format.unwrap_or(LogFormat::Text),
+        global.log_level.as_deref().unwrap_or("info"),
+    );
+    match crate::transparent::install(port) {
+        Ok(()) => {
+            tracing::info!(
+                table = %format_args!("ip {}", crate::transparent::TABLE),
+                "transparent mode: TCP to {}:{} from this pod now goes to 127.0.0.1:{port}",
+                crate::transparent::METADATA_ADDR,
+                crate::transparent::METADATA_PORT,
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "transparent mode: redirect not installed");
+            eprintln!("lanyard-sidecar redirect: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 

@@ -30,4 +30,5 @@ pub mod serve;
 pub mod sidecar;
 pub mod telemetry;
 pub mod token;
+pub mod transparent;
 pub mod webhook;

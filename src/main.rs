@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
-use lanyard::cli::{self, GlobalArgs, Overrides, SidecarArgs};
+use lanyard::cli::{self, GlobalArgs, Overrides, SidecarArgs, SidecarCommand};
 
 #[derive(Parser)]
 #[command(
@@ -31,7 +31,7 @@ enum Command {
     Agent(AgentArgs),
     /// Run the pod sidecar: every SDK endpoint on loopback, backed by the
     /// node agent.
-    Sidecar(SidecarArgs),
+    Sidecar(SidecarRole),
     /// Run the mutating admission webhook that injects the sidecar,
     /// projected tokens and SDK environment into opted-in pods.
     Webhook(WebhookArgs),
@@ -71,6 +71,17 @@ enum PolicyCommand {
         /// The CASES file (YAML).
         cases: PathBuf,
     },
+}
+
+/// `lanyard sidecar [FLAGS]` serves; `lanyard sidecar redirect` is
+/// transparent mode's init step, as in `lanyard-sidecar`.
+#[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
+struct SidecarRole {
+    #[command(flatten)]
+    args: SidecarArgs,
+    #[command(subcommand)]
+    command: Option<SidecarCommand>,
 }
 
 #[derive(Args)]
@@ -190,7 +201,13 @@ fn main() -> ExitCode {
         #[cfg(feature = "dev")]
         Command::Dev(args) => cli::run(global, args.overrides(global), lanyard::dev::run),
         Command::Agent(args) => cli::run(global, args.overrides(global), lanyard::agent::run),
-        Command::Sidecar(args) => cli::run(global, args.overrides(global), lanyard::sidecar::run),
+        Command::Sidecar(SidecarRole {
+            command: Some(command),
+            ..
+        }) => command.run(global),
+        Command::Sidecar(SidecarRole { args, .. }) => {
+            cli::run(global, args.overrides(global), lanyard::sidecar::run)
+        }
         Command::Policy(PolicyCommand::Check { dir }) => {
             lanyard::policy::cases::check_command(&dir)
         }

@@ -14,7 +14,8 @@ use serde_json::{json, Value};
 use lanyard::cloud::Cloud;
 use lanyard::directory::{AzureBinding, Bindings};
 use lanyard::webhook::mutate::{
-    APP_TOKEN_DIR, APP_TOKEN_FILE, APP_TOKEN_VOLUME, SIDECAR_NAME, TOKENS_VOLUME, TOKEN_DIR,
+    APP_TOKEN_DIR, APP_TOKEN_FILE, APP_TOKEN_VOLUME, REDIRECT_NAME, SIDECAR_NAME, TOKENS_VOLUME,
+    TOKEN_DIR, TRANSPARENT_ANNOTATION,
 };
 use lanyard::webhook::review::{self, Action, ReviewError, MAX_BODY_BYTES};
 use lanyard::webhook::{mutate, respond, InjectionConfig, Mutation};
@@ -725,6 +726,120 @@ fn a_partly_injected_pod_gets_the_rest_with_the_sidecars_header() {
         env(container(&pod, "ray-head"), "AZURE_CLIENT_ID").unwrap(),
         CLIENT
     );
+}
+
+#[test]
+fn a_transparent_job_pod_gets_the_redirect_before_the_sidecar() {
+    let body = edited("job_create.json", |pod| {
+        pod["metadata"]["annotations"][TRANSPARENT_ANNOTATION] = json!("true")
+    });
+    let bindings = Bindings {
+        aws_role_arn: Some(ROLE.into()),
+        ..Bindings::default()
+    };
+    let cfg = config();
+    let out = run_body(&body, &bindings, &cfg);
+    assert!(out.mutation.summary.redirect_added);
+    assert!(
+        out.mutation.warnings.is_empty(),
+        "{:?}",
+        out.mutation.warnings
+    );
+    let names: Vec<&str> = init_containers(&out.pod)
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(names, [REDIRECT_NAME, SIDECAR_NAME, "fetch-data"]);
+
+    // The init container exactly as the API server stores it.
+    assert_eq!(
+        out.json["spec"]["initContainers"][0],
+        json!({
+            "name": "lanyard-redirect",
+            "image": "ghcr.io/example/lanyard:0.1.0",
+            "imagePullPolicy": "IfNotPresent",
+            "command": ["lanyard-sidecar", "redirect", "--port", "8642"],
+            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
+            "securityContext": {
+                "allowPrivilegeEscalation": false,
+                "capabilities": {"add": ["NET_ADMIN"], "drop": ["ALL"]},
+                "privileged": false,
+                "readOnlyRootFilesystem": true,
+                "runAsNonRoot": false,
+                "runAsUser": 0,
+                "seccompProfile": {"type": "RuntimeDefault"}
+            },
+            "terminationMessagePolicy": "FallbackToLogsOnError"
+        })
+    );
+    // The pod says runAsNonRoot: true; the redirect's own context wins.
+    let pod_sc = out.pod.spec.as_ref().unwrap().security_context.as_ref();
+    assert_eq!(pod_sc.and_then(|s| s.run_as_non_root), Some(true));
+    let redirect = container(&out.pod, REDIRECT_NAME);
+    assert!(redirect.env.is_none() && redirect.volume_mounts.is_none());
+
+    let aliases = out
+        .pod
+        .spec
+        .as_ref()
+        .unwrap()
+        .host_aliases
+        .as_deref()
+        .unwrap();
+    assert_eq!(aliases.len(), 1);
+    assert_eq!(aliases[0].ip, "169.254.169.254");
+    assert_eq!(
+        aliases[0].hostnames.as_deref().unwrap(),
+        ["metadata.google.internal", "metadata"]
+    );
+
+    // Everything else is as without transparent mode.
+    let plain = run_body(&fixture("job_create.json"), &bindings, &cfg);
+    let mut without: Value = out.json.clone();
+    without["spec"]["initContainers"]
+        .as_array_mut()
+        .unwrap()
+        .remove(0);
+    without["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("hostAliases");
+    without["metadata"]["annotations"]
+        .as_object_mut()
+        .unwrap()
+        .remove(TRANSPARENT_ANNOTATION);
+    // The identity header is random per run (and the sidecar's only for
+    // Azure-bound pods): compared without it.
+    let strip = |mut v: Value| {
+        for c in v["spec"]["initContainers"].as_array_mut().unwrap() {
+            if let Some(env) = c["env"].as_array_mut() {
+                env.retain(|e| e["name"] != "IDENTITY_HEADER");
+            }
+        }
+        v
+    };
+    assert_eq!(strip(without), strip(plain.json));
+
+    // Reinvocation adds nothing.
+    let second = rerun(&out, "batch", &bindings);
+    assert!(second.is_empty(), "{:?}", second.patch);
+    assert!(!second.summary.redirect_added);
+}
+
+#[test]
+fn a_bad_transparent_annotation_is_denied() {
+    let body = edited("kuberay_head_create.json", |pod| {
+        pod["metadata"]["annotations"][TRANSPARENT_ANNOTATION] = json!("on")
+    });
+    let review = review::parse(&body).unwrap();
+    let Action::Mutate(pod) = &review.action else {
+        panic!()
+    };
+    let denial = mutate(pod, "ml", &all_clouds(), &config()).unwrap_err();
+    let response = respond(&review.uid, &Err(denial));
+    assert_error_response(&response, review.uid.as_str(), "lanyard.dev/transparent");
+    let message = response["response"]["status"]["message"].as_str().unwrap();
+    assert!(message.contains("\"on\""), "{message}");
 }
 
 #[test]

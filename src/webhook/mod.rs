@@ -25,7 +25,12 @@
 //! (`LANYARD_APP_TOKEN_FILE`) and the apps
 //! (`AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE`); and in every other container
 //! the variables that point each SDK at the sidecar, plus `NO_PROXY` /
-//! `no_proxy` extended with 127.0.0.1.
+//! `no_proxy` extended with 127.0.0.1. Pods annotated
+//! `lanyard.dev/transparent: "true"` also get transparent mode: an init
+//! container before the sidecar, [`mutate::REDIRECT_NAME`], that redirects
+//! `169.254.169.254:80` to the sidecar in the pod's network namespace
+//! ([`crate::transparent`]), and a `hostAliases` entry for
+//! `metadata.google.internal` and `metadata`.
 //!
 //! Variables a container sets in `env` are never overwritten. Variables
 //! that come from `envFrom` or the image cannot be seen at admission: an

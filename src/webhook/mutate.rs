@@ -12,9 +12,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation, ReplaceOperation};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, Pod, Probe,
-    ProjectedVolumeSource, ResourceRequirements, SeccompProfile, SecurityContext,
-    ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
+    Capabilities, Container, EnvVar, EnvVarSource, HTTPGetAction, HostAlias, ObjectFieldSelector,
+    Pod, PodSpec, Probe, ProjectedVolumeSource, ResourceRequirements, SeccompProfile,
+    SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -24,6 +24,7 @@ use crate::cloud::Cloud;
 use crate::config::Config;
 use crate::directory::Bindings;
 use crate::serve::sdk_env::{AwsEnv, AzureEnv, SdkEnv};
+use crate::transparent::METADATA_ADDR;
 
 /// Pod label that opts a pod in; only the value `"true"` counts. The chart's
 /// objectSelector filters on it too, but the webhook must not depend on the
@@ -33,12 +34,23 @@ pub const INJECT_LABEL: &str = "lanyard.dev/inject";
 pub const TOKEN_EXPIRATION_ANNOTATION: &str = "lanyard.dev/token-expiration";
 /// Pod annotation: comma-separated names of containers to leave alone.
 pub const SKIP_CONTAINERS_ANNOTATION: &str = "lanyard.dev/skip-containers";
+/// Pod annotation: `"true"` turns on transparent mode (TCP to
+/// `169.254.169.254:80` goes to the sidecar, see `docs/transparent-mode.md`);
+/// `"false"` or no annotation leaves it off; any other value denies the pod.
+pub const TRANSPARENT_ANNOTATION: &str = "lanyard.dev/transparent";
 
 /// Name of the injected init container; its presence marks an injected pod.
 pub const SIDECAR_NAME: &str = "lanyard";
 /// The sidecar's entrypoint in the image: the slim `lanyard-sidecar`
 /// binary, which takes the flags of `lanyard sidecar`.
 pub const SIDECAR_COMMAND: &str = "lanyard-sidecar";
+/// Name of transparent mode's init container, which installs the redirect
+/// (`lanyard-sidecar redirect`) and exits, before the sidecar starts.
+pub const REDIRECT_NAME: &str = "lanyard-redirect";
+/// The names transparent mode maps to the metadata address in the pod's
+/// `/etc/hosts` (`hostAliases`): what google-auth and scripts call when no
+/// variable points them elsewhere, and what GKE's DNS would answer.
+pub const METADATA_HOSTNAMES: [&str; 2] = ["metadata.google.internal", "metadata"];
 /// Projected volume of the cloud-audience tokens, mounted in the sidecar only.
 pub const TOKENS_VOLUME: &str = "lanyard-tokens";
 /// Projected volume of the app-facing token, mounted in the sidecar and the
@@ -263,6 +275,8 @@ pub struct InjectedSummary {
     pub containers: Vec<String>,
     /// Whether this patch adds the sidecar.
     pub sidecar_added: bool,
+    /// Whether this patch adds transparent mode's init container.
+    pub redirect_added: bool,
     /// Whether the pod already had the sidecar.
     pub already_injected: bool,
 }
@@ -356,9 +370,15 @@ fn mutate_with(
     }
     let annotations = meta.annotations.clone().unwrap_or_default();
     let expiration = token_expiration(&annotations)?;
+    let transparent = transparent(&annotations)?;
     if spec.containers.iter().any(|c| c.name == SIDECAR_NAME) {
         return Err(Denial::bad_request(format!(
             "pod {pod_ref} has an app container named {SIDECAR_NAME:?}, the name of Lanyard's sidecar; rename it"
+        )));
+    }
+    if transparent && spec.containers.iter().any(|c| c.name == REDIRECT_NAME) {
+        return Err(Denial::bad_request(format!(
+            "pod {pod_ref} has {TRANSPARENT_ANNOTATION}=true and an app container named {REDIRECT_NAME:?}, the name of Lanyard's transparent-mode init container; rename it"
         )));
     }
 
@@ -418,7 +438,9 @@ fn mutate_with(
                 .enumerate()
                 .map(|(i, c)| ("containers", i, c)),
         )
-        .filter(|(_, _, c)| c.name != SIDECAR_NAME && !skip.contains(c.name.as_str()))
+        .filter(|(_, _, c)| {
+            c.name != SIDECAR_NAME && c.name != REDIRECT_NAME && !skip.contains(c.name.as_str())
+        })
         .collect();
     for name in &skip {
         if !init.iter().chain(&spec.containers).any(|c| c.name == *name) {
@@ -608,17 +630,33 @@ fn mutate_with(
         new_volumes,
     );
 
-    // Last, so that the init container indices used above still hold.
+    if transparent {
+        host_aliases(spec, &mut ops, &mut warnings)?;
+    }
+
+    // Last, so that the init container indices used above still hold. The
+    // redirect goes first: it installs its rule and exits before the
+    // sidecar, and so before anything that could call 169.254.169.254.
     let sidecar_added = existing_sidecar.is_none();
+    let redirect_added = transparent && !init.iter().any(|c| c.name == REDIRECT_NAME);
+    let mut new_init = Vec::new();
+    if redirect_added {
+        new_init.push(to_json(&redirect(config))?);
+    }
     if sidecar_added {
-        let sidecar = to_json(&sidecar(config, &identity_header, aws))?;
-        if init.is_empty() {
-            ops.push(add(
-                &["spec", "initContainers"],
-                Value::Array(vec![sidecar]),
-            ));
-        } else {
-            ops.push(add(&["spec", "initContainers", "0"], sidecar));
+        new_init.push(to_json(&sidecar(config, &identity_header, aws))?);
+    }
+    if init.is_empty() {
+        push_list_items(&mut ops, &["spec", "initContainers"], true, new_init);
+    } else {
+        // Before the sidecar when the pod has one, else at the front.
+        let at = init
+            .iter()
+            .position(|c| c.name == SIDECAR_NAME)
+            .unwrap_or(0);
+        for (offset, container) in new_init.into_iter().enumerate() {
+            let index = (at + offset).to_string();
+            ops.push(add(&["spec", "initContainers", &index], container));
         }
     }
 
@@ -629,9 +667,57 @@ fn mutate_with(
             clouds,
             containers: touched,
             sidecar_added,
+            redirect_added,
             already_injected: existing_sidecar.is_some(),
         },
     })
+}
+
+/// Transparent mode's `hostAliases` entry: [`METADATA_HOSTNAMES`] to the
+/// metadata address, unless the pod already maps
+/// `metadata.google.internal` (its own choice, kept; reported when it is
+/// another address). A name the pod already maps is not mapped twice.
+fn host_aliases(
+    spec: &PodSpec,
+    ops: &mut Vec<PatchOperation>,
+    warnings: &mut Vec<String>,
+) -> Result<(), Denial> {
+    let aliases = spec.host_aliases.as_deref().unwrap_or_default();
+    let mapped = |name: &str| {
+        aliases.iter().find(|a| {
+            a.hostnames
+                .as_deref()
+                .unwrap_or_default()
+                .iter()
+                .any(|h| h == name)
+        })
+    };
+    let metadata_ip = METADATA_ADDR.to_string();
+    if let Some(alias) = mapped(METADATA_HOSTNAMES[0]) {
+        if alias.ip != metadata_ip {
+            warnings.push(format!(
+                "lanyard: the pod's hostAliases map {} to {}, not {metadata_ip}; left as is, so clients that call it bypass transparent mode",
+                METADATA_HOSTNAMES[0], alias.ip
+            ));
+        }
+        return Ok(());
+    }
+    let hostnames: Vec<String> = METADATA_HOSTNAMES
+        .iter()
+        .filter(|name| mapped(name).is_none())
+        .map(|name| name.to_string())
+        .collect();
+    let entry = HostAlias {
+        ip: metadata_ip,
+        hostnames: Some(hostnames),
+    };
+    push_list_items(
+        ops,
+        &["spec", "hostAliases"],
+        aliases.is_empty(),
+        vec![to_json(&entry)?],
+    );
+    Ok(())
 }
 
 /// `namespace/name` for messages; a pod created with `generateName` has no
@@ -652,6 +738,18 @@ fn token_expiration(annotations: &BTreeMap<String, String>) -> Result<i64, Denia
         Ok(s) if (MIN_TOKEN_EXPIRATION..=MAX_TOKEN_EXPIRATION).contains(&s) => Ok(s),
         _ => Err(Denial::bad_request(format!(
             "pod annotation {TOKEN_EXPIRATION_ANNOTATION} must be a whole number of seconds from {MIN_TOKEN_EXPIRATION} to {MAX_TOKEN_EXPIRATION}, got {raw:?}"
+        ))),
+    }
+}
+
+/// Whether the pod asks for transparent mode: `"true"` yes; `"false"` or
+/// no annotation, no; anything else is refused rather than guessed at.
+fn transparent(annotations: &BTreeMap<String, String>) -> Result<bool, Denial> {
+    match annotations.get(TRANSPARENT_ANNOTATION).map(String::as_str) {
+        None | Some("false") => Ok(false),
+        Some("true") => Ok(true),
+        Some(other) => Err(Denial::bad_request(format!(
+            "pod annotation {TRANSPARENT_ANNOTATION} must be \"true\" or \"false\", got {other:?}"
         ))),
     }
 }
@@ -826,14 +924,6 @@ fn sidecar(config: &InjectionConfig, identity_header: &str, aws: bool) -> Contai
         failure_threshold: Some(failures),
         ..Default::default()
     };
-    let quantities = |pairs: [(&str, &Option<String>); 2]| {
-        let map: BTreeMap<String, Quantity> = pairs
-            .into_iter()
-            .filter_map(|(k, v)| v.as_ref().map(|v| (k.to_string(), Quantity(v.clone()))))
-            .collect();
-        (!map.is_empty()).then_some(map)
-    };
-    let r = &config.resources;
     Container {
         name: SIDECAR_NAME.into(),
         image: Some(config.sidecar_image.clone()),
@@ -853,11 +943,7 @@ fn sidecar(config: &InjectionConfig, identity_header: &str, aws: bool) -> Contai
         // restarts the sidecar; the apps wait for it either way.
         startup_probe: Some(probe("/readyz", 1, 120)),
         liveness_probe: Some(probe("/healthz", 10, 3)),
-        resources: Some(ResourceRequirements {
-            requests: quantities([("cpu", &r.cpu_request), ("memory", &r.memory_request)]),
-            limits: quantities([("cpu", &r.cpu_limit), ("memory", &r.memory_limit)]),
-            claims: None,
-        }),
+        resources: Some(resources(&config.resources)),
         security_context: Some(SecurityContext {
             run_as_non_root: Some(true),
             run_as_user: Some(SIDECAR_UID),
@@ -877,6 +963,63 @@ fn sidecar(config: &InjectionConfig, identity_header: &str, aws: bool) -> Contai
         }),
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
+    }
+}
+
+/// Transparent mode's init container: `lanyard-sidecar redirect --port
+/// PORT` installs the nf_tables rule that sends TCP to 169.254.169.254:80
+/// to the sidecar's port, in the pod's network namespace, and exits. It is
+/// the one container Lanyard runs as root: a capability added to a non-root
+/// container is not effective, and the rule needs `CAP_NET_ADMIN`; it gets
+/// that one capability and nothing else, and runs for milliseconds.
+fn redirect(config: &InjectionConfig) -> Container {
+    Container {
+        name: REDIRECT_NAME.into(),
+        image: Some(config.sidecar_image.clone()),
+        image_pull_policy: config.image_pull_policy.clone(),
+        command: Some(vec![
+            SIDECAR_COMMAND.into(),
+            "redirect".into(),
+            "--port".into(),
+            config.port.to_string(),
+        ]),
+        resources: Some(resources(&config.resources)),
+        security_context: Some(SecurityContext {
+            // Overrides a pod-level runAsNonRoot: true.
+            run_as_non_root: Some(false),
+            run_as_user: Some(0),
+            read_only_root_filesystem: Some(true),
+            allow_privilege_escalation: Some(false),
+            privileged: Some(false),
+            capabilities: Some(Capabilities {
+                add: Some(vec!["NET_ADMIN".into()]),
+                drop: Some(vec!["ALL".into()]),
+            }),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                localhost_profile: None,
+            }),
+            ..Default::default()
+        }),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        ..Default::default()
+    }
+}
+
+/// The sidecar's requests and limits (`webhook.sidecar_*`); the redirect
+/// container takes the same, well above what it uses.
+fn resources(r: &SidecarResources) -> ResourceRequirements {
+    let quantities = |pairs: [(&str, &Option<String>); 2]| {
+        let map: BTreeMap<String, Quantity> = pairs
+            .into_iter()
+            .filter_map(|(k, v)| v.as_ref().map(|v| (k.to_string(), Quantity(v.clone()))))
+            .collect();
+        (!map.is_empty()).then_some(map)
+    };
+    ResourceRequirements {
+        requests: quantities([("cpu", &r.cpu_request), ("memory", &r.memory_request)]),
+        limits: quantities([("cpu", &r.cpu_limit), ("memory", &r.memory_limit)]),
+        claims: None,
     }
 }
 
@@ -995,6 +1138,201 @@ mod tests {
         .unwrap();
         assert!(again.is_empty(), "{:?}", again.patch);
         assert!(again.summary.already_injected);
+    }
+
+    fn transparent_pod(extra_spec: Value) -> Value {
+        let mut raw = json!({"metadata": {"name": "p",
+                                          "labels": {INJECT_LABEL: "true"},
+                                          "annotations": {TRANSPARENT_ANNOTATION: "true"}},
+                             "spec": {"securityContext": {"runAsNonRoot": true, "runAsUser": 1000},
+                                      "containers": [{"name": "app"}]}});
+        if let (Some(spec), Some(extra)) = (raw["spec"].as_object_mut(), extra_spec.as_object()) {
+            spec.extend(extra.clone());
+        }
+        raw
+    }
+
+    fn init_names(pod: &Value) -> Vec<&str> {
+        pod["spec"]["initContainers"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|c| c["name"].as_str()).collect())
+            .unwrap_or_default()
+    }
+
+    fn run(raw: &Value) -> (Mutation, Value) {
+        let m = mutate_with(
+            &pod(raw.clone()),
+            "ns",
+            &azure(),
+            &InjectionConfig::default(),
+            || "h".into(),
+        )
+        .unwrap();
+        let out = apply(raw, &m);
+        (m, out)
+    }
+
+    #[test]
+    fn a_transparent_pod_gets_the_redirect_first_then_the_sidecar_and_host_aliases() {
+        let raw = transparent_pod(json!({}));
+        let (m, out) = run(&raw);
+        assert_eq!(init_names(&out), [REDIRECT_NAME, SIDECAR_NAME]);
+        let redirect = &out["spec"]["initContainers"][0];
+        assert_eq!(
+            redirect["command"],
+            json!(["lanyard-sidecar", "redirect", "--port", "8642"])
+        );
+        assert_eq!(redirect["image"], out["spec"]["initContainers"][1]["image"]);
+        assert!(
+            redirect.get("restartPolicy").is_none(),
+            "runs to completion"
+        );
+        assert!(redirect.get("env").is_none(), "gets no SDK variables");
+        assert!(redirect.get("args").is_none());
+        let sc = &redirect["securityContext"];
+        assert_eq!(sc["runAsUser"], 0);
+        assert_eq!(
+            sc["runAsNonRoot"], false,
+            "overrides the pod's runAsNonRoot"
+        );
+        assert_eq!(sc["allowPrivilegeEscalation"], false);
+        assert_eq!(sc["privileged"], false);
+        assert_eq!(sc["readOnlyRootFilesystem"], true);
+        assert_eq!(
+            sc["capabilities"],
+            json!({"add": ["NET_ADMIN"], "drop": ["ALL"]})
+        );
+        assert_eq!(sc["seccompProfile"], json!({"type": "RuntimeDefault"}));
+        assert_eq!(redirect["resources"]["requests"]["memory"], "16Mi");
+        assert_eq!(
+            out["spec"]["hostAliases"],
+            json!([{"ip": "169.254.169.254", "hostnames": ["metadata.google.internal", "metadata"]}])
+        );
+        assert!(m.summary.redirect_added && m.summary.sidecar_added);
+        assert!(m.warnings.is_empty(), "{:?}", m.warnings);
+        // The pod as stored is still a valid Pod.
+        let typed: Pod = serde_json::from_value(out.clone()).unwrap();
+        assert_eq!(typed.spec.unwrap().host_aliases.unwrap().len(), 1);
+        // Reinvocation: nothing more.
+        let (again, _) = run(&out);
+        assert!(again.is_empty(), "{:?}", again.patch);
+        assert!(!again.summary.redirect_added);
+    }
+
+    #[test]
+    fn existing_init_containers_and_host_aliases_are_kept_after_ours() {
+        let raw = transparent_pod(json!({
+            "initContainers": [{"name": "setup"}],
+            "hostAliases": [{"ip": "10.0.0.1", "hostnames": ["db"]}],
+        }));
+        let (m, out) = run(&raw);
+        assert_eq!(init_names(&out), [REDIRECT_NAME, SIDECAR_NAME, "setup"]);
+        assert_eq!(
+            out["spec"]["hostAliases"],
+            json!([{"ip": "10.0.0.1", "hostnames": ["db"]},
+                   {"ip": "169.254.169.254", "hostnames": ["metadata.google.internal", "metadata"]}])
+        );
+        assert!(
+            out["spec"]["initContainers"][2]["env"].is_array(),
+            "setup gets the variables"
+        );
+        assert_eq!(m.summary.containers, ["setup", "app"]);
+        let (again, _) = run(&out);
+        assert!(again.is_empty(), "{:?}", again.patch);
+    }
+
+    #[test]
+    fn an_injected_pod_without_the_redirect_gets_it_just_before_its_sidecar() {
+        let (_, plain) = run(
+            &json!({"metadata": {"name": "p", "labels": {INJECT_LABEL: "true"}},
+                                     "spec": {"initContainers": [{"name": "setup"}],
+                                              "containers": [{"name": "app"}]}}),
+        );
+        assert_eq!(init_names(&plain), [SIDECAR_NAME, "setup"]);
+        assert!(plain["spec"].get("hostAliases").is_none());
+        // Moved behind another init container, the sidecar keeps its place.
+        let mut raw = plain.clone();
+        let inits = raw["spec"]["initContainers"].as_array_mut().unwrap();
+        inits.swap(0, 1);
+        raw["metadata"]["annotations"] = json!({TRANSPARENT_ANNOTATION: "true"});
+        let (m, out) = run(&raw);
+        assert_eq!(init_names(&out), ["setup", REDIRECT_NAME, SIDECAR_NAME]);
+        assert!(m.summary.redirect_added && !m.summary.sidecar_added);
+        assert!(m.summary.already_injected);
+    }
+
+    #[test]
+    fn a_pod_that_maps_the_metadata_names_keeps_its_mapping() {
+        let elsewhere = transparent_pod(json!({
+            "hostAliases": [{"ip": "10.9.9.9", "hostnames": ["metadata.google.internal"]}],
+        }));
+        let (m, out) = run(&elsewhere);
+        assert_eq!(out["spec"]["hostAliases"], elsewhere["spec"]["hostAliases"]);
+        assert_eq!(m.warnings.len(), 1, "{:?}", m.warnings);
+        assert!(m.warnings[0].contains("10.9.9.9"), "{}", m.warnings[0]);
+        let same = transparent_pod(json!({
+            "hostAliases": [{"ip": "169.254.169.254", "hostnames": ["metadata.google.internal"]}],
+        }));
+        let (m, out) = run(&same);
+        assert_eq!(out["spec"]["hostAliases"], same["spec"]["hostAliases"]);
+        assert!(m.warnings.is_empty(), "{:?}", m.warnings);
+        let short_name = transparent_pod(json!({
+            "hostAliases": [{"ip": "10.1.1.1", "hostnames": ["metadata"]}],
+        }));
+        let (_, out) = run(&short_name);
+        assert_eq!(
+            out["spec"]["hostAliases"][1],
+            json!({"ip": "169.254.169.254", "hostnames": ["metadata.google.internal"]})
+        );
+    }
+
+    #[test]
+    fn the_transparent_annotation_is_true_false_or_refused() {
+        for off in [None, Some("false")] {
+            let mut raw = transparent_pod(json!({}));
+            match off {
+                Some(v) => raw["metadata"]["annotations"][TRANSPARENT_ANNOTATION] = json!(v),
+                None => raw["metadata"]["annotations"] = json!({}),
+            }
+            let (m, out) = run(&raw);
+            assert_eq!(init_names(&out), [SIDECAR_NAME], "{off:?}");
+            assert!(out["spec"].get("hostAliases").is_none(), "{off:?}");
+            assert!(!m.summary.redirect_added);
+        }
+        for bad in ["yes", "True", "", "1"] {
+            let mut raw = transparent_pod(json!({}));
+            raw["metadata"]["annotations"][TRANSPARENT_ANNOTATION] = json!(bad);
+            let d = mutate_with(
+                &pod(raw),
+                "ns",
+                &azure(),
+                &InjectionConfig::default(),
+                || "h".into(),
+            )
+            .unwrap_err();
+            assert_eq!(d.code, 400, "{bad:?}");
+            assert!(d.message.contains(TRANSPARENT_ANNOTATION), "{}", d.message);
+            assert!(d.message.contains(&format!("{bad:?}")), "{}", d.message);
+        }
+    }
+
+    #[test]
+    fn an_app_container_named_like_the_redirect_is_refused_only_in_transparent_mode() {
+        let raw = transparent_pod(json!({"containers": [{"name": REDIRECT_NAME}]}));
+        let d = mutate_with(
+            &pod(raw.clone()),
+            "ns",
+            &azure(),
+            &InjectionConfig::default(),
+            || "h".into(),
+        )
+        .unwrap_err();
+        assert_eq!(d.code, 400);
+        assert!(d.message.contains("rename it"), "{}", d.message);
+        let mut off = raw;
+        off["metadata"]["annotations"] = json!({});
+        let (_, out) = run(&off);
+        assert_eq!(init_names(&out), [SIDECAR_NAME]);
     }
 
     #[test]

@@ -297,10 +297,10 @@ def test_a_pod_on_another_node_is_refused_by_this_nodes_agent(e2e):
 
 def test_token_rotation_while_the_app_keeps_calling_fails_no_call(e2e):
     _, worker = ray_templates()
-    pod = e2e.run_pod(e2e.nodes[0], worker, "ray-data-worker-rot", "ray", rotate_every=0.5)
-    lines = run_app(e2e, pod, "--count", "25", "--interval", "0.1")
-    assert pod.rotations >= 5, f"only {pod.rotations} rotations while the app called"
-    assert len(lines) == 75
+    pod = e2e.run_pod(e2e.nodes[0], worker, "ray-data-worker-rot", "ray", rotate_every=0.25)
+    lines = run_app(e2e, pod, "--count", "40", "--interval", "0.05")
+    assert pod.rotations >= 8, f"only {pod.rotations} rotations while the app called"
+    assert len(lines) == 120
     assert_all_ok_and_owned(e2e, lines, IDENTITIES[0])
 
 
