@@ -412,6 +412,10 @@ pub struct DevConfig {
     /// Lifetime, in seconds, of the projected tokens the built-in issuer
     /// mints (the kubelet's default is one hour).
     pub projected_token_lifetime: u64,
+    /// Milliseconds every emulated cloud waits before answering: real
+    /// token services take tens of milliseconds, the emulators almost none
+    /// (benchmarks of cold starts set it).
+    pub upstream_latency_ms: u64,
     /// Address the built-in issuer and emulators listen on (port 0: any).
     pub emulator_listen: SocketAddr,
     /// Extra ServiceAccounts known to the dev directory.
@@ -431,6 +435,7 @@ impl Default for DevConfig {
             aws_role_arn: "arn:aws:iam::111122223333:role/ray-worker".into(),
             token_lifetime: 3600,
             projected_token_lifetime: 3600,
+            upstream_latency_ms: 0,
             emulator_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             service_accounts: Vec::new(),
         }
@@ -889,6 +894,13 @@ impl Config {
                 "dev.projected_token_lifetime",
                 "seconds between 600 and 86400 (the kubelet's range)",
                 &d.projected_token_lifetime.to_string(),
+            ));
+        }
+        if d.upstream_latency_ms > 10_000 {
+            return Err(invalid(
+                "dev.upstream_latency_ms",
+                "milliseconds between 0 and 10000",
+                &d.upstream_latency_ms.to_string(),
             ));
         }
         for sa in &d.service_accounts {

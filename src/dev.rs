@@ -24,6 +24,7 @@ use crate::http::{
 };
 use crate::secret::{random_token, SecretString};
 use crate::serve::sdk_env::{AwsEnv, AzureEnv, SdkEnv};
+use crate::serve::container_token::ContainerToken;
 use crate::serve::{self, SubjectTokens, Surfaces};
 use crate::telemetry::Readiness;
 use crate::token::{KeySet, KeySource, Verifier};
@@ -331,7 +332,7 @@ impl DevStack {
             broker,
             subjects,
             identity_header: SecretString::from(identity_header.clone()),
-            aws_container_token_file: Some(aws_token_file.clone()),
+            aws_container_token: Some(ContainerToken::new(aws_token_file.clone())),
             imds_sessions: serve::aws_imds::SessionTokens::new(),
             aws_region: Some(config.aws.region.clone()),
         });
@@ -374,6 +375,19 @@ impl DevStack {
         .into_iter()
         .map(|(name, value)| (name.to_string(), value))
         .collect();
+        if dev.upstream_latency_ms > 0 {
+            let latency = crate::emulator::faults::Fault::Latency {
+                ms: dev.upstream_latency_ms,
+            };
+            let emulated = [
+                entra.as_ref().map(|e| &e.faults),
+                gcp.as_ref().map(|g| &g.faults),
+                aws.as_ref().map(|a| &a.faults),
+            ];
+            for faults in emulated.into_iter().flatten() {
+                faults.push(latency.clone(), None);
+            }
+        }
         Ok(DevStack {
             exports,
             surfaces_addr,

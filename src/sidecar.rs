@@ -19,6 +19,7 @@ use crate::http::{
     bind, drain, spawn_server, spawn_server_with, wait_for_signal, Limits, Shutdown, DRAIN_TIMEOUT,
 };
 use crate::secret::{random_token, SecretString};
+use crate::serve::container_token::ContainerToken;
 use crate::serve::{self, SubjectTokens, Surfaces};
 
 /// Connections the SDK endpoints keep open at once: one pod's SDK clients.
@@ -105,6 +106,8 @@ pub struct Sidecar {
     pub addr_v6: Option<std::net::SocketAddr>,
     trigger: crate::http::ShutdownTrigger,
     servers: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
+    /// Reads the container authorization token on a timer.
+    observer: tokio::task::JoinHandle<()>,
 }
 
 impl Sidecar {
@@ -146,10 +149,26 @@ impl Sidecar {
             broker: broker.clone(),
             subjects: tokens.clone(),
             identity_header: SecretString::from(identity_header),
-            aws_container_token_file: Some(app_token),
+            aws_container_token: Some(ContainerToken::new(app_token)),
             imds_sessions: serve::aws_imds::SessionTokens::new(),
             aws_region: Some(config.aws.region.clone()),
         });
+        // Notice rotations of the container authorization token while no
+        // one calls, so the token a rotation replaces is known when a
+        // client that read it just before arrives after.
+        let observed = surfaces.clone();
+        let observe = async move {
+            let mut every = tokio::time::interval(serve::container_token::OBSERVE_EVERY);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                if let Some(token) = &observed.aws_container_token {
+                    // Unreadable until the kubelet writes it: the next tick
+                    // tries again, and requests say so themselves.
+                    let _ = token.observe().await;
+                }
+            }
+        };
         let ready_tokens = tokens.clone();
         let ready_remote = remote.clone();
         let probes = axum::Router::new()
@@ -219,6 +238,7 @@ impl Sidecar {
             addr_v6,
             trigger,
             servers,
+            observer: tokio::spawn(observe),
         })
     }
 
@@ -226,6 +246,7 @@ impl Sidecar {
     /// [`crate::http::DRAIN_TIMEOUT`].
     pub async fn stop(self) {
         self.trigger.trigger();
+        self.observer.abort();
         drain(self.servers, DRAIN_TIMEOUT).await;
     }
 }

@@ -3,7 +3,7 @@
 //! `GET /v1/credentials` with an `Authorization` value that must equal the
 //! contents of the file named by `AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE`.
 //! The file is re-read on every request, so a rotated token takes effect
-//! at once.
+//! at once (and the one it replaced is honoured for a short grace).
 
 use std::sync::Arc;
 
@@ -19,7 +19,7 @@ use super::{
 use crate::broker::{BrokerError, ErrorClass, Grant};
 use crate::cloud::aws::AwsCredentials;
 use crate::cloud::{Cloud, CloudError, Credential, Kind, Surface, TokenRequest};
-use crate::secret::{constant_time_eq, ExposeSecret};
+use crate::secret::ExposeSecret;
 
 /// Errors as `{code, message}`, the shape of the EKS Pod Identity agent.
 pub(crate) fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
@@ -103,41 +103,41 @@ fn body(c: &AwsCredentials) -> Response {
 
 /// `GET /v1/credentials`: the ECS/EKS container credentials protocol. The
 /// caller's `Authorization` must equal the token file's contents (compared
-/// in constant time, the file re-read on every request); 404 when no token
-/// file is configured.
+/// in constant time, the file re-read on every request, the token a
+/// rotation replaced accepted briefly: see [`super::container_token`]);
+/// 404 when no token file is configured.
 pub async fn credentials(State(surfaces): State<Arc<Surfaces>>, headers: HeaderMap) -> Response {
     if is_forwarded(&headers) {
         return error(StatusCode::BAD_REQUEST, "InvalidRequest", FORWARDED_REFUSAL);
     }
-    let Some(file) = surfaces.aws_container_token_file.as_ref() else {
+    let Some(token) = surfaces.aws_container_token.as_ref() else {
         return error(
             StatusCode::NOT_FOUND,
             "NotFound",
             "The container credentials endpoint is not enabled",
         );
     };
-    let expected = match tokio::fs::read_to_string(file).await {
-        Ok(s) => s,
+    let presented = headers
+        .get("authorization")
+        .map(|v| v.as_bytes())
+        .unwrap_or_default();
+    match token.accepts(presented).await {
+        Ok(true) => {}
+        Ok(false) => {
+            return error(
+                StatusCode::UNAUTHORIZED,
+                "AccessDenied",
+                "The Authorization header is missing or does not match AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
+            )
+        }
         Err(e) => {
-            tracing::warn!(file = %file.display(), error = %e, "cannot read the container authorization token file");
+            tracing::warn!(error = %e, "cannot read the container authorization token file");
             return error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "ServiceUnavailable",
                 "The authorization token file is not readable yet",
             );
         }
-    };
-    let expected = expected.trim();
-    let presented = headers
-        .get("authorization")
-        .map(|v| v.as_bytes())
-        .unwrap_or_default();
-    if expected.is_empty() || !constant_time_eq(presented, expected.as_bytes()) {
-        return error(
-            StatusCode::UNAUTHORIZED,
-            "AccessDenied",
-            "The Authorization header is missing or does not match AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
-        );
     }
     let request = TokenRequest::new(Cloud::Aws, Kind::AwsCredentials, Surface::AwsContainer);
     let result = async {

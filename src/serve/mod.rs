@@ -7,12 +7,12 @@ pub mod app_service;
 pub mod aws_container;
 pub mod aws_imds;
 pub mod azure_imds;
+pub mod container_token;
 pub mod gce;
 mod paths;
 mod query;
 pub mod sdk_env;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::http::HeaderMap;
@@ -49,10 +49,10 @@ pub struct Surfaces {
     pub subjects: Arc<dyn SubjectTokens>,
     /// Shared secret App Service callers present in `X-IDENTITY-HEADER`.
     pub identity_header: SecretString,
-    /// File whose contents AWS container-credential callers must present
-    /// as `Authorization` (`AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE`);
-    /// `None` disables the endpoint.
-    pub aws_container_token_file: Option<PathBuf>,
+    /// The file whose contents AWS container-credential callers must
+    /// present as `Authorization` (`AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE`),
+    /// across its rotations; `None` disables the endpoint.
+    pub aws_container_token: Option<container_token::ContainerToken>,
     /// IMDSv2 session tokens.
     pub imds_sessions: aws_imds::SessionTokens,
     /// Region reported at `placement/region`.

@@ -234,7 +234,9 @@ pub async fn surfaces_with_issuer(
         broker,
         subjects,
         identity_header: SecretString::from(IDENTITY_HEADER.to_string()),
-        aws_container_token_file: Some(container_token_file()),
+        aws_container_token: Some(serve::container_token::ContainerToken::new(
+            container_token_file(),
+        )),
         imds_sessions: serve::aws_imds::SessionTokens::new(),
         aws_region: None,
     });
