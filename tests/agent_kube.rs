@@ -487,3 +487,46 @@ async fn a_token_of_a_deleted_and_recreated_service_account_is_refused() {
     assert_eq!(body["error"]["code"], "service_account_replaced", "{body}");
     drop(agent);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_rides_out_dropped_watches_expired_history_and_an_api_outage() {
+    let pod = PodIdentity::new("default", "ray-worker", "ray-worker-0", NODE);
+    let c = cluster(&pod).await;
+    let (agent, port) = c.start_agent(&["--node-name", NODE]).await;
+    let aud = ["api://AzureADTokenExchange"];
+    let token =
+        c.up.issuer
+            .mint(&pod, &aud, Duration::from_secs(3600))
+            .unwrap();
+    eventually_status(port, &token, 200).await;
+
+    // Watches end (a server timeout): the agent re-watches and still sees
+    // changes.
+    c.kube.end_watches();
+    c.kube.apply_service_account(service_account(&pod, &[]));
+    eventually_status(port, &token, 404).await;
+
+    // History compacted and watches ended with 410 Expired: it relists.
+    c.kube.expire_watches();
+    c.kube.apply_service_account(service_account(&pod, &BOUND));
+    eventually_status(port, &token, 200).await;
+
+    // The API server is down: what the agent knows keeps serving, the
+    // cached credential included, and nothing is exchanged again.
+    let issued = c.up.entra.stats.issued.load(Ordering::Relaxed);
+    c.kube.set_unavailable(true);
+    for _ in 0..5 {
+        let (status, body) = ask(port, &token).await;
+        assert_eq!(status, 200, "{body}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(c.up.entra.stats.issued.load(Ordering::Relaxed), issued);
+
+    // Back: changes made meanwhile reach the agent (the pod deleted).
+    c.kube.delete_pod("default", "ray-worker-0");
+    c.kube.set_unavailable(false);
+    let body = eventually_status(port, &token, 401).await;
+    assert_eq!(body["error"]["code"], "pod_gone");
+    let log = agent.stop();
+    assert!(!log.contains("panicked"), "{log}");
+}

@@ -252,6 +252,9 @@ pub struct FakeKube {
     log: Mutex<VecDeque<String>>,
     /// While `true`, LIST requests wait (see [`FakeKube::hold_lists`]).
     lists_held: watch::Sender<bool>,
+    /// While `true`, every request is answered 503 (see
+    /// [`FakeKube::set_unavailable`]).
+    unavailable: std::sync::atomic::AtomicBool,
     /// Events created through `events.k8s.io/v1`, by (namespace, name).
     recorded_events: Mutex<BTreeMap<Key, Value>>,
     /// What clients have asked, for tests to assert on.
@@ -290,6 +293,7 @@ impl FakeKube {
             path_counts: Mutex::new(HashMap::new()),
             log: Mutex::new(VecDeque::new()),
             lists_held: watch::channel(false).0,
+            unavailable: Default::default(),
             recorded_events: Mutex::new(BTreeMap::new()),
             stats: KubeStats::default(),
         })
@@ -445,6 +449,16 @@ impl FakeKube {
         store.history.clear();
         store.floor = store.rv;
         self.control.send_replace(Control { expire: true });
+    }
+
+    /// Takes the API server down (`true`: every request is answered 503
+    /// `ServiceUnavailable` and open watches end, as when its storage is
+    /// lost or it restarts) or brings it back (`false`).
+    pub fn set_unavailable(&self, down: bool) {
+        self.unavailable.store(down, Ordering::SeqCst);
+        if down {
+            self.end_watches();
+        }
     }
 
     /// Requests received whose path starts with `path_prefix` (any method,
@@ -1247,6 +1261,21 @@ async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    if fake.unavailable.load(Ordering::SeqCst) {
+        fake.note(&method, &uri, StatusCode::SERVICE_UNAVAILABLE);
+        let body = status_body(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailable",
+            "the server is currently unable to handle the request".into(),
+            None,
+        );
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::CONTENT_TYPE, "application/json")],
+            body.to_string(),
+        )
+            .into_response();
+    }
     let is_list = RequestInfo::parse(&method, uri.path(), &Query::parse(&uri))
         .is_some_and(|r| r.verb == Verb::List);
     if is_list {

@@ -19,9 +19,7 @@ use serde_json::{json, Value};
 
 use lanyard::emulator::aws::{AwsEmulatorConfig, AwsRole, AwsSts, OidcProvider};
 use lanyard::emulator::entra::{App, Entra, FederatedCredential};
-use lanyard::emulator::gcp::{
-    Gcp, GcpEmulatorConfig, GcpServiceAccount, WorkloadIdentityProvider,
-};
+use lanyard::emulator::gcp::{Gcp, GcpEmulatorConfig, GcpServiceAccount, WorkloadIdentityProvider};
 
 /// The `--clouds` file.
 #[derive(Debug, Deserialize)]

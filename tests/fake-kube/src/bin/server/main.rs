@@ -74,9 +74,7 @@ fn args() -> Result<Args, String> {
         let value = it.next().ok_or(format!("{flag} needs a value"))?;
         match flag.as_str() {
             "--listen" => listen = Some(value.parse().map_err(|e| format!("--listen: {e}"))?),
-            "--control" => {
-                control = Some(value.parse().map_err(|e| format!("--control: {e}"))?)
-            }
+            "--control" => control = Some(value.parse().map_err(|e| format!("--control: {e}"))?),
             "--host" => host = value.parse().map_err(|e| format!("--host: {e}"))?,
             "--dir" => dir = Some(PathBuf::from(value)),
             "--clouds" => clouds = Some(PathBuf::from(value)),
