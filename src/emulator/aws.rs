@@ -636,6 +636,22 @@ fn iso8601(unix: u64) -> String {
         .unwrap_or_else(|| "1970-01-01T00:00:00Z".to_string())
 }
 
+/// An injected error status as STS answers it: 429 becomes STS's own
+/// throttling answer (HTTP 400 `Throttling`), 503 `ServiceUnavailable`,
+/// other 5xx `InternalFailure`.
+fn fault_response(status: StatusCode, _retry_after: Option<u64>) -> Response {
+    match status.as_u16() {
+        429 => sts_error(StatusCode::BAD_REQUEST, "Throttling", "Rate exceeded"),
+        503 => sts_error(
+            status,
+            "ServiceUnavailable",
+            "Service is unable to handle request.",
+        ),
+        _ => sts_error(status, "InternalFailure", "An internal error occurred."),
+    }
+    .into_response()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -767,20 +783,4 @@ mod tests {
         assert!(sts.take_throttle());
         assert!(!sts.take_throttle());
     }
-}
-
-/// An injected error status as STS answers it: 429 becomes STS's own
-/// throttling answer (HTTP 400 `Throttling`), 503 `ServiceUnavailable`,
-/// other 5xx `InternalFailure`.
-fn fault_response(status: StatusCode, _retry_after: Option<u64>) -> Response {
-    match status.as_u16() {
-        429 => sts_error(StatusCode::BAD_REQUEST, "Throttling", "Rate exceeded"),
-        503 => sts_error(
-            status,
-            "ServiceUnavailable",
-            "Service is unable to handle request.",
-        ),
-        _ => sts_error(status, "InternalFailure", "An internal error occurred."),
-    }
-    .into_response()
 }

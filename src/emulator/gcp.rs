@@ -1059,6 +1059,20 @@ async fn certs(State(gcp): State<Arc<Gcp>>) -> Response {
         .into_response()
 }
 
+/// An injected error status in Google's API error format: 429 is
+/// `RESOURCE_EXHAUSTED`, 503 `UNAVAILABLE`, other 5xx `INTERNAL`.
+fn fault_response(status: StatusCode, _retry_after: Option<u64>) -> Response {
+    let (name, message) = match status.as_u16() {
+        429 => (
+            "RESOURCE_EXHAUSTED",
+            "Quota exceeded for quota metric 'Token requests'.",
+        ),
+        503 => ("UNAVAILABLE", "The service is currently unavailable."),
+        _ => ("INTERNAL", "Internal error encountered."),
+    };
+    api(status, name, message).into_response()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1287,18 +1301,4 @@ mod tests {
         zero.lifetime = Duration::ZERO;
         assert!(Gcp::new(zero, http).is_err());
     }
-}
-
-/// An injected error status in Google's API error format: 429 is
-/// `RESOURCE_EXHAUSTED`, 503 `UNAVAILABLE`, other 5xx `INTERNAL`.
-fn fault_response(status: StatusCode, _retry_after: Option<u64>) -> Response {
-    let (name, message) = match status.as_u16() {
-        429 => (
-            "RESOURCE_EXHAUSTED",
-            "Quota exceeded for quota metric 'Token requests'.",
-        ),
-        503 => ("UNAVAILABLE", "The service is currently unavailable."),
-        _ => ("INTERNAL", "Internal error encountered."),
-    };
-    api(status, name, message).into_response()
 }
