@@ -23,8 +23,8 @@ use crate::http::{
     DRAIN_TIMEOUT,
 };
 use crate::secret::{random_token, SecretString};
-use crate::serve::sdk_env::{AwsEnv, AzureEnv, SdkEnv};
 use crate::serve::container_token::ContainerToken;
+use crate::serve::sdk_env::{AwsEnv, AzureEnv, SdkEnv};
 use crate::serve::{self, SubjectTokens, Surfaces};
 use crate::telemetry::Readiness;
 use crate::token::{KeySet, KeySource, Verifier};

@@ -126,9 +126,15 @@ mod tests {
         assert!(!token.accepts(b"token-two").await.unwrap());
         std::fs::write(&file, "token-two").unwrap();
         assert!(token.accepts(b"token-two").await.unwrap());
-        assert!(token.accepts(b"token-one").await.unwrap(), "within the grace");
+        assert!(
+            token.accepts(b"token-one").await.unwrap(),
+            "within the grace"
+        );
         tokio::time::advance(GRACE + Duration::from_secs(1)).await;
-        assert!(!token.accepts(b"token-one").await.unwrap(), "after the grace");
+        assert!(
+            !token.accepts(b"token-one").await.unwrap(),
+            "after the grace"
+        );
         assert!(token.accepts(b"token-two").await.unwrap());
         // Only the one just replaced: two rotations back is refused.
         std::fs::write(&file, "token-three").unwrap();
