@@ -502,6 +502,7 @@ fn start_fetch(
     let fetcher = entry.fetcher.clone();
     let inner = inner.clone();
     let key = key.clone();
+    let this = rx.clone();
     tokio::spawn(async move {
         let (result, upstream) = if subject_until <= Instant::now() {
             // Never send an expired subject token upstream.
@@ -519,7 +520,7 @@ fn start_fetch(
             fingerprint: credential.fingerprint().into(),
             credential: Arc::new(credential),
         });
-        inner.complete(&key, &result, is_refresh);
+        inner.complete(&key, &this, &result, is_refresh);
         let _ = tx.send(Some((result, upstream)));
     });
     rx
@@ -571,16 +572,25 @@ impl Inner {
     }
 
     /// Records an exchange's result in its entry and schedules what follows.
+    /// `this` is the exchange's receiver: the entry it was started for is
+    /// the one whose `inflight` it still is.
     fn complete(
         self: &Arc<Self>,
         key: &CacheKey,
+        this: &watch::Receiver<Outcome>,
         result: &Result<Served, CloudError>,
         is_refresh: bool,
     ) {
         let now = Instant::now();
         let mut entries = self.lock();
-        let Some(entry) = entries.get_mut(key) else {
-            return; // evicted meanwhile; the waiters still get the result
+        let Some(entry) = entries
+            .get_mut(key)
+            .filter(|e| e.inflight.as_ref().is_some_and(|rx| rx.same_channel(this)))
+        else {
+            // Evicted or invalidated meanwhile, maybe replaced by a new
+            // entry with an exchange of its own: the waiters still get this
+            // result, but it is not stored, nor does it touch the new entry.
+            return;
         };
         entry.inflight = None;
         match result {
@@ -594,8 +604,14 @@ impl Inner {
                 });
                 entry.failure = None;
                 entry.generation += 1;
-                let at = refresh_at(key.cloud, now, expires);
-                schedule_refresh(self, key.clone(), entry.generation, at);
+                // A credential too short ever to be served from the cache
+                // is not refreshed ahead: its refresh would be as short,
+                // and the loop would call the cloud every few seconds until
+                // the entry idled out. The next request exchanges instead.
+                if remaining > key.cloud.min_remaining() {
+                    let at = refresh_at(key.cloud, now, expires);
+                    schedule_refresh(self, key.clone(), entry.generation, at);
+                }
             }
             Err(error) => {
                 if is_refresh {

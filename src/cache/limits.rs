@@ -41,7 +41,10 @@ impl TokenBucket {
                     state.0 -= 1.0;
                     return;
                 }
-                Duration::from_secs_f64((1.0 - state.0) / self.rate)
+                // Never zero: a deficit of under a nanosecond (float
+                // rounding: 0.1 + 0.018 * 50 < 1) would spin here without
+                // letting a paused clock move, forever.
+                Duration::from_secs_f64((1.0 - state.0) / self.rate).max(Duration::from_nanos(1))
             };
             tokio::time::sleep(wait).await;
         }
@@ -85,5 +88,36 @@ mod tests {
         let elapsed = start.elapsed();
         assert!(elapsed >= Duration::from_millis(990), "{elapsed:?}");
         assert!(elapsed <= Duration::from_millis(1100), "{elapsed:?}");
+    }
+
+    /// Drained, then 2 ms later: the deficit left after the first wait
+    /// rounded to 0 ns, and `acquire` spun forever on a paused clock.
+    #[test]
+    fn a_deficit_under_a_nanosecond_still_waits() {
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let bucket = TokenBucket::new(50.0, 50.0);
+                for _ in 0..50 {
+                    bucket.acquire().await;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                let start = Instant::now();
+                bucket.acquire().await;
+                let waited = start.elapsed();
+                assert!(waited >= Duration::from_millis(18), "{waited:?}");
+                assert!(waited <= Duration::from_millis(20), "{waited:?}");
+            });
+            let _ = done.send(());
+        });
+        assert!(
+            finished.recv_timeout(Duration::from_secs(10)).is_ok(),
+            "acquire never returned"
+        );
     }
 }

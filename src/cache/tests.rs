@@ -166,6 +166,23 @@ async fn refreshes_ahead_of_expiry_without_a_client_waiting() {
     assert_eq!(up.calls(), 2);
 }
 
+#[tokio::test(start_paused = true)]
+async fn credentials_too_short_to_serve_from_cache_are_not_refreshed_ahead() {
+    // AWS keeps 15 minutes in hand: a 900-second session can never be
+    // served from the cache, and refreshing it ahead would call STS over
+    // and over for an entry no one asks for.
+    let cache = cache(CacheConfig::default());
+    for (cloud, lifetime) in [(Cloud::Aws, 900), (Cloud::Azure, 290), (Cloud::Gcp, 60)] {
+        let up = Upstream::new(lifetime);
+        let k = key(cloud, "short-lived", "s");
+        assert_eq!(get(&cache, &k, &up).await.unwrap(), "token-1");
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        assert_eq!(up.calls(), 1, "{cloud:?}: no refresh of an unservable credential");
+        // Asked again: a fresh exchange, as for a miss.
+        assert_eq!(get(&cache, &k, &up).await.unwrap(), "token-2");
+    }
+}
+
 #[test]
 fn refresh_time_respects_the_sdk_windows() {
     let t0 = Instant::now();
