@@ -162,7 +162,8 @@ class FakeKube:
         self.proc.wait(timeout=10)
 
 
-def wait_for(check, what: str, timeout: float = 30.0, proc: subprocess.Popen | None = None):
+def wait_for(check, what: str, timeout: float = 30.0, proc: subprocess.Popen | None = None,
+             interval: float = 0.2):
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
@@ -174,7 +175,7 @@ def wait_for(check, what: str, timeout: float = 30.0, proc: subprocess.Popen | N
                 return result
         except Exception as e:  # noqa: BLE001 - retried until the deadline
             last = e
-        time.sleep(0.2)
+        time.sleep(interval)
     raise AssertionError(f"{what} did not happen in {timeout} s (last error: {last})")
 
 

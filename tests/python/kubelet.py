@@ -137,20 +137,6 @@ def request(ns: str, method: str, url: str, *, body=None, headers=None, timeout:
         conn.close()
 
 
-def wait_until(check, what: str, timeout: float = 30.0, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            result = check()
-            if result:
-                return result
-        except Exception as e:  # noqa: BLE001 - retried until the deadline
-            last = e
-        time.sleep(interval)
-    raise AssertionError(f"{what} did not happen in {timeout} s (last error: {last!r})")
-
-
 class Process:
     """A process started in a namespace, its output in a log file."""
 

@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from chart import Container, find, render
+from chart import Container, find, render, wait_for
 from conftest import ROOT, lanyard_binary
 from kubelet import (API_IP, Cluster, FakeKubeProcess, Pod, admit, can_create_namespaces, request, results,
-                     trust_bundle, wait_until, with_trust_store)
+                     trust_bundle, with_trust_store)
 
 REASON = can_create_namespaces()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"pods end to end: {REASON}")
@@ -107,7 +107,7 @@ class E2E:
         self.webhook_ca = base64.b64decode(secret["data"]["ca.crt"]).decode()
         self.nodes = [self.cluster.add_node("node-a"), self.cluster.add_node("node-b")]
         self.agents = {node.name: self.start_agent(node) for node in self.nodes}
-        wait_until(lambda: request(self.cluster.api, "GET", f"http://127.0.0.1:{HOOK_ADMIN}/readyz").status == 200,
+        wait_for(lambda: request(self.cluster.api, "GET", f"http://127.0.0.1:{HOOK_ADMIN}/readyz").status == 200,
                    "the webhook is ready")
         self.bin_dir = Path(lanyard_binary()).parent
         self.pods: list[Pod] = []
@@ -117,7 +117,7 @@ class E2E:
                           {"spec.nodeName": node.name, "status.hostIP": node.address}, self.kube.kubeconfig,
                           prefix=["ip", "netns", "exec", node.ns, *with_trust_store(self.bundle)])
         self.roles.append(agent)
-        wait_until(lambda: agent.proc.poll() is None and request(
+        wait_for(lambda: agent.proc.poll() is None and request(
             node.ns, "GET", f"http://127.0.0.1:{AGENT_ADMIN}/readyz").status == 200,
             f"the agent on {node.name} is ready", timeout=60)
         return agent
@@ -282,7 +282,7 @@ def test_a_pod_on_another_node_is_refused_by_this_nodes_agent(e2e):
                                "?api-version=2018-02-01&resource=https://storage.azure.com", "-w", "\n%{http_code}"])
             body, _, status = r.stdout.rpartition("\n")
             return (status, body) if status not in ("000", "") else None
-        status, body = wait_until(refused, "the rogue sidecar answers", timeout=30)
+        status, body = wait_for(refused, "the rogue sidecar answers", timeout=30)
         assert status == "403", (status, body)
         assert "access_token" not in body
     finally:
@@ -313,11 +313,11 @@ def test_agent_restart_under_three_calling_pods_recovers_without_a_wrong_credent
     stop_file = e2e.workdir / "stop-restart"
     apps = [pod.start_app(pod.app_containers()[0], ["--count", "100000", "--interval", "0.05",
                                                     "--stop-file", str(stop_file)]) for pod in pods]
-    wait_until(lambda: all(len(results(out)) >= 6 for _, out in apps), "every pod has called", timeout=60)
+    wait_for(lambda: all(len(results(out)) >= 6 for _, out in apps), "every pod has called", timeout=60)
     began = time.time()
     e2e.restart_agent(node)
     restarted = time.time()
-    wait_until(lambda: all(any(l["ok"] and l["started"] > restarted for l in results(out)) for _, out in apps),
+    wait_for(lambda: all(any(l["ok"] and l["started"] > restarted for l in results(out)) for _, out in apps),
                "every pod got credentials again after the restart", timeout=60)
     time.sleep(1)
     stop_file.write_text("")
@@ -354,7 +354,7 @@ def test_a_deleted_pod_stops_getting_credentials(e2e):
     def refused():
         lines = run_app(e2e, pod, "--clouds", "azure,aws")
         return all(not line["ok"] for line in lines) and lines
-    lines = wait_until(refused, "the deleted pod is refused", timeout=30, interval=0.5)
+    lines = wait_for(refused, "the deleted pod is refused", timeout=30, interval=0.5)
     e2e.figures["deleted_pod_refused_after_s"] = round(lines[-1]["t"] - deleted, 2)
     assert all("pod" in line["error"] for line in lines), lines
     assert all("access_token" not in line["error"] for line in lines), lines
