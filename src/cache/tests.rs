@@ -177,7 +177,11 @@ async fn credentials_too_short_to_serve_from_cache_are_not_refreshed_ahead() {
         let k = key(cloud, "short-lived", "s");
         assert_eq!(get(&cache, &k, &up).await.unwrap(), "token-1");
         tokio::time::sleep(Duration::from_secs(3600)).await;
-        assert_eq!(up.calls(), 1, "{cloud:?}: no refresh of an unservable credential");
+        assert_eq!(
+            up.calls(),
+            1,
+            "{cloud:?}: no refresh of an unservable credential"
+        );
         // Asked again: a fresh exchange, as for a miss.
         assert_eq!(get(&cache, &k, &up).await.unwrap(), "token-2");
     }
