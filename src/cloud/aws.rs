@@ -578,7 +578,7 @@ struct AssumedRoleUserXml {
 }
 
 /// What a success answer yields.
-struct Parsed {
+pub struct Parsed {
     access_key_id: String,
     secret_access_key: SecretString,
     session_token: SecretString,
@@ -588,7 +588,7 @@ struct Parsed {
 
 /// Parses STS's success XML. Failure reasons name the missing element but
 /// never quote the body: it holds secrets.
-fn parse_success(body: &[u8]) -> Result<Parsed, String> {
+pub fn parse_success(body: &[u8]) -> Result<Parsed, String> {
     let text = std::str::from_utf8(body).map_err(|_| "response is not UTF-8".to_string())?;
     let doc: SuccessXml = quick_xml::de::from_str(text)
         .map_err(|_| "response is not an AssumeRoleWithWebIdentityResponse document".to_string())?;
@@ -651,7 +651,7 @@ fn parse_error(body: &[u8]) -> Option<(String, String)> {
 /// Maps a non-success answer to a [`CloudError`]: throttling and service
 /// failures are retryable, refusals of the token or the role are not. The
 /// subject token is scrubbed from the message in case an endpoint echoes it.
-fn classify(status: u16, retry: Option<Duration>, body: &[u8], token: &str) -> CloudError {
+pub fn classify(status: u16, retry: Option<Duration>, body: &[u8], token: &str) -> CloudError {
     let parsed = parse_error(body).map(|(code, message)| (code, scrub_message(&message, token)));
     let code = parsed.as_ref().map(|(c, _)| c.as_str());
 

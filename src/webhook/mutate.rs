@@ -523,7 +523,12 @@ fn mutate_with(
             container.env_from.as_ref().is_some_and(|f| !f.is_empty()),
         );
         for (i, value) in proxy.replace {
-            ops.push(replace(
+            // An empty value is left out of the pod the API server sends
+            // (`value` is omitempty), and `replace` needs the member to
+            // exist: `add` sets it either way.
+            let has_value = env.get(i).is_some_and(|var| var.value.is_some());
+            let op: fn(&[&str], Value) -> PatchOperation = if has_value { replace } else { add };
+            ops.push(op(
                 &[
                     "spec",
                     container_ptr[0],

@@ -1,0 +1,41 @@
+//! The fuzz targets' bodies: one module per parsing surface, each with a
+//! `run(&[u8])` that feeds the bytes to the product's own entry point and
+//! panics only when the product does, or breaks a property it promises.
+//!
+//! The same files are compiled twice: here, by the `lanyard-fuzz` crate
+//! that cargo-fuzz builds on nightly, and by the main crate's
+//! `tests/fuzz_corpus.rs` (`#[path]` to this file), which replays every
+//! seed in `fuzz/corpus/<target>/` and every crash kept in
+//! `fuzz/artifacts/<target>/` on stable, in the normal test command. One
+//! body, two harnesses: a crash fixed once stays fixed without nightly.
+//! So the bodies use only `lanyard`'s public API and crates the main
+//! crate already depends on, at the same versions; no `fuzzing` feature is
+//! added to the product (and no product file changes for it).
+
+pub mod admission_review;
+pub mod cedar_policies;
+pub mod config_yaml;
+pub mod jwt_claims;
+pub mod sts_xml;
+pub mod surface_requests;
+
+/// A target's body: runs one input, panicking on a failure.
+pub type Body = fn(&[u8]);
+
+/// Every target, by the name of its `fuzz_targets/` binary and its corpus
+/// directory.
+pub const TARGETS: [(&str, Body); 6] = [
+    ("surface_requests", surface_requests::run),
+    ("jwt_claims", jwt_claims::run),
+    ("sts_xml", sts_xml::run),
+    ("admission_review", admission_review::run),
+    ("config_yaml", config_yaml::run),
+    ("cedar_policies", cedar_policies::run),
+];
+
+/// The current Unix time in seconds.
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
