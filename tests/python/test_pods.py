@@ -151,7 +151,22 @@ class E2E:
             pod.stop()
         codes = [(r.argv[1], r.stop()) for r in self.roles if r.proc.poll() is None]
         problems = [f"{role} exited {code}" for role, code in codes if code != 0]
-        return problems + self.cluster.close()
+        problems += self.cluster.close()
+        return problems + self.leaks()
+
+    def leaks(self) -> list[str]:
+        """No projected token (a JWT) and no credential an SDK received in
+        any log of Lanyard's: agents, webhook, sidecars."""
+        issued = {line["credential"] for out in self.workdir.glob("pod-*/*.out")
+                  for line in results(out) if line["ok"]}
+        logs = [*self.workdir.glob("agent-*/*.log"), *self.workdir.glob("webhook/*.log"),
+                *self.workdir.glob("pod-*-lanyard*.log"), *self.workdir.glob("pod-*-rogue.log")]
+        found = []
+        for log in logs:
+            text = log.read_text(errors="replace")
+            if "eyJ" in text or any(c in text for c in issued):
+                found.append(f"a token or credential in {log.name}")
+        return found if issued else ["no credential was issued at all"]
 
 
 @pytest.fixture(scope="module")
