@@ -953,18 +953,7 @@ fn sidecar(config: &InjectionConfig, identity_header: &str, aws: bool) -> Contai
             run_as_non_root: Some(true),
             run_as_user: Some(SIDECAR_UID),
             run_as_group: Some(SIDECAR_UID),
-            read_only_root_filesystem: Some(true),
-            allow_privilege_escalation: Some(false),
-            privileged: Some(false),
-            capabilities: Some(Capabilities {
-                add: None,
-                drop: Some(vec!["ALL".into()]),
-            }),
-            seccomp_profile: Some(SeccompProfile {
-                type_: "RuntimeDefault".into(),
-                localhost_profile: None,
-            }),
-            ..Default::default()
+            ..locked_down(None)
         }),
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
@@ -993,20 +982,29 @@ fn redirect(config: &InjectionConfig) -> Container {
             // Overrides a pod-level runAsNonRoot: true.
             run_as_non_root: Some(false),
             run_as_user: Some(0),
-            read_only_root_filesystem: Some(true),
-            allow_privilege_escalation: Some(false),
-            privileged: Some(false),
-            capabilities: Some(Capabilities {
-                add: Some(vec!["NET_ADMIN".into()]),
-                drop: Some(vec!["ALL".into()]),
-            }),
-            seccomp_profile: Some(SeccompProfile {
-                type_: "RuntimeDefault".into(),
-                localhost_profile: None,
-            }),
-            ..Default::default()
+            ..locked_down(Some(vec!["NET_ADMIN".into()]))
         }),
         termination_message_policy: Some("FallbackToLogsOnError".into()),
+        ..Default::default()
+    }
+}
+
+/// What every container Lanyard injects shares: a read-only root, no
+/// privilege escalation, every capability dropped but `add`, the runtime's
+/// seccomp profile. The user is each container's own.
+fn locked_down(add: Option<Vec<String>>) -> SecurityContext {
+    SecurityContext {
+        read_only_root_filesystem: Some(true),
+        allow_privilege_escalation: Some(false),
+        privileged: Some(false),
+        capabilities: Some(Capabilities {
+            add,
+            drop: Some(vec!["ALL".into()]),
+        }),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            localhost_profile: None,
+        }),
         ..Default::default()
     }
 }
