@@ -652,7 +652,10 @@ fn parse_error(body: &[u8]) -> Option<(String, String)> {
 /// failures are retryable, refusals of the token or the role are not. The
 /// subject token is scrubbed from the message in case an endpoint echoes it.
 pub fn classify(status: u16, retry: Option<Duration>, body: &[u8], token: &str) -> CloudError {
-    let parsed = parse_error(body).map(|(code, message)| (code, scrub_message(&message, token)));
+    // The code is scrubbed and bounded too: it reaches logs and the
+    // caller's error as written, and an endpoint may put anything there.
+    let parsed = parse_error(body)
+        .map(|(code, message)| (scrub_message(&code, token), scrub_message(&message, token)));
     let code = parsed.as_ref().map(|(c, _)| c.as_str());
 
     if status == 429 || code.is_some_and(|c| THROTTLE_CODES.contains(&c)) {
@@ -864,6 +867,22 @@ mod tests {
         assert!(!err.to_string().contains(tok));
         assert!(!format!("{err:?}").contains(tok));
         assert!(err.to_string().contains("[redacted]"));
+    }
+
+    #[test]
+    fn aws_error_codes_never_carry_the_token_either() {
+        let tok = "eyJhbGciOiJSUzI1NiJ9.payload.signature";
+        let long = "C".repeat(10_000);
+        for code in [format!("Invalid{tok}"), long] {
+            let err = classify(400, None, &error_body(&code, "m"), tok);
+            let (shown, debug) = (err.to_string(), format!("{err:?}"));
+            assert!(!shown.contains(tok) && !debug.contains(tok), "{shown}");
+            assert!(
+                shown.len() < 1_500,
+                "an unbounded code: {} bytes",
+                shown.len()
+            );
+        }
     }
 
     #[test]

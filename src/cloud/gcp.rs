@@ -513,8 +513,12 @@ fn is_transient(code: &str) -> bool {
 
 /// Maps a non-2xx answer to a [`CloudError`].
 fn classify(status: StatusCode, retry: Option<Duration>, body: &[u8], secret: &str) -> CloudError {
-    let failure =
-        parse_failure(body).map(|(code, message)| (code, scrub_message(&message, secret)));
+    let failure = parse_failure(body).map(|(code, message)| {
+        (
+            scrub_message(&code, secret),
+            scrub_message(&message, secret),
+        )
+    });
     if status == StatusCode::TOO_MANY_REQUESTS
         || failure.as_ref().is_some_and(|(code, _)| is_throttle(code))
     {
