@@ -25,6 +25,7 @@
 pub mod assemble;
 mod error;
 pub mod remote;
+pub mod reuse;
 pub mod wire;
 
 use std::sync::Arc;
@@ -68,6 +69,18 @@ pub trait TokenBroker: Send + Sync {
         subject: &SecretString,
         request: &TokenRequest,
     ) -> Result<Grant, BrokerError>;
+}
+
+/// A shared broker decides as the broker it shares.
+#[async_trait::async_trait]
+impl<T: TokenBroker + ?Sized> TokenBroker for Arc<T> {
+    async fn request(
+        &self,
+        subject: &SecretString,
+        request: &TokenRequest,
+    ) -> Result<Grant, BrokerError> {
+        (**self).request(subject, request).await
+    }
 }
 
 /// Longest resource, scope or audience accepted: bounded keys keep the

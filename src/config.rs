@@ -308,7 +308,7 @@ impl Default for AuditConfig {
 }
 
 /// Settings of the sidecar role.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SidecarConfig {
     /// Base URL of the node agent (`LANYARD_AGENT_URL`).
@@ -327,6 +327,25 @@ pub struct SidecarConfig {
     pub standalone: bool,
     /// Standalone bindings: the annotations of this pod's ServiceAccount.
     pub annotations: std::collections::BTreeMap<String, String>,
+    /// Seconds the sidecar answers a repeated request (same projected
+    /// token, same question) from the agent's last grant instead of asking
+    /// again; 0 asks the agent every time (`crate::broker::reuse`).
+    pub grant_reuse_seconds: u64,
+}
+
+impl Default for SidecarConfig {
+    fn default() -> Self {
+        SidecarConfig {
+            agent_url: None,
+            token_dir: None,
+            app_token_file: None,
+            probe_listen: None,
+            identity_header: None,
+            standalone: false,
+            annotations: Default::default(),
+            grant_reuse_seconds: crate::broker::reuse::DEFAULT_WINDOW.as_secs(),
+        }
+    }
 }
 
 /// Settings of the webhook role.

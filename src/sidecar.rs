@@ -13,6 +13,7 @@ use axum::routing::get;
 use tokio::sync::Mutex;
 
 use crate::broker::remote::RemoteBroker;
+use crate::broker::reuse::ReusingBroker;
 use crate::cloud::Cloud;
 use crate::config::Config;
 use crate::http::{
@@ -132,7 +133,10 @@ impl Sidecar {
         drop(entries);
         let tokens = Arc::new(FileTokens::new(&dir));
         let broker: Arc<dyn crate::broker::TokenBroker> = match &remote {
-            Some(remote) => remote.clone(),
+            Some(remote) => Arc::new(ReusingBroker::new(
+                remote.clone(),
+                Duration::from_secs(config.sidecar.grant_reuse_seconds),
+            )),
             None => Arc::new(standalone_broker(config)?),
         };
         let app_token = config

@@ -96,8 +96,15 @@ fn write_tokens(issuer: &Issuer, pod: &PodIdentity, dir: &Path) {
 }
 
 async fn imds(port: u16) -> (u16, Value) {
+    imds_for(port, "https://storage.azure.com/").await
+}
+
+async fn imds_for(port: u16, resource: &str) -> (u16, Value) {
     let resp = reqwest::Client::new()
-        .get(format!("http://127.0.0.1:{port}/metadata/identity/oauth2/token?api-version=2018-02-01&resource=https://storage.azure.com/"))
+        .get(format!(
+            "http://127.0.0.1:{port}/metadata/identity/oauth2/token"
+        ))
+        .query(&[("api-version", "2018-02-01"), ("resource", resource)])
         .header("Metadata", "true")
         .send()
         .await
@@ -184,11 +191,17 @@ async fn all_clouds_through_sidecar_and_agent_and_recovery_after_agent_restart()
         .unwrap();
     assert_eq!(msi.status(), 200);
 
-    // The agent goes away: retryable 503s and not ready, never a credential.
+    // The agent goes away. The question just answered is answered again
+    // from the grant the sidecar keeps for its reuse window (10 s by
+    // default, `broker::reuse`); a new question gets a retryable 503 and
+    // the sidecar is not ready, never a credential.
     let agent_log = agent.stop();
     assert!(!agent_log.contains(&first_token), "agent logged a token");
     assert!(!agent_log.contains("eyJ"), "agent logged a JWT");
     let (status, body) = imds(sidecar_port).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["access_token"], first_token.as_str());
+    let (status, body) = imds_for(sidecar_port, "https://vault.azure.net").await;
     assert_eq!(status, 503, "{body}");
     assert!(body.get("access_token").is_none());
     let ready = reqwest::get(format!("{base}/readyz")).await.unwrap();
@@ -197,12 +210,12 @@ async fn all_clouds_through_sidecar_and_agent_and_recovery_after_agent_restart()
     // It comes back on the same address: the sidecar recovers by itself.
     let (agent, _) = start_agent(&s.config, &format!("127.0.0.1:{agent_port}")).await;
     wait_ready(&format!("{base}/readyz")).await;
-    let (status, body) = imds(sidecar_port).await;
+    let (status, body) = imds_for(sidecar_port, "https://vault.azure.net").await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(
         s.up.entra.stats.issued.load(Ordering::Relaxed),
         2,
-        "new agent, new cache"
+        "one exchange for storage (App Service's was a hit), one for the vault"
     );
 
     let sidecar_log = sidecar.stop();
