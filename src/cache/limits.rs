@@ -9,44 +9,60 @@ use tokio::time::Instant;
 
 use crate::cloud::{Cloud, PerCloud};
 
-/// A token bucket: `rate` tokens a second, at most `burst` saved up.
+/// A token bucket: `rate` tokens a second, at most `burst` saved up,
+/// served first come, first served.
+///
+/// Kept as the bucket's "theoretical arrival time" (GCRA): each caller
+/// reserves the next free slot under the lock and sleeps until it, so
+/// callers are admitted in the order they asked, each woken once. (A
+/// bucket whose waiters all sleep until the next token and race for it
+/// lets a late caller win again and again: with 2,000 callers at 50 a
+/// second, some waited past their clients' 20-s timeout.)
 pub struct TokenBucket {
-    rate: f64,
-    burst: f64,
-    state: Mutex<(f64, Instant)>,
+    /// Seconds between tokens.
+    interval: Duration,
+    /// How far ahead of `next` a caller may go: `burst - 1` intervals.
+    tolerance: Duration,
+    /// When the bucket would next be empty if no burst were allowed.
+    next: std::sync::Mutex<Instant>,
 }
 
 impl TokenBucket {
     /// A full bucket. `rate_per_second` is raised to at least 0.001 and `burst`
     /// to at least one token, so that it always admits eventually.
     pub fn new(rate_per_second: f64, burst: f64) -> Self {
+        let rate = rate_per_second.max(0.001);
+        let interval = Duration::from_secs_f64(1.0 / rate);
         let burst = burst.max(1.0);
+        let tolerance = interval.mul_f64(burst - 1.0);
+        // INVARIANT: `next` starts at or before now, so the first `burst`
+        // callers pass at once.
         TokenBucket {
-            rate: rate_per_second.max(0.001),
-            burst,
-            state: Mutex::new((burst, Instant::now())),
+            interval,
+            tolerance,
+            next: std::sync::Mutex::new(Instant::now()),
         }
     }
 
-    /// Waits until a token is available and takes it.
+    /// Reserves the next slot: the instant this caller may go.
+    fn reserve(&self) -> Instant {
+        let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        let base = (*next).max(now);
+        // The earliest this caller may go: the burst lets it run ahead of
+        // the steady schedule by `tolerance`, never before now.
+        let slot = base.checked_sub(self.tolerance).unwrap_or(now).max(now);
+        *next = base + self.interval;
+        slot
+    }
+
+    /// Waits until a token is available and takes it. Callers are admitted
+    /// in the order they called; a caller that gives up (its future
+    /// dropped) leaves its slot unused, which only slows the bucket.
     pub async fn acquire(&self) {
-        loop {
-            let wait = {
-                let mut state = self.state.lock().await;
-                let now = Instant::now();
-                let elapsed = now.duration_since(state.1).as_secs_f64();
-                state.0 = (state.0 + elapsed * self.rate).min(self.burst);
-                state.1 = now;
-                if state.0 >= 1.0 {
-                    state.0 -= 1.0;
-                    return;
-                }
-                // Never zero: a deficit of under a nanosecond (float
-                // rounding: 0.1 + 0.018 * 50 < 1) would spin here without
-                // letting a paused clock move, forever.
-                Duration::from_secs_f64((1.0 - state.0) / self.rate).max(Duration::from_nanos(1))
-            };
-            tokio::time::sleep(wait).await;
+        let slot = self.reserve();
+        if slot > Instant::now() {
+            tokio::time::sleep_until(slot).await;
         }
     }
 }
@@ -90,34 +106,60 @@ mod tests {
         assert!(elapsed <= Duration::from_millis(1100), "{elapsed:?}");
     }
 
-    /// Drained, then 2 ms later: the deficit left after the first wait
-    /// rounded to 0 ns, and `acquire` spun forever on a paused clock.
-    #[test]
-    fn a_deficit_under_a_nanosecond_still_waits() {
-        let (done, finished) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_time()
-                .start_paused(true)
-                .build()
-                .unwrap();
-            runtime.block_on(async {
-                let bucket = TokenBucket::new(50.0, 50.0);
-                for _ in 0..50 {
-                    bucket.acquire().await;
-                }
-                tokio::time::sleep(Duration::from_millis(2)).await;
-                let start = Instant::now();
+    /// Drained, then 2 ms later: the next caller waits out the rest of
+    /// its interval (once, a sub-nanosecond deficit made this spin forever
+    /// on a paused clock).
+    #[tokio::test(start_paused = true)]
+    async fn a_drained_bucket_waits_the_rest_of_an_interval() {
+        let bucket = TokenBucket::new(50.0, 50.0);
+        for _ in 0..50 {
+            bucket.acquire().await;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let start = Instant::now();
+        bucket.acquire().await;
+        let waited = start.elapsed();
+        assert!(waited >= Duration::from_millis(17), "{waited:?}");
+        assert!(waited <= Duration::from_millis(20), "{waited:?}");
+    }
+
+    /// Each caller's slot is fixed when it asks, in the order it asked:
+    /// a burst of 3 passes at once, then one slot per interval, so no
+    /// later caller can take an earlier caller's turn.
+    #[tokio::test(start_paused = true)]
+    async fn slots_are_reserved_in_call_order() {
+        let bucket = TokenBucket::new(10.0, 3.0);
+        let now = Instant::now();
+        let slots: Vec<Duration> = (0..6).map(|_| bucket.reserve() - now).collect();
+        let ms = |m| Duration::from_millis(m);
+        assert_eq!(slots, [ms(0), ms(0), ms(0), ms(100), ms(200), ms(300)]);
+    }
+
+    /// 500 callers at 50 a second: admitted in the order they asked, the
+    /// last after about 10 s, none starved.
+    #[tokio::test(start_paused = true)]
+    async fn callers_are_admitted_first_come_first_served() {
+        let bucket = std::sync::Arc::new(TokenBucket::new(50.0, 1.0));
+        let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for i in 0..500usize {
+            let (bucket, order) = (bucket.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
                 bucket.acquire().await;
-                let waited = start.elapsed();
-                assert!(waited >= Duration::from_millis(18), "{waited:?}");
-                assert!(waited <= Duration::from_millis(20), "{waited:?}");
-            });
-            let _ = done.send(());
-        });
-        assert!(
-            finished.recv_timeout(Duration::from_secs(10)).is_ok(),
-            "acquire never returned"
-        );
+                order.lock().unwrap().push((i, start.elapsed()));
+            }));
+            // Each asks a little after the one before.
+            tokio::task::yield_now().await;
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let order = order.lock().unwrap();
+        let indices: Vec<usize> = order.iter().map(|(i, _)| *i).collect();
+        assert_eq!(indices, (0..500).collect::<Vec<_>>(), "not in order");
+        let last = order.last().unwrap().1;
+        assert!(last >= Duration::from_millis(9_950), "{last:?}");
+        assert!(last <= Duration::from_millis(10_050), "{last:?}");
     }
 }
