@@ -818,20 +818,31 @@ fn schedule_refresh(inner: &Arc<Inner>, key: CacheKey, generation: u64, at: Inst
 
 /// When to refresh a credential fetched at `fetched` that expires at
 /// `expires`: at half its lifetime, no later than the cloud's refresh
-/// window before expiry, never sooner than a quarter of its lifetime (so
-/// short-lived credentials do not spin), minus up to 5% jitter.
+/// window before expiry, and always before the cache stops serving it
+/// (`min_remaining` before expiry), never sooner than a quarter of its
+/// lifetime (so short-lived credentials do not spin); spread at random
+/// over up to a tenth of the lifetime before that.
+///
+/// The spread matters at scale: thousands of credentials fetched in the
+/// same minute (a node's pods starting together, a DaemonSet rolled out)
+/// would otherwise come due together every period. Each refresh draws
+/// anew, so the rounds drift apart instead of staying in step.
 pub fn refresh_at(cloud: Cloud, fetched: Instant, expires: Instant) -> Instant {
     let lifetime = expires.saturating_duration_since(fetched);
     let half = fetched + lifetime / 2;
     let latest = expires
         .checked_sub(cloud.refresh_window())
         .unwrap_or(fetched);
+    // INVARIANT: due before the credential stops being served, or callers
+    // would wait on an exchange between the two.
+    let serving_until = expires
+        .checked_sub(cloud.min_remaining() + Duration::from_secs(1))
+        .unwrap_or(fetched);
     let floor = fetched + (lifetime / 4).max(Duration::from_secs(1));
-    let at = half.min(latest).max(floor);
-    let jitter = (lifetime / 20)
-        .min(Duration::from_secs(30))
-        .mul_f64(random_unit());
-    at.checked_sub(jitter).unwrap_or(at).max(floor)
+    let at = half.min(latest).max(floor).min(serving_until).max(fetched);
+    let spread = (lifetime / 10).min(at.saturating_duration_since(floor.min(at)));
+    let jitter = spread.mul_f64(random_unit());
+    at.checked_sub(jitter).unwrap_or(at)
 }
 
 /// Drops entries nobody asked for within the idle TTL.

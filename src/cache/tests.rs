@@ -152,14 +152,11 @@ async fn refreshes_ahead_of_expiry_without_a_client_waiting() {
     let up = Upstream::new(3600);
     let k = key(Cloud::Azure, "ray-worker", "s");
     assert_eq!(get(&cache, &k, &up).await.unwrap(), "token-1");
-    // Nobody asks; at about half the lifetime (minus jitter) it refreshes.
-    tokio::time::sleep(Duration::from_secs(1700)).await;
-    assert_eq!(
-        up.calls(),
-        1,
-        "not before ~half the lifetime minus 5% jitter"
-    );
-    tokio::time::sleep(Duration::from_secs(101)).await;
+    // Nobody asks; at about half the lifetime (minus up to a tenth of it)
+    // it refreshes.
+    tokio::time::sleep(Duration::from_secs(1430)).await;
+    assert_eq!(up.calls(), 1, "not before half the lifetime minus a tenth");
+    tokio::time::sleep(Duration::from_secs(371)).await;
     assert_eq!(up.calls(), 2, "refreshed in the background by 1801 s");
     // The client now gets the refreshed credential from cache.
     assert_eq!(get(&cache, &k, &up).await.unwrap(), "token-2");
@@ -191,11 +188,12 @@ async fn credentials_too_short_to_serve_from_cache_are_not_refreshed_ahead() {
 fn refresh_time_respects_the_sdk_windows() {
     let t0 = Instant::now();
     for _ in 0..50 {
-        // One hour: half the lifetime, well before the windows.
+        // One hour: half the lifetime, well before the windows, spread
+        // over up to a tenth of the lifetime before it.
         let at = refresh_at(Cloud::Aws, t0, t0 + Duration::from_secs(3600));
         let d = at - t0;
         assert!(
-            d <= Duration::from_secs(1800) && d >= Duration::from_secs(1770),
+            d <= Duration::from_secs(1800) && d >= Duration::from_secs(1440),
             "{d:?}"
         );
         // Two hours of AWS: half is 60 min, 20 min before expiry is 100 min.
@@ -207,10 +205,34 @@ fn refresh_time_respects_the_sdk_windows() {
         // 30 min Entra: 10 min before expiry = 20 min; half = 15 min.
         let at = refresh_at(Cloud::Azure, t0, t0 + Duration::from_secs(1800));
         assert!(at - t0 <= Duration::from_secs(900));
-        // Very short: never sooner than a quarter of the lifetime.
-        let at = refresh_at(Cloud::Aws, t0, t0 + Duration::from_secs(120));
-        assert!(at - t0 >= Duration::from_secs(30));
+        // Short Entra: never sooner than a quarter of the lifetime.
+        let at = refresh_at(Cloud::Azure, t0, t0 + Duration::from_secs(600));
+        assert!(at - t0 >= Duration::from_secs(150), "{:?}", at - t0);
+        // 1,000 s of AWS: served only for its first 100 s (15 min must
+        // remain), so due within them, not at a quarter (250 s), when
+        // callers would already be waiting on an exchange.
+        let at = refresh_at(Cloud::Aws, t0, t0 + Duration::from_secs(1000));
+        assert!(at - t0 < Duration::from_secs(100), "{:?}", at - t0);
     }
+}
+
+#[test]
+fn refreshes_fetched_together_are_spread_over_minutes() {
+    let t0 = Instant::now();
+    let times: Vec<Duration> = (0..1000)
+        .map(|_| refresh_at(Cloud::Azure, t0, t0 + Duration::from_secs(3600)) - t0)
+        .collect();
+    let (min, max) = (times.iter().min().unwrap(), times.iter().max().unwrap());
+    // Up to 6 minutes (a tenth of the hour) before half the lifetime.
+    assert!(*max - *min > Duration::from_secs(300), "{min:?}..{max:?}");
+    let in_last_minute = times
+        .iter()
+        .filter(|d| **d > Duration::from_secs(1740))
+        .count();
+    assert!(
+        in_last_minute < 300,
+        "{in_last_minute} of 1000 in one minute"
+    );
 }
 
 #[tokio::test(start_paused = true)]
