@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use tokio::sync::{Mutex, Semaphore, SemaphorePermit};
+use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
 use crate::cloud::{Cloud, PerCloud};
