@@ -18,6 +18,21 @@ bench_need() { # TOOL... : installs missing Debian packages when root
     fi
 }
 
+# bench_lanyard: sets $lanyard to the binary to measure: BENCH_LANYARD
+# (bench/run passes the one it measures), else this tree's build in
+# BENCH_PROFILE (default release).
+bench_lanyard() {
+    if [ -n "${BENCH_LANYARD:-}" ]; then
+        lanyard=$BENCH_LANYARD
+        return 0
+    fi
+    local profile=${BENCH_PROFILE:-release} dir
+    cargo build --profile "$profile" --locked --quiet --bin lanyard >&2
+    dir=$profile
+    [ "$profile" != dev ] || dir=debug
+    lanyard=${CARGO_TARGET_DIR:-$PWD/target}/$dir/lanyard
+}
+
 bench_stop() {
     if [ -n "$bench_pid" ]; then kill "$bench_pid" 2>/dev/null; wait "$bench_pid" 2>/dev/null || true; fi
     bench_pid=""
