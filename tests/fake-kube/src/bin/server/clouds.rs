@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 
 use lanyard::emulator::aws::{AwsEmulatorConfig, AwsRole, AwsSts, OidcProvider};
 use lanyard::emulator::entra::{App, Entra, FederatedCredential};
+use lanyard::emulator::faults::{Fault, Faults};
 use lanyard::emulator::gcp::{Gcp, GcpEmulatorConfig, GcpServiceAccount, WorkloadIdentityProvider};
 
 /// The `--clouds` file.
@@ -230,6 +231,61 @@ impl Clouds {
         .find_map(|(cloud, owner)| owner.map(|p| json!({"cloud": cloud, "principal": p})))
     }
 
+    /// The faults scheduled on `cloud` (`azure`, `gcp` or `aws`).
+    pub fn faults(&self, cloud: &str) -> Option<&Arc<Faults>> {
+        match cloud {
+            "azure" => Some(&self.entra.faults),
+            "gcp" => Some(&self.gcp.faults),
+            "aws" => Some(&self.aws.faults),
+            _ => None,
+        }
+    }
+
+    /// Schedules (or, for `fault=clear`, removes) faults on one cloud from
+    /// the control port's query: `fault` is `latency` (`ms`), `status`
+    /// (`status`, optional `retry_after`; 429 is the service's throttling
+    /// answer, STS's `Throttling`), `drop`, `hang`, `truncated` or `clear`;
+    /// `count` requests are affected (absent: until cleared). Answers what
+    /// was scheduled, or why the query is unusable.
+    pub fn schedule(&self, q: &FaultQuery) -> Result<Value, String> {
+        let faults = self
+            .faults(&q.cloud)
+            .ok_or_else(|| format!("cloud must be azure, gcp or aws (got {:?})", q.cloud))?;
+        let fault = match q.fault.as_str() {
+            "clear" => {
+                faults.clear();
+                return Ok(json!({"cloud": q.cloud, "cleared": true}));
+            }
+            "latency" => Fault::Latency {
+                ms: q.ms.ok_or("fault=latency needs ms")?,
+            },
+            "status" => {
+                let status = q.status.ok_or("fault=status needs status")?;
+                if !(400..=599).contains(&status) {
+                    return Err(format!("status must be 400-599 (got {status})"));
+                }
+                Fault::Status {
+                    status,
+                    retry_after: q.retry_after,
+                }
+            }
+            "drop" => Fault::Drop,
+            "hang" => Fault::Hang,
+            "truncated" => Fault::Truncated,
+            other => {
+                return Err(format!(
+                    "fault must be latency, status, drop, hang, truncated or clear (got {other:?})"
+                ))
+            }
+        };
+        if q.count == Some(0) {
+            return Err("count must be at least 1 (leave it out: until cleared)".into());
+        }
+        let described = json!({"cloud": q.cloud, "fault": format!("{fault:?}"), "count": q.count});
+        faults.push(fault, q.count);
+        Ok(described)
+    }
+
     /// Credentials issued per principal, per cloud.
     pub fn counts(&self) -> Value {
         json!({
@@ -238,4 +294,15 @@ impl Clouds {
             "aws": self.aws.ledger.counts(),
         })
     }
+}
+
+/// The query of `POST /clouds/faults`.
+#[derive(Debug, Deserialize)]
+pub struct FaultQuery {
+    pub cloud: String,
+    pub fault: String,
+    pub status: Option<u16>,
+    pub retry_after: Option<u64>,
+    pub ms: Option<u64>,
+    pub count: Option<u32>,
 }

@@ -23,7 +23,21 @@
 //! `clouds.rs`), trusting this cluster's issuer, which it then serves over
 //! HTTP on a listener of its own; the control port answers
 //! `GET /clouds/whois?credential=C` (which cloud issued C, to whom) and
-//! `GET /clouds/counts` (credentials issued per principal).
+//! `GET /clouds/counts` (credentials issued per principal) and
+//! `POST /clouds/faults?cloud=azure|gcp|aws&fault=KIND[&count=N]`, which
+//! makes that cloud misbehave for its next N requests (without `count`:
+//! until `fault=clear`): `fault=status&status=503[&retry_after=S]` (an
+//! error in the service's own format; 429 is its throttling answer, STS's
+//! `Throttling`), `fault=latency&ms=MS`, `fault=hang` (never answers),
+//! `fault=drop` (the connection reset after the headers),
+//! `fault=truncated`, or `fault=clear` (removes every scheduled fault).
+//!
+//! The API server itself can be taken down and its watches ended:
+//! `POST /control/unavailable?on=true|false` (while on, every API request
+//! is answered 503 and open watches end) and
+//! `POST /control/watches?expire=false|true` (ends every open watch;
+//! `expire=true` also compacts the history, so clients must relist after a
+//! 410).
 //!
 //! `--host IP` binds every listener on IP (any free port) instead of
 //! 127.0.0.1, for a process run in a network namespace of its own.
@@ -218,6 +232,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .route("/requests", get(requests))
         .route("/clouds/whois", get(whois))
         .route("/clouds/counts", get(counts))
+        .route("/clouds/faults", post(faults))
+        .route("/control/unavailable", post(unavailable))
+        .route("/control/watches", post(watches))
         .with_state(ctl);
     tokio::spawn(async move { axum::serve(api, kube.router()).await });
     tokio::spawn(async move { axum::serve(control, control_router).await });
@@ -355,4 +372,39 @@ async fn counts(State(ctl): State<Ctl>) -> Response {
         Some(clouds) => Json(clouds.counts()).into_response(),
         None => bad("the clouds are not running (--clouds)"),
     }
+}
+
+async fn faults(State(ctl): State<Ctl>, Query(q): Query<clouds::FaultQuery>) -> Response {
+    let Some(clouds) = &ctl.clouds else {
+        return bad("the clouds are not running (--clouds)");
+    };
+    match clouds.schedule(&q) {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => bad(e),
+    }
+}
+
+#[derive(Deserialize)]
+struct Switch {
+    on: bool,
+}
+
+async fn unavailable(State(ctl): State<Ctl>, Query(q): Query<Switch>) -> Json<Value> {
+    ctl.kube.set_unavailable(q.on);
+    Json(json!({"unavailable": q.on}))
+}
+
+#[derive(Deserialize)]
+struct Watches {
+    #[serde(default)]
+    expire: bool,
+}
+
+async fn watches(State(ctl): State<Ctl>, Query(q): Query<Watches>) -> Json<Value> {
+    if q.expire {
+        ctl.kube.expire_watches();
+    } else {
+        ctl.kube.end_watches();
+    }
+    Json(json!({"watches_ended": true, "expired": q.expire}))
 }
