@@ -329,7 +329,7 @@ pub struct SidecarConfig {
     pub annotations: std::collections::BTreeMap<String, String>,
     /// Seconds the sidecar answers a repeated request (same projected
     /// token, same question) from the agent's last grant instead of asking
-    /// again; 0 asks the agent every time (`crate::broker::reuse`).
+    /// again; 0 asks the agent every time (the broker's `reuse` module).
     pub grant_reuse_seconds: u64,
 }
 
@@ -343,7 +343,9 @@ impl Default for SidecarConfig {
             identity_header: None,
             standalone: false,
             annotations: Default::default(),
-            grant_reuse_seconds: crate::broker::reuse::DEFAULT_WINDOW.as_secs(),
+            // Short enough that a policy change or revocation reaches a
+            // pod's repeated question within seconds (docs/policy.md).
+            grant_reuse_seconds: 10,
         }
     }
 }

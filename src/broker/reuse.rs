@@ -50,9 +50,6 @@ use tokio::time::Instant;
 /// Most grants kept: one pod asks for a handful of distinct things.
 pub const MAX_ENTRIES: usize = 256;
 
-/// The default window (`sidecar.grant_reuse_seconds`).
-pub const DEFAULT_WINDOW: Duration = Duration::from_secs(10);
-
 struct Kept {
     grant: Grant,
     until: Instant,
