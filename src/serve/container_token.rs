@@ -123,6 +123,9 @@ impl ContainerToken {
         }
         self.observe().await?;
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        // INVARIANT: both comparisons always run, so the time taken does not
+        // tell which token (if any) matched. (The early answer above only
+        // tells a caller that already holds the current token that it does.)
         let current = seen.current.as_ref().is_some_and(matches);
         let previous = seen
             .previous
