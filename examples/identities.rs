@@ -1305,17 +1305,19 @@ fn spread(args: &Args) -> Result<Value> {
 fn refresh_schedule(cloud: Cloud, lifetime: Duration) -> (f64, f64, &'static str) {
     let t0 = Instant::now();
     let samples: Vec<f64> = (0..1000)
-        .map(|_| {
+        .filter_map(|_| {
             lanyard::cache::refresh_at(cloud, t0, t0 + lifetime)
-                .duration_since(t0)
-                .as_secs_f64()
+                .map(|at| at.duration_since(t0).as_secs_f64())
         })
         .collect();
+    // No samples (not refreshed ahead): NaN, which the JSON shows as null.
     let mean = samples.iter().sum::<f64>() / samples.len() as f64;
     let min = samples.iter().copied().fold(f64::INFINITY, f64::min);
     let min_remaining = cloud.min_remaining();
     let regime = if lifetime <= min_remaining {
         "never served from the cache (lifetime <= the cloud's minimum remaining)"
+    } else if samples.is_empty() {
+        "not refreshed ahead (served from the cache for under lanyard::cache::MIN_REFRESH_AHEAD)"
     } else if Duration::from_secs_f64(mean) > lifetime - min_remaining {
         "refresh due after the cached credential stops being served"
     } else {

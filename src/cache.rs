@@ -604,12 +604,10 @@ impl Inner {
                 });
                 entry.failure = None;
                 entry.generation += 1;
-                // A credential too short ever to be served from the cache
-                // is not refreshed ahead: its refresh would be as short,
-                // and the loop would call the cloud every few seconds until
-                // the entry idled out. The next request exchanges instead.
-                if remaining > key.cloud.min_remaining() {
-                    let at = refresh_at(key.cloud, now, expires);
+                // A credential (almost) too short to be served from the
+                // cache is not refreshed ahead (`refresh_at`): the next
+                // request exchanges instead.
+                if let Some(at) = refresh_at(key.cloud, now, expires) {
                     schedule_refresh(self, key.clone(), entry.generation, at);
                 }
             }
@@ -820,30 +818,41 @@ fn schedule_refresh(inner: &Arc<Inner>, key: CacheKey, generation: u64, at: Inst
 /// `expires`: at half its lifetime, no later than the cloud's refresh
 /// window before expiry, and always before the cache stops serving it
 /// (`min_remaining` before expiry), never sooner than a quarter of its
-/// lifetime (so short-lived credentials do not spin); spread at random
-/// over up to a tenth of the lifetime before that.
+/// lifetime unless that deadline comes first; spread at random over up to
+/// a tenth of the lifetime before that.
+///
+/// `None` when the cache can serve the credential for less than
+/// [`MIN_REFRESH_AHEAD`]: refreshing such a credential ahead would call
+/// the cloud again at once, and again for its successor, until the entry
+/// idled out. The next request after it stops being served exchanges.
 ///
 /// The spread matters at scale: thousands of credentials fetched in the
 /// same minute (a node's pods starting together, a DaemonSet rolled out)
 /// would otherwise come due together every period. Each refresh draws
 /// anew, so the rounds drift apart instead of staying in step.
-pub fn refresh_at(cloud: Cloud, fetched: Instant, expires: Instant) -> Instant {
+pub fn refresh_at(cloud: Cloud, fetched: Instant, expires: Instant) -> Option<Instant> {
+    // INVARIANT: due before the credential stops being served, or callers
+    // would wait on an exchange between the two.
+    let serving_until = expires.checked_sub(cloud.min_remaining() + Duration::from_secs(1))?;
+    if serving_until < fetched + MIN_REFRESH_AHEAD {
+        return None;
+    }
     let lifetime = expires.saturating_duration_since(fetched);
     let half = fetched + lifetime / 2;
     let latest = expires
         .checked_sub(cloud.refresh_window())
         .unwrap_or(fetched);
-    // INVARIANT: due before the credential stops being served, or callers
-    // would wait on an exchange between the two.
-    let serving_until = expires
-        .checked_sub(cloud.min_remaining() + Duration::from_secs(1))
-        .unwrap_or(fetched);
     let floor = fetched + (lifetime / 4).max(Duration::from_secs(1));
-    let at = half.min(latest).max(floor).min(serving_until).max(fetched);
+    let at = half.min(latest).max(floor).min(serving_until);
     let spread = (lifetime / 10).min(at.saturating_duration_since(floor.min(at)));
     let jitter = spread.mul_f64(random_unit());
-    at.checked_sub(jitter).unwrap_or(at)
+    Some(at.checked_sub(jitter).unwrap_or(at))
 }
+
+/// The shortest time a credential must be servable from the cache for it
+/// to be refreshed ahead ([`refresh_at`]): at most two refreshes a minute
+/// per entry, however short the credentials a cloud hands out.
+pub const MIN_REFRESH_AHEAD: Duration = Duration::from_secs(30);
 
 /// Drops entries nobody asked for within the idle TTL.
 async fn sweep(inner: Weak<Inner>) {

@@ -167,11 +167,20 @@ async fn refreshes_ahead_of_expiry_without_a_client_waiting() {
 async fn credentials_too_short_to_serve_from_cache_are_not_refreshed_ahead() {
     // AWS keeps 15 minutes in hand: a 900-second session can never be
     // served from the cache, and refreshing it ahead would call STS over
-    // and over for an entry no one asks for.
+    // and over for an entry no one asks for. Nor can one served for mere
+    // seconds (Entra's 301 s, found by tests/cache_properties.rs): its
+    // refresh would be due at once, and its successor's too.
     let cache = cache(CacheConfig::default());
-    for (cloud, lifetime) in [(Cloud::Aws, 900), (Cloud::Azure, 290), (Cloud::Gcp, 60)] {
+    for (cloud, lifetime) in [
+        (Cloud::Aws, 900),
+        (Cloud::Azure, 290),
+        (Cloud::Gcp, 60),
+        (Cloud::Azure, 301),
+        (Cloud::Aws, 920),
+        (Cloud::Gcp, 320),
+    ] {
         let up = Upstream::new(lifetime);
-        let k = key(cloud, "short-lived", "s");
+        let k = key(cloud, &format!("short-lived-{lifetime}"), "s");
         assert_eq!(get(&cache, &k, &up).await.unwrap(), "token-1");
         tokio::time::sleep(Duration::from_secs(3600)).await;
         assert_eq!(
@@ -190,29 +199,56 @@ fn refresh_time_respects_the_sdk_windows() {
     for _ in 0..50 {
         // One hour: half the lifetime, well before the windows, spread
         // over up to a tenth of the lifetime before it.
-        let at = refresh_at(Cloud::Aws, t0, t0 + Duration::from_secs(3600));
+        let at = refresh_at(Cloud::Aws, t0, t0 + Duration::from_secs(3600)).unwrap();
         let d = at - t0;
         assert!(
             d <= Duration::from_secs(1800) && d >= Duration::from_secs(1440),
             "{d:?}"
         );
         // Two hours of AWS: half is 60 min, 20 min before expiry is 100 min.
-        let at = refresh_at(Cloud::Aws, t0, t0 + Duration::from_secs(7200));
+        let at = refresh_at(Cloud::Aws, t0, t0 + Duration::from_secs(7200)).unwrap();
         assert!(at - t0 <= Duration::from_secs(3600));
         // 24 h: half (12 h) is earlier than 10 min before expiry.
-        let at = refresh_at(Cloud::Azure, t0, t0 + Duration::from_secs(86_400));
+        let at = refresh_at(Cloud::Azure, t0, t0 + Duration::from_secs(86_400)).unwrap();
         assert!(at - t0 <= Duration::from_secs(43_200));
         // 30 min Entra: 10 min before expiry = 20 min; half = 15 min.
-        let at = refresh_at(Cloud::Azure, t0, t0 + Duration::from_secs(1800));
+        let at = refresh_at(Cloud::Azure, t0, t0 + Duration::from_secs(1800)).unwrap();
         assert!(at - t0 <= Duration::from_secs(900));
         // Short Entra: never sooner than a quarter of the lifetime.
-        let at = refresh_at(Cloud::Azure, t0, t0 + Duration::from_secs(600));
+        let at = refresh_at(Cloud::Azure, t0, t0 + Duration::from_secs(600)).unwrap();
         assert!(at - t0 >= Duration::from_secs(150), "{:?}", at - t0);
         // 1,000 s of AWS: served only for its first 100 s (15 min must
         // remain), so due within them, not at a quarter (250 s), when
         // callers would already be waiting on an exchange.
-        let at = refresh_at(Cloud::Aws, t0, t0 + Duration::from_secs(1000));
+        let at = refresh_at(Cloud::Aws, t0, t0 + Duration::from_secs(1000)).unwrap();
         assert!(at - t0 < Duration::from_secs(100), "{:?}", at - t0);
+    }
+}
+
+#[test]
+fn credentials_served_only_briefly_are_not_refreshed_ahead() {
+    let t0 = Instant::now();
+    // Entra keeps 5 minutes: a 301-s token is served for a second, and a
+    // refresh ahead would be due at once, for its successor too.
+    assert_eq!(
+        refresh_at(Cloud::Azure, t0, t0 + Duration::from_secs(301)),
+        None
+    );
+    assert_eq!(
+        refresh_at(Cloud::Azure, t0, t0 + Duration::from_secs(300)),
+        None
+    );
+    // AWS keeps 15 minutes: served for 30 s only past 931 s.
+    assert_eq!(
+        refresh_at(Cloud::Aws, t0, t0 + Duration::from_secs(930)),
+        None
+    );
+    let at = refresh_at(Cloud::Aws, t0, t0 + Duration::from_secs(931)).unwrap();
+    assert_eq!(at - t0, MIN_REFRESH_AHEAD);
+    // Never sooner than MIN_REFRESH_AHEAD after the fetch, whatever the lifetime.
+    for secs in [331, 332, 400, 600, 1000, 3600] {
+        let at = refresh_at(Cloud::Azure, t0, t0 + Duration::from_secs(secs)).unwrap();
+        assert!(at - t0 >= MIN_REFRESH_AHEAD, "{secs}: {:?}", at - t0);
     }
 }
 
@@ -220,7 +256,7 @@ fn refresh_time_respects_the_sdk_windows() {
 fn refreshes_fetched_together_are_spread_over_minutes() {
     let t0 = Instant::now();
     let times: Vec<Duration> = (0..1000)
-        .map(|_| refresh_at(Cloud::Azure, t0, t0 + Duration::from_secs(3600)) - t0)
+        .map(|_| refresh_at(Cloud::Azure, t0, t0 + Duration::from_secs(3600)).unwrap() - t0)
         .collect();
     let (min, max) = (times.iter().min().unwrap(), times.iter().max().unwrap());
     // Up to 6 minutes (a tenth of the hour) before half the lifetime.
