@@ -810,7 +810,11 @@ fn agent_child(args: &Args) -> Result<()> {
     };
     // As `lanyard agent` starts: its default logging (to stderr, which
     // the parent discards) and a multi-threaded runtime.
-    lanyard::telemetry::init(LogFormat::Text, "info");
+    let _log = lanyard::telemetry::init(
+        LogFormat::Text,
+        "info",
+        lanyard::telemetry::LogWrites::Batched,
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -220,9 +220,10 @@ impl SidecarCommand {
 
 /// `redirect`: no configuration and no runtime, one netlink exchange.
 fn redirect(global: &GlobalArgs, port: u16) -> ExitCode {
-    telemetry::init(
+    let _log = telemetry::init(
         global.log_format.unwrap_or(LogFormat::Text),
         global.log_level.as_deref().unwrap_or("info"),
+        telemetry::LogWrites::Direct,
     );
     match crate::transparent::install(port) {
         Ok(()) => {
@@ -250,6 +251,20 @@ where
     F: FnOnce(Config) -> Fut,
     Fut: Future<Output = anyhow::Result<()>>,
 {
+    run_with(global, overrides, telemetry::LogWrites::Batched, role)
+}
+
+/// [`run`], with log lines written as `writes` says.
+pub fn run_with<F, Fut>(
+    global: &GlobalArgs,
+    overrides: Overrides,
+    writes: telemetry::LogWrites,
+    role: F,
+) -> ExitCode
+where
+    F: FnOnce(Config) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
     let loaded = overrides
         .into_value()
         .map_err(|e| e.to_string())
@@ -261,7 +276,9 @@ where
             return ExitCode::from(2);
         }
     };
-    telemetry::init(config.log_format, &config.log_level);
+    // INVARIANT: declared before the runtime, so it is dropped after it:
+    // every line logged until the runtime stops is written.
+    let _log = telemetry::init(config.log_format, &config.log_level, writes);
     raise_open_files_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -34,5 +34,10 @@ fn main() -> ExitCode {
         return command.run(&cli.global);
     }
     let overrides = cli.sidecar.overrides(&cli.global);
-    cli::run(&cli.global, overrides, lanyard::sidecar::run)
+    cli::run_with(
+        &cli.global,
+        overrides,
+        lanyard::telemetry::LogWrites::Direct,
+        lanyard::sidecar::run,
+    )
 }
