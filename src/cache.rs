@@ -25,6 +25,7 @@
 
 pub mod fairness;
 pub mod limits;
+mod refreshes;
 
 pub use crate::cloud::{Credential, FetchFuture, Fetcher, UpstreamCall};
 
@@ -40,6 +41,7 @@ use crate::telemetry::metrics::{cloud_label, Metrics, ReasonLabel, UpstreamLabel
 use fairness::NewKeyBuckets;
 pub use fairness::{CallerLimit, CallerLimits};
 use limits::UpstreamLimits;
+use refreshes::Refreshes;
 
 /// What a cache entry is for. Two requests share an entry only when every
 /// field is equal, so different identities, scopes or service accounts can
@@ -122,15 +124,17 @@ impl std::hash::Hash for CacheKey {
     }
 }
 
-impl hashbrown::Equivalent<CacheKey> for KeyRef<'_> {
-    fn equivalent(&self, key: &CacheKey) -> bool {
-        *self == key.as_ref()
+impl hashbrown::Equivalent<Arc<CacheKey>> for KeyRef<'_> {
+    fn equivalent(&self, key: &Arc<CacheKey>) -> bool {
+        *self == CacheKey::as_ref(key)
     }
 }
 
 /// The entries' map: keyed by [`CacheKey`], looked up by [`KeyRef`], with
 /// std's randomly keyed SipHash (scopes are caller-chosen text).
-type Entries = hashbrown::HashMap<CacheKey, Entry, std::hash::RandomState>;
+/// A key is shared (`Arc`) by its entry, its exchange in flight and its
+/// scheduled refresh, rather than copied into each.
+type Entries = hashbrown::HashMap<Arc<CacheKey>, Entry, std::hash::RandomState>;
 
 /// How a request was answered, for the audit record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -251,7 +255,9 @@ struct Failure {
 struct Entry {
     value: Option<Stored>,
     inflight: Option<watch::Receiver<Outcome>>,
-    failure: Option<Failure>,
+    /// Boxed: most entries never have one, and every map slot would
+    /// otherwise be sized for it.
+    failure: Option<Box<Failure>>,
     subject: SecretString,
     subject_until: Instant,
     fetcher: Fetcher,
@@ -272,7 +278,20 @@ struct Inner {
     // INVARIANT: taken only while `entries` is held, never the other way
     // round.
     new_keys: Mutex<NewKeyBuckets>,
+    /// Every entry's next refresh, served by one task.
+    // INVARIANT: its lock is taken while `entries` may be held (an
+    // exchange completing schedules the next refresh), never the other
+    // way round: the refresh task releases it before refreshing.
+    refreshes: Refreshes,
     metrics: Arc<Metrics>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // The refresh task holds only a weak reference: woken, it finds
+        // the cache gone and ends.
+        self.refreshes.wake();
+    }
 }
 
 /// The credential cache. Cheap to clone.
@@ -294,6 +313,7 @@ impl Cache {
             }),
             limits: UpstreamLimits::new(config.upstream_concurrency, config.rates),
             new_keys: Mutex::new(NewKeyBuckets::new()),
+            refreshes: Refreshes::new(),
             config,
             metrics,
         });
@@ -395,7 +415,7 @@ impl Cache {
                             return inner.limited(cloud, CallerLimit::Inflight, None);
                         }
                         // Still there: the lock has been held since the lookup.
-                        let Some(entry) = entries.get_mut(&key) else {
+                        let Some((owned, entry)) = entries.get_key_value_mut(&key) else {
                             let reason = "cache entry vanished".into();
                             return Traced {
                                 outcome: CacheOutcome::Miss,
@@ -404,7 +424,7 @@ impl Cache {
                             };
                         };
                         inner.metrics.cache_misses.get_or_create(&label).inc();
-                        let key = key.to_key();
+                        let key = owned.clone();
                         (CacheOutcome::Miss, start_fetch(inner, &key, entry, false))
                     }
                 }
@@ -426,7 +446,7 @@ impl Cache {
                     inner.metrics.cache_misses.get_or_create(&label).inc();
                     // The exchange's task cannot record its result before
                     // the entry is in the map: it needs this lock.
-                    let key = key.to_key();
+                    let key = Arc::new(key.to_key());
                     let rx = start_fetch(inner, &key, &mut entry, false);
                     entries.insert(key, entry);
                     inner.metrics.cache_entries.set(entries.len() as i64);
@@ -491,7 +511,7 @@ async fn wait(
 /// Starts the upstream call for `entry` in its own task.
 fn start_fetch(
     inner: &Arc<Inner>,
-    key: &CacheKey,
+    key: &Arc<CacheKey>,
     entry: &mut Entry,
     is_refresh: bool,
 ) -> watch::Receiver<Outcome> {
@@ -576,7 +596,7 @@ impl Inner {
     /// the one whose `inflight` it still is.
     fn complete(
         self: &Arc<Self>,
-        key: &CacheKey,
+        key: &Arc<CacheKey>,
         this: &watch::Receiver<Outcome>,
         result: &Result<Served, CloudError>,
         is_refresh: bool,
@@ -629,11 +649,11 @@ impl Inner {
                     _ => backoff,
                 };
                 let retry_at = now + delay;
-                entry.failure = Some(Failure {
+                entry.failure = Some(Box::new(Failure {
                     error: error.clone(),
                     retry_at,
                     attempts,
-                });
+                }));
                 // Keep a credential that is still worth serving fresh.
                 if entry.value.as_ref().is_some_and(|v| v.expires > retry_at) {
                     schedule_refresh(self, key.clone(), entry.generation, retry_at);
@@ -654,7 +674,7 @@ impl Inner {
     }
 
     /// Background refresh of `key` if it is still wanted.
-    fn refresh(self: &Arc<Self>, key: &CacheKey, generation: u64) {
+    fn refresh(self: &Arc<Self>, key: &Arc<CacheKey>, generation: u64) {
         let now = Instant::now();
         let mut entries = self.lock();
         let Some(entry) = entries.get_mut(key) else {
@@ -804,14 +824,49 @@ impl Inner {
     }
 }
 
-fn schedule_refresh(inner: &Arc<Inner>, key: CacheKey, generation: u64, at: Instant) {
-    let weak = Arc::downgrade(inner);
-    tokio::spawn(async move {
-        tokio::time::sleep_until(at).await;
-        if let Some(inner) = weak.upgrade() {
-            inner.refresh(&key, generation);
+/// Schedules a refresh of `key`'s value `generation` at `at`. Runs inside
+/// the runtime (an exchange's task), where the refresh task is started on
+/// first use.
+fn schedule_refresh(inner: &Arc<Inner>, key: Arc<CacheKey>, generation: u64, at: Instant) {
+    inner.refreshes.schedule(at, key, generation);
+    if inner.refreshes.start() {
+        tokio::spawn(run_refreshes(
+            Arc::downgrade(inner),
+            inner.refreshes.waker(),
+        ));
+    }
+}
+
+/// The cache's one refresh task: refreshes what is due, then sleeps until
+/// the next item is due or an earlier one is scheduled; ends once the
+/// cache is dropped.
+async fn run_refreshes(inner: Weak<Inner>, wake: Arc<tokio::sync::Notify>) {
+    loop {
+        // INVARIANT: registered for a wake-up before the schedule is read,
+        // so an item scheduled in between is not slept past.
+        let notified = wake.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let next = {
+            let Some(inner) = inner.upgrade() else {
+                return;
+            };
+            let (due, next) = inner.refreshes.take_due(Instant::now());
+            for (key, generation) in due {
+                inner.refresh(&key, generation);
+            }
+            next
+        };
+        match next {
+            Some(at) => {
+                tokio::select! {
+                    () = tokio::time::sleep_until(at) => {}
+                    () = &mut notified => {}
+                }
+            }
+            None => notified.await,
         }
-    });
+    }
 }
 
 /// When to refresh a credential fetched at `fetched` that expires at
