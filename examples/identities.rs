@@ -19,9 +19,10 @@
 //!   tokens and the load generator are in this process, not in the agent's.
 //!
 //! - **spread** (same invocation): how refresh-ahead loads the upstreams
-//!   over time. The cache refreshes each entry from a timer at about half
-//!   its lifetime (never later than the cloud's refresh window, never
-//!   sooner than a quarter of it, minus up to 5 % / 30 s of jitter), behind
+//!   over time. The cache refreshes each entry, from its one refresh
+//!   schedule, at about half its lifetime (never later than the cloud's
+//!   refresh window, never sooner than a quarter of it, spread at random
+//!   over up to a tenth of the lifetime before that: `refresh_at`), behind
 //!   a per-cloud token bucket. Real lifetimes (an hour) need hours, so this
 //!   runs in-process on a paused Tokio clock that jumps ahead whenever
 //!   every task is waiting (`start_paused`): the product's timers, token
