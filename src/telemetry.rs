@@ -57,31 +57,43 @@ pub fn init(format: LogFormat, level: &str, writes: LogWrites) -> LogGuard {
         LogWrites::Direct => None,
     };
     // Without a thread to be had, too: each line written as it comes.
-    let (writer, guard) = batched.unzip();
-    if let Some(writer) = &writer {
-        // A panic's message goes straight to stderr: the lines before it
-        // first.
-        let writer = writer.clone();
-        let previous = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            writer.flush();
-            previous(info);
-        }));
-    }
-    let builder = fmt().with_env_filter(filter).with_ansi(ansi);
-    let installed = match (format, writer) {
-        (LogFormat::Text, Some(w)) => builder.with_writer(w).try_init(),
-        (LogFormat::Json, Some(w)) => builder.with_writer(w).json().flatten_event(true).try_init(),
-        (LogFormat::Text, None) => builder.with_writer(std::io::stderr).try_init(),
-        (LogFormat::Json, None) => builder
-            .with_writer(std::io::stderr)
-            .json()
-            .flatten_event(true)
-            .try_init(),
+    let installed = match &batched {
+        Some((writer, _)) => install(format, filter, ansi, writer.clone()),
+        None => install(format, filter, ansi, std::io::stderr),
     };
-    LogGuard {
-        _flusher: guard.filter(|_| installed.is_ok()),
+    let guard = match (batched, installed) {
+        (Some((writer, guard)), true) => {
+            // A panic's message goes straight to stderr: the lines before
+            // it first.
+            let previous = std::panic::take_hook();
+            std::panic::set_hook(Box::new(move |info| {
+                writer.flush();
+                previous(info);
+            }));
+            Some(guard)
+        }
+        // A subscriber installed already (a second call, in tests) keeps
+        // its own writer: this one has nothing to write.
+        _ => None,
+    };
+    LogGuard { _flusher: guard }
+}
+
+/// Installs the global subscriber writing to `writer`; false when one was
+/// installed already.
+fn install<W>(format: LogFormat, filter: EnvFilter, ansi: bool, writer: W) -> bool
+where
+    W: for<'w> fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    let builder = fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(writer);
+    match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
     }
+    .is_ok()
 }
 
 /// The admin endpoints: `/metrics` (Prometheus text), `/healthz` (the
