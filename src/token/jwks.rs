@@ -2,6 +2,15 @@
 //! rate-limited refetch when a token names a key we have not seen (issuers
 //! rotate keys; an attacker must not be able to make us fetch on every
 //! request by inventing `kid`s).
+//!
+//! An issuer that cannot be reached when its keys are due for a refresh
+//! does not stop verification: the last key set fetched stays in use, for
+//! at most [`KeySet::with_ages`]'s stale limit (a day by default), and the
+//! refresh is retried at most once per refetch interval, so an outage of
+//! the API server's `/openid/v1/jwks` neither refuses every new pod nor
+//! turns each verification into a fetch that waits for a timeout. Keys
+//! the issuer stopped publishing are honoured that much longer; the
+//! tokens they signed still expire on their own (docs/threat-model.md).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,6 +43,17 @@ pub enum KeySource {
     },
 }
 
+impl KeySource {
+    /// Where the keys come from, for errors.
+    fn describe(&self) -> String {
+        match self {
+            KeySource::Discovery { issuer } => format!("{issuer} (OIDC discovery)"),
+            KeySource::Jwks { url } => url.clone(),
+            KeySource::KubeApi { .. } => "kubernetes API /openid/v1/jwks".into(),
+        }
+    }
+}
+
 /// Why keys could not be obtained.
 #[derive(Debug, thiserror::Error)]
 pub enum KeysError {
@@ -54,6 +74,15 @@ pub enum KeysError {
         what: &'static str,
         /// The JSON error.
         reason: String,
+    },
+    /// The token names a key the last key set fetched does not have, and
+    /// that set was fetched too recently to fetch it again (an attacker
+    /// inventing `kid`s must not cause a fetch per request); it may be a
+    /// key the issuer has just rotated to, so this is no verdict on it.
+    #[error("the token's key is not among the issuer's keys, which are refetched at most every {interval_seconds} s")]
+    NotRefetched {
+        /// The minimum interval between fetches.
+        interval_seconds: u64,
     },
     /// The discovery document names another issuer than the one asked,
     /// so its keys cannot be trusted for this issuer's tokens.
@@ -80,6 +109,15 @@ struct Cached {
     fetched_at: Instant,
 }
 
+/// The key set and when a fetch was last attempted.
+#[derive(Default)]
+struct State {
+    cached: Option<Cached>,
+    /// The last fetch attempt, successful or not: refetches (for an
+    /// unknown `kid` or a stale set) are at most one per refetch interval.
+    attempted_at: Option<Instant>,
+}
+
 /// A cached, refreshable key set for one issuer.
 pub struct KeySet {
     source: KeySource,
@@ -88,7 +126,11 @@ pub struct KeySet {
     refetch_interval: Duration,
     /// Keys older than this are refetched on the next use.
     max_age: Duration,
-    state: Mutex<Option<Cached>>,
+    /// Keys older than this are not used even when a refetch fails.
+    stale_limit: Duration,
+    // INVARIANT: held across a fetch, so concurrent lookups wait for one
+    // fetch instead of starting their own (the HTTP clients have timeouts).
+    state: Mutex<State>,
 }
 
 /// The outcome of looking up a key id.
@@ -101,21 +143,32 @@ pub enum Lookup {
 }
 
 impl KeySet {
-    /// A key set fetched from `source` on first use, refetched once an hour,
-    /// and at most every ten seconds for an unknown `kid`.
+    /// A key set fetched from `source` on first use, refetched once an hour
+    /// (keeping the old set for up to a day while the issuer cannot be
+    /// reached), and at most every ten seconds for an unknown `kid`.
     pub fn new(source: KeySource, http: reqwest::Client) -> Self {
         KeySet {
             source,
             http,
             refetch_interval: Duration::from_secs(10),
             max_age: Duration::from_secs(3600),
-            state: Mutex::new(None),
+            stale_limit: Duration::from_secs(24 * 3600),
+            state: Mutex::new(State::default()),
         }
     }
 
-    /// Sets the minimum interval between refetches caused by unknown keys.
+    /// Sets the minimum interval between refetches caused by unknown keys
+    /// or by a failed refresh.
     pub fn with_refetch_interval(mut self, interval: Duration) -> Self {
         self.refetch_interval = interval;
+        self
+    }
+
+    /// Sets the age at which keys are refreshed, and the age past which
+    /// they are no longer used when the refresh keeps failing.
+    pub fn with_ages(mut self, max_age: Duration, stale_limit: Duration) -> Self {
+        self.max_age = max_age;
+        self.stale_limit = stale_limit.max(max_age);
         self
     }
 
@@ -124,27 +177,84 @@ impl KeySet {
     /// allows.
     pub async fn lookup(&self, kid: Option<&str>) -> Result<Lookup, KeysError> {
         let mut state = self.state.lock().await;
-        let stale = match &*state {
-            None => true,
-            Some(c) => c.fetched_at.elapsed() >= self.max_age,
-        };
-        if stale {
-            *state = Some(self.fetch().await?);
-        }
-        if let Some(found) = state.as_ref().and_then(|c| find(&c.keys, kid)) {
-            return Ok(found);
-        }
+        let age = state.cached.as_ref().map(|c| c.fetched_at.elapsed());
         let may_refetch = state
-            .as_ref()
-            .is_none_or(|c| c.fetched_at.elapsed() >= self.refetch_interval);
-        if !may_refetch || stale {
-            return Ok(Lookup::Unknown);
+            .attempted_at
+            .is_none_or(|at| at.elapsed() >= self.refetch_interval);
+        // Whether a fetch ran for this lookup, and how it failed.
+        let mut fetched: Option<Result<(), KeysError>> = None;
+        match age {
+            // Nothing to verify with: fetch, but not more than once per
+            // interval, or every caller in an outage would wait in turn
+            // for its own fetch to time out.
+            None if may_refetch => fetched = Some(self.refresh(&mut state).await),
+            None => return Err(self.unavailable("the last attempt failed")),
+            Some(age) if age >= self.max_age && may_refetch => {
+                let result = self.refresh(&mut state).await;
+                if let Err(e) = &result {
+                    tracing::warn!(
+                        error = %e,
+                        age_seconds = age.as_secs(),
+                        "cannot refresh the issuer's keys; verifying with the last keys fetched"
+                    );
+                }
+                fetched = Some(result);
+            }
+            Some(_) => {}
         }
-        *state = Some(self.fetch().await?);
+        match state.cached.as_ref() {
+            None => {
+                return Err(match fetched {
+                    Some(Err(e)) => e,
+                    _ => self.unavailable("the last attempt failed"),
+                })
+            }
+            Some(c) if c.fetched_at.elapsed() >= self.stale_limit => {
+                return Err(match fetched {
+                    Some(Err(e)) => e,
+                    _ => self.unavailable("the keys fetched last are too old to use"),
+                })
+            }
+            Some(c) => {
+                if let Some(found) = find(&c.keys, kid) {
+                    return Ok(found);
+                }
+            }
+        }
+        // An unknown key: a failed fetch says nothing about it (the issuer
+        // may have rotated to it), a successful one does.
+        match fetched {
+            Some(Err(e)) => return Err(e),
+            Some(Ok(())) => return Ok(Lookup::Unknown),
+            // Not a verdict: the issuer may have rotated to this key since
+            // the last fetch, which was too recent to repeat.
+            None if !may_refetch => {
+                return Err(KeysError::NotRefetched {
+                    interval_seconds: self.refetch_interval.as_secs(),
+                })
+            }
+            None => {}
+        }
+        self.refresh(&mut state).await?;
         Ok(state
+            .cached
             .as_ref()
             .and_then(|c| find(&c.keys, kid))
             .unwrap_or(Lookup::Unknown))
+    }
+
+    fn unavailable(&self, reason: &str) -> KeysError {
+        KeysError::Fetch {
+            url: self.source.describe(),
+            reason: reason.to_string(),
+        }
+    }
+
+    /// Fetches the key set into `state`; on failure the cached set is kept.
+    async fn refresh(&self, state: &mut State) -> Result<(), KeysError> {
+        state.attempted_at = Some(Instant::now());
+        state.cached = Some(self.fetch().await?);
+        Ok(())
     }
 
     async fn fetch(&self) -> Result<Cached, KeysError> {

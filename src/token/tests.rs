@@ -13,10 +13,17 @@ struct Fixture {
     issuer: Arc<Issuer>,
     verifier: Verifier,
     pod: PodIdentity,
-    _trigger: crate::http::ShutdownTrigger,
+    /// Takes the issuer down (its discovery document and keys).
+    issuer_down: crate::http::ShutdownTrigger,
 }
 
 async fn fixture(key: SigningKey) -> Fixture {
+    fixture_with(key, |keys| keys).await
+}
+
+/// A fixture whose key set `configure` adjusts (the refetch interval is
+/// 200 ms before it does).
+async fn fixture_with(key: SigningKey, configure: impl FnOnce(KeySet) -> KeySet) -> Fixture {
     let (trigger, shutdown) = Shutdown::new();
     let listener = bind("127.0.0.1:0".parse().unwrap(), "issuer")
         .await
@@ -26,14 +33,16 @@ async fn fixture(key: SigningKey) -> Fixture {
     spawn_server(listener, issuer.router(), shutdown);
     let verifier = Verifier::new(
         url.clone(),
-        KeySet::new(KeySource::Discovery { issuer: url }, crate::http::client())
-            .with_refetch_interval(Duration::from_millis(200)),
+        configure(
+            KeySet::new(KeySource::Discovery { issuer: url }, crate::http::client())
+                .with_refetch_interval(Duration::from_millis(200)),
+        ),
     );
     Fixture {
         issuer,
         verifier,
         pod: PodIdentity::new("default", "ray-worker", "ray-worker-0", "node-a"),
-        _trigger: trigger,
+        issuer_down: trigger,
     }
 }
 
@@ -131,7 +140,16 @@ async fn unknown_kid_refetches_at_most_once_per_interval() {
     tokio::time::sleep(Duration::from_millis(250)).await;
     let err = f.verifier.verify(&forged, AUD).await.unwrap_err();
     assert!(matches!(err, VerifyError::UnknownKey), "{err:?}");
-    // Immediately again: refused from cache without a refetch storm.
+    // Immediately again: refused from cache without a refetch storm, as
+    // a transient error (the issuer may have rotated to the key since).
+    let err = f.verifier.verify(&forged, AUD).await.unwrap_err();
+    assert!(
+        matches!(err, VerifyError::Keys(KeysError::NotRefetched { .. })),
+        "{err:?}"
+    );
+    assert!(err.is_transient());
+    // After the interval, fetched again and refused as unknown.
+    tokio::time::sleep(Duration::from_millis(250)).await;
     let err = f.verifier.verify(&forged, AUD).await.unwrap_err();
     assert!(matches!(err, VerifyError::UnknownKey), "{err:?}");
 }
@@ -222,6 +240,90 @@ async fn unreachable_issuer_is_a_transient_key_error() {
     let err = verifier.verify(&token, AUD).await.unwrap_err();
     assert!(matches!(err, VerifyError::Keys(_)), "{err:?}");
     assert!(err.is_transient());
+}
+
+/// Takes the fixture's issuer down and waits until it refuses connections.
+async fn take_down(f: &Fixture) {
+    f.issuer_down.trigger();
+    let url = format!("{}/openid/v1/jwks", f.issuer.url());
+    for _ in 0..100 {
+        if crate::http::client().get(&url).send().await.is_err() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the issuer still answers after its shutdown");
+}
+
+#[tokio::test]
+async fn keys_due_for_refresh_stay_in_use_while_the_issuer_is_down() {
+    // Refresh due after 100 ms; kept for up to 30 s when it fails.
+    let f = fixture_with(SigningKey::generate_rs256().unwrap(), |k| {
+        k.with_ages(Duration::from_millis(100), Duration::from_secs(30))
+    })
+    .await;
+    let first = f.issuer.mint(&f.pod, &[AUD], hour()).unwrap();
+    f.verifier.verify(&first, AUD).await.unwrap();
+    take_down(&f).await;
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    // A token never seen (not from the memo), signed by the known key.
+    let second = f.issuer.mint(&f.pod, &[AUD], hour()).unwrap();
+    let caller = f.verifier.verify(&second, AUD).await.unwrap();
+    assert_eq!(
+        caller.token_fingerprint,
+        crate::secret::fingerprint(&second)
+    );
+    // Still refused: a token of another key, which the last keys do not
+    // have and the issuer cannot be asked about — transient, not a verdict.
+    let other = SigningKey::generate_rs256().unwrap();
+    let forged = other
+        .sign(&f.issuer.claims_for(&f.pod, &[AUD], hour()))
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let err = f.verifier.verify(&forged, AUD).await.unwrap_err();
+    assert!(matches!(err, VerifyError::Keys(_)), "{err:?}");
+    assert!(err.is_transient());
+}
+
+#[tokio::test]
+async fn keys_past_the_stale_limit_are_not_used() {
+    let f = fixture_with(SigningKey::generate_rs256().unwrap(), |k| {
+        k.with_ages(Duration::from_millis(50), Duration::from_millis(300))
+    })
+    .await;
+    let first = f.issuer.mint(&f.pod, &[AUD], hour()).unwrap();
+    f.verifier.verify(&first, AUD).await.unwrap();
+    take_down(&f).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let second = f.issuer.mint(&f.pod, &[AUD], hour()).unwrap();
+    let err = f.verifier.verify(&second, AUD).await.unwrap_err();
+    assert!(matches!(err, VerifyError::Keys(_)), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_failed_fetch_is_not_retried_within_the_refetch_interval() {
+    let verifier = Verifier::new(
+        "http://127.0.0.1:9",
+        KeySet::new(
+            KeySource::Jwks {
+                url: "http://127.0.0.1:9/openid/v1/jwks".into(),
+            },
+            crate::http::client(),
+        ),
+    );
+    let issuer = Issuer::new("http://127.0.0.1:9", SigningKey::generate_rs256().unwrap());
+    let pod = PodIdentity::new("default", "sa", "p", "n");
+    let err = |e: VerifyError| match e {
+        VerifyError::Keys(k) => k.to_string(),
+        other => panic!("{other:?}"),
+    };
+    let token = issuer.mint(&pod, &[AUD], hour()).unwrap();
+    let first = err(verifier.verify(&token, AUD).await.unwrap_err());
+    assert!(!first.contains("the last attempt failed"), "{first}");
+    // Within the (default 10 s) interval: answered without a fetch.
+    let token = issuer.mint(&pod, &[AUD], hour()).unwrap();
+    let second = err(verifier.verify(&token, AUD).await.unwrap_err());
+    assert!(second.contains("the last attempt failed"), "{second}");
 }
 
 #[tokio::test]
