@@ -530,3 +530,52 @@ async fn the_agent_rides_out_dropped_watches_expired_history_and_an_api_outage()
     let log = agent.stop();
     assert!(!log.contains("panicked"), "{log}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_rides_out_an_issuer_key_outage_and_picks_up_a_rotated_key() {
+    let pod = PodIdentity::new("default", "ray-worker", "ray-worker-0", NODE);
+    let c = cluster(&pod).await;
+    let (agent, port) = c.start_agent(&["--node-name", NODE]).await;
+    let aud = ["api://AzureADTokenExchange"];
+    let hour = Duration::from_secs(3600);
+    let mint = || c.up.issuer.mint(&pod, &aud, hour).unwrap();
+    eventually_status(port, &mint(), 200).await;
+
+    // The API server's discovery document and JWKS answer 503; the rest of
+    // the API works. Tokens of the keys already fetched keep verifying
+    // (each a new token, so none is answered from the verifier's memo).
+    c.kube.set_keys_unavailable(true);
+    for _ in 0..3 {
+        let (status, body) = ask(port, &mint()).await;
+        assert_eq!(status, 200, "{body}");
+    }
+
+    // The cluster rotates its key during the outage: a token of the new key
+    // cannot be checked yet, a retryable 503 and no verdict on the token.
+    c.up.issuer
+        .rotate(lanyard::emulator::SigningKey::generate_rs256().unwrap());
+    c.kube.set_issuer_keys(c.up.issuer.jwks());
+    let rotated = mint();
+    let (status, body) = ask(port, &rotated).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["kind"], "unavailable", "{body}");
+
+    // The keys are served again: within the refetch interval (10 s) the
+    // agent fetches them and the new key's tokens verify.
+    c.kube.set_keys_unavailable(false);
+    let mut answered = None;
+    for _ in 0..300 {
+        let (status, body) = ask(port, &rotated).await;
+        if status == 200 {
+            answered = Some(body);
+            break;
+        }
+        assert_eq!(status, 503, "only retryable answers meanwhile: {body}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let body = answered.expect("the rotated key was never picked up");
+    assert_eq!(body["identity"]["id"], CLIENT);
+    let log = agent.stop();
+    assert!(!log.contains("panicked"), "{log}");
+    assert!(!log.contains(&rotated), "a token was written to the log");
+}

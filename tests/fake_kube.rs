@@ -1104,3 +1104,41 @@ async fn kubectl_gets_lists_and_is_refused_what_rbac_denies() {
         println!("kubectl: {line}");
     }
 }
+
+#[tokio::test]
+async fn a_rotated_key_is_published_beside_the_old_one_and_reviewed() {
+    let env = start().await;
+    let id = PodIdentity::new("ml", "ray-worker", "ray-worker-0", "node-a");
+    apply_identity(&env.fake, &id);
+    let client = env.client().await;
+    let ten_min = Duration::from_secs(600);
+    let old = env.issuer.mint(&id, &[AUDIENCE], ten_min).unwrap();
+    let old_kid = env.issuer.key().kid().to_string();
+
+    env.issuer.rotate(SigningKey::generate_rs256().unwrap());
+    env.fake.set_issuer_keys(env.issuer.jwks());
+    let new = env.issuer.mint(&id, &[AUDIENCE], ten_min).unwrap();
+    let jwks: Value = env.get("/openid/v1/jwks").await.json().await.unwrap();
+    let kids: Vec<&str> = jwks["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["kid"].as_str().unwrap())
+        .collect();
+    assert_eq!(kids, [env.issuer.key().kid(), old_kid.as_str()]);
+    for token in [&old, &new] {
+        let status = review(&client, token, Some(vec![AUDIENCE.into()])).await;
+        assert_eq!(status.authenticated, Some(true), "{status:?}");
+    }
+
+    // The keys down, the rest of the API up.
+    env.fake.set_keys_unavailable(true);
+    assert_eq!(env.get("/openid/v1/jwks").await.status(), 503);
+    assert_eq!(
+        env.get("/.well-known/openid-configuration").await.status(),
+        503
+    );
+    assert_eq!(env.get("/api/v1").await.status(), 200);
+    env.fake.set_keys_unavailable(false);
+    assert_eq!(env.get("/openid/v1/jwks").await.status(), 200);
+}

@@ -57,7 +57,15 @@ impl PodIdentity {
 /// An OIDC issuer of service-account tokens.
 pub struct Issuer {
     url: String,
-    key: SigningKey,
+    keys: std::sync::RwLock<Keys>,
+}
+
+/// The key tokens are signed with, and the keys the JWKS publishes: the
+/// signing key first, then the one it replaced (whose tokens stay valid
+/// until they expire, as when kube-apiserver is given old and new keys).
+struct Keys {
+    signing: Arc<SigningKey>,
+    previous: Option<Arc<SigningKey>>,
 }
 
 impl Issuer {
@@ -66,8 +74,16 @@ impl Issuer {
     pub fn new(url: impl Into<String>, key: SigningKey) -> Self {
         Issuer {
             url: url.into().trim_end_matches('/').to_string(),
-            key,
+            keys: std::sync::RwLock::new(Keys {
+                signing: Arc::new(key),
+                previous: None,
+            }),
         }
+    }
+
+    fn keys(&self) -> std::sync::RwLockReadGuard<'_, Keys> {
+        // A poisoned lock still holds whole keys (they are only replaced).
+        self.keys.read().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The issuer URL tokens carry as `iss`, without a trailing `/`.
@@ -75,9 +91,29 @@ impl Issuer {
         &self.url
     }
 
-    /// The signing key, whose public half the JWKS publishes.
-    pub fn key(&self) -> &SigningKey {
-        &self.key
+    /// The key tokens are signed with now, whose public half the JWKS
+    /// publishes first.
+    pub fn key(&self) -> Arc<SigningKey> {
+        self.keys().signing.clone()
+    }
+
+    /// Signs with `key` from now on; the JWKS publishes it and the key it
+    /// replaces (an earlier one is dropped), as a cluster rotating its
+    /// service-account key does.
+    pub fn rotate(&self, key: SigningKey) {
+        let mut keys = self.keys.write().unwrap_or_else(|e| e.into_inner());
+        let previous = std::mem::replace(&mut keys.signing, Arc::new(key));
+        keys.previous = Some(previous);
+    }
+
+    /// The JWKS document: `{"keys": [signing, previous?]}`.
+    pub fn jwks(&self) -> serde_json::Value {
+        let keys = self.keys();
+        let published: Vec<&serde_json::Value> = std::iter::once(&keys.signing)
+            .chain(keys.previous.as_ref())
+            .map(|k| k.jwk())
+            .collect();
+        json!({ "keys": published })
     }
 
     /// The claims kube-apiserver would put in a projected token for `pod`.
@@ -122,12 +158,12 @@ impl Issuer {
         audiences: &[&str],
         lifetime: Duration,
     ) -> anyhow::Result<String> {
-        self.key.sign(&self.claims_for(pod, audiences, lifetime))
+        self.key().sign(&self.claims_for(pod, audiences, lifetime))
     }
 
     /// Signs arbitrary claims (tests use this to craft bad tokens).
     pub fn sign<T: serde::Serialize>(&self, claims: &T) -> anyhow::Result<String> {
-        self.key.sign(claims)
+        self.key().sign(claims)
     }
 
     /// Discovery and JWKS, at the paths kube-apiserver uses.
@@ -139,12 +175,18 @@ impl Issuer {
             "subject_types_supported": ["public"],
             "id_token_signing_alg_values_supported": ["RS256", "ES256"],
         });
-        let jwks = json!({ "keys": [self.key.jwk()] });
+        let issuer = self.clone();
         Router::new()
             .route(
                 "/.well-known/openid-configuration",
                 get(move || async move { Json(discovery) }),
             )
-            .route("/openid/v1/jwks", get(move || async move { Json(jwks) }))
+            .route(
+                "/openid/v1/jwks",
+                get(move || {
+                    let jwks = issuer.jwks();
+                    async move { Json(jwks) }
+                }),
+            )
     }
 }

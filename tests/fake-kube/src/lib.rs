@@ -235,15 +235,42 @@ struct Control {
     expire: bool,
 }
 
+/// An issuer's published keys and their decoding halves.
+struct IssuerKeys {
+    jwks: Value,
+    /// (kid, key, algorithm) of each key that has an algorithm.
+    decoding: Vec<(Option<String>, DecodingKey, Algorithm)>,
+}
+
+impl IssuerKeys {
+    fn from_jwks(jwks: Value) -> IssuerKeys {
+        let decoding = jwks["keys"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|jwk| {
+                let alg = jwk.get("alg")?.as_str()?.parse::<Algorithm>().ok()?;
+                let parsed = serde_json::from_value::<jsonwebtoken::jwk::Jwk>(jwk.clone()).ok()?;
+                let key = DecodingKey::from_jwk(&parsed).ok()?;
+                Some((parsed.common.key_id, key, alg))
+            })
+            .collect();
+        IssuerKeys { jwks, decoding }
+    }
+}
+
 /// The fake API server. Create with [`FakeKube::new`], serve
 /// [`FakeKube::router`], change state with the mutators.
 pub struct FakeKube {
     /// The cluster's service-account issuer URL (`iss` of its tokens).
     issuer_url: String,
-    /// The issuer's public signing key, as served in its JWKS.
-    issuer_jwk: Value,
+    /// The issuer's public keys: the JWKS served and what TokenReview
+    /// verifies with (see [`FakeKube::set_issuer_keys`]).
+    issuer_keys: std::sync::RwLock<IssuerKeys>,
+    /// While `true`, the discovery document and JWKS are answered 503 (see
+    /// [`FakeKube::set_keys_unavailable`]).
+    keys_unavailable: std::sync::atomic::AtomicBool,
     token: SecretString,
-    decoding: Option<(DecodingKey, Algorithm)>,
     store: Mutex<Store>,
     events: broadcast::Sender<Arc<Change>>,
     control: watch::Sender<Control>,
@@ -267,20 +294,13 @@ impl FakeKube {
     /// issuer at `issuer_url` with the public key `issuer_jwk` (for the
     /// built-in issuer: `issuer.url()` and `issuer.key().jwk()`).
     pub fn new(issuer_url: &str, issuer_jwk: &Value, token: &str) -> Arc<Self> {
-        let jwk = issuer_jwk;
-        let decoding = serde_json::from_value::<jsonwebtoken::jwk::Jwk>(jwk.clone())
-            .ok()
-            .and_then(|jwk| DecodingKey::from_jwk(&jwk).ok())
-            .zip(
-                jwk.get("alg")
-                    .and_then(Value::as_str)
-                    .and_then(|alg| alg.parse::<Algorithm>().ok()),
-            );
         Arc::new(FakeKube {
             issuer_url: issuer_url.to_string(),
-            issuer_jwk: jwk.clone(),
+            issuer_keys: std::sync::RwLock::new(IssuerKeys::from_jwks(
+                json!({ "keys": [issuer_jwk] }),
+            )),
+            keys_unavailable: Default::default(),
             token: SecretString::from(token.to_string()),
-            decoding,
             store: Mutex::new(Store {
                 rv: 0,
                 floor: 0,
@@ -449,6 +469,19 @@ impl FakeKube {
         store.history.clear();
         store.floor = store.rv;
         self.control.send_replace(Control { expire: true });
+    }
+
+    /// Publishes `jwks` (`{"keys": [..]}`) as the issuer's keys, in the JWKS
+    /// and for TokenReview, as after the cluster's service-account key was
+    /// rotated ([`lanyard::emulator::Issuer::rotate`] and its `jwks()`).
+    pub fn set_issuer_keys(&self, jwks: Value) {
+        *self.issuer_keys.write().unwrap_or_else(|e| e.into_inner()) = IssuerKeys::from_jwks(jwks);
+    }
+
+    /// Makes the issuer's discovery document and JWKS answer 503 (`true`)
+    /// while the rest of the API works, or serves them again (`false`).
+    pub fn set_keys_unavailable(&self, down: bool) {
+        self.keys_unavailable.store(down, Ordering::SeqCst);
     }
 
     /// Takes the API server down (`true`: every request is answered 503
@@ -759,6 +792,16 @@ impl FakeKube {
             "/apis/authentication.k8s.io/v1" => {
                 json_response(StatusCode::OK, &authentication_v1_resources())
             }
+            "/.well-known/openid-configuration" | "/openid/v1/jwks"
+                if self.keys_unavailable.load(Ordering::SeqCst) =>
+            {
+                status_error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "ServiceUnavailable",
+                    "the server is currently unable to handle the request".into(),
+                    None,
+                )
+            }
             "/.well-known/openid-configuration" => json_response(
                 StatusCode::OK,
                 &json!({
@@ -770,7 +813,12 @@ impl FakeKube {
                 }),
             ),
             "/openid/v1/jwks" => {
-                let jwks = json!({"keys": [self.issuer_jwk]});
+                let jwks = self
+                    .issuer_keys
+                    .read()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .jwks
+                    .clone();
                 (
                     StatusCode::OK,
                     [(header::CONTENT_TYPE, "application/jwk-set+json")],
@@ -1133,9 +1181,22 @@ impl FakeKube {
         token: &str,
         audiences: &[String],
     ) -> Result<(UserInfo, Vec<String>), String> {
-        let Some((key, alg)) = &self.decoding else {
-            return Err("issuer key unavailable".into());
+        let kid = jsonwebtoken::decode_header(token)
+            .map_err(|e| format!("service account token is malformed: {e}"))?
+            .kid;
+        let (key, alg) = {
+            let keys = self.issuer_keys.read().unwrap_or_else(|e| e.into_inner());
+            match keys
+                .decoding
+                .iter()
+                .find(|(k, _, _)| kid.is_none() || *k == kid)
+            {
+                Some((_, key, alg)) => (key.clone(), *alg),
+                // kube-apiserver tries every key; none verifies.
+                None => return Err("go-jose/go-jose: error in cryptographic primitive".into()),
+            }
         };
+        let (key, alg) = (&key, &alg);
         if lanyard::token::unverified_issuer(token).as_deref() != Some(self.issuer_url.as_str()) {
             return Err("token is not a service account token of this cluster's issuer".into());
         }

@@ -32,6 +32,13 @@
 //! `fault=drop` (the connection reset after the headers),
 //! `fault=truncated`, or `fault=clear` (removes every scheduled fault).
 //!
+//! `POST /control/keys?rotate=true` rotates the issuer's signing key (new
+//! tokens are signed with a new key; the JWKS, served by the API server and
+//! the issuer's own listener, publishes it and the one it replaced), and
+//! `POST /control/keys?unavailable=true|false` makes the API server answer
+//! its discovery document and JWKS 503 while everything else works; both
+//! answer `{"kids", "signing"}`.
+//!
 //! The API server itself can be taken down and its watches ended:
 //! `POST /control/unavailable?on=true|false` (while on, every API request
 //! is answered 503 and open watches end) and
@@ -235,6 +242,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .route("/clouds/faults", post(faults))
         .route("/control/unavailable", post(unavailable))
         .route("/control/watches", post(watches))
+        .route("/control/keys", post(keys))
         .with_state(ctl);
     tokio::spawn(async move { axum::serve(api, kube.router()).await });
     tokio::spawn(async move { axum::serve(control, control_router).await });
@@ -407,4 +415,32 @@ async fn watches(State(ctl): State<Ctl>, Query(q): Query<Watches>) -> Json<Value
         ctl.kube.end_watches();
     }
     Json(json!({"watches_ended": true, "expired": q.expire}))
+}
+
+#[derive(Deserialize)]
+struct Keys {
+    #[serde(default)]
+    rotate: bool,
+    unavailable: Option<bool>,
+}
+
+async fn keys(State(ctl): State<Ctl>, Query(q): Query<Keys>) -> Response {
+    if let Some(down) = q.unavailable {
+        ctl.kube.set_keys_unavailable(down);
+    }
+    if q.rotate {
+        match SigningKey::generate_rs256() {
+            Ok(key) => ctl.issuer.rotate(key),
+            Err(e) => return bad(format!("cannot generate a key: {e}")),
+        }
+        ctl.kube.set_issuer_keys(ctl.issuer.jwks());
+    }
+    let jwks = ctl.issuer.jwks();
+    let kids: Vec<&Value> = jwks["keys"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|k| k.get("kid"))
+        .collect();
+    Json(json!({"kids": kids, "signing": ctl.issuer.key().kid()})).into_response()
 }
