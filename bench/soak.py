@@ -23,12 +23,15 @@ explains or that is not retryable, a credential of another pod's identity
 decision or a credential that was answered.
 
 Everything it starts is stopped on exit, Ctrl-C and TERM; every wait is
-bounded.
+bounded. The audit directory is a tmpfs of its own, mounted for the run
+(root only; otherwise the disk-full event is skipped with a note) and
+unmounted at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import hashlib
 import json
 import os
@@ -66,6 +69,8 @@ PROJECTED_TOKEN_SECONDS = 3600
 # after 6 min 15 s, servable for 10 min (at 20 min the refresh would fall
 # exactly where it stops being servable: no slack at all).
 CLOUD_LIFETIME = 720
+# The audit file's own file system (tmpfs), filled by the disk-full event.
+AUDIT_FS_MIB = 256
 AWS_SESSION = 1500
 SDKS = ("azure", "gcp", "aws")
 SDK_NAME = {"azure": "azure-identity", "gcp": "google-auth", "aws": "boto3"}
@@ -439,6 +444,15 @@ class Soak:
         self.write_tokens()
 
         self.audit_file = self.work / "audit" / "audit.jsonl"
+        self.audit_file.parent.mkdir()
+        # The audit directory on a file system of its own, which the
+        # "audit disk full" event fills (a tmpfs: mounting needs root).
+        mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={AUDIT_FS_MIB}m,mode=0700", "lanyard-soak-audit",
+                                str(self.audit_file.parent)], capture_output=True, text=True)
+        self.audit_fs = mount.returncode == 0
+        if not self.audit_fs:
+            say(f"cannot mount a tmpfs for the audit file ({(mount.stderr or '').strip()[:200]}); "
+                "the audit-disk-full event is skipped")
         self.agent_port, self.admin_port = free_port(), free_port()
         self.agent_config = self.work / "agent.yaml"
         self.agent_config.write_text(f"""\
@@ -637,6 +651,9 @@ audit:
             (0.55, "Entra hang (no answer; the agent's 15 s timeout ends it)",
              lambda: up("azure", "hang", {"fault": "hang"}, self.d(5, 2), grace=17, any_429=True)),
             (0.62, "herd burst at pod a", lambda: self.herd_burst("a")),
+            (0.64, "issuer keys unavailable (API server's JWKS 503)", lambda: self.keys_down(self.d(40, 3))),
+            (0.645, "issuer key rotated during the key outage", self.rotate_key),
+            (0.67, "audit disk full", lambda: self.audit_disk_full(self.d(10, 2))),
             (0.70, "Google connection reset mid-answer", lambda: up("gcp", "drop", {"fault": "drop"},
                                                                     self.d(6, 2))),
             (0.75, "projected tokens rotated", self.rotate),
@@ -685,6 +702,67 @@ audit:
         def end():
             self.stop_event.wait(lasting)
             self.control("POST", "/control/unavailable?on=false")
+            win.end = time.time()
+            ev["t1"] = win.end - self.t_start
+        self.spawn(end)
+
+    def keys_down(self, lasting: float) -> None:
+        """The API server answers its discovery document and JWKS 503, the
+        rest of the API works. No window: the agent verifies with the keys
+        it has, so no call may fail for this alone."""
+        t0 = time.time()
+        self.control("POST", "/control/keys?unavailable=true")
+        ev = self.note(f"issuer keys (discovery, JWKS) unavailable for {lasting:.0f} s", t0, t0 + lasting)
+        self.keys_outage_end = t0 + lasting
+
+        def end():
+            self.stop_event.wait(lasting)
+            self.control("POST", "/control/keys?unavailable=false")
+            ev["t1"] = time.time() - self.t_start
+        self.spawn(end)
+
+    def rotate_key(self) -> None:
+        """The cluster's signing key is rotated (its JWKS, when it can be
+        read, publishes the new and the old key) and the kubelet gets every
+        pod new tokens of the new key. The agent cannot fetch the new key
+        until the outage ends, and then at most once per refetch interval
+        (10 s): until then those tokens are answered a retryable 503."""
+        t0 = time.time()
+        kids = self.control("POST", "/control/keys?rotate=true")
+        self.write_tokens()
+        end = max(time.time(), getattr(self, "keys_outage_end", t0))
+        win = Window("issuer key rotated", SDKS, t0, end, 12.0)
+        with self.lock:
+            self.windows.append(win)
+        self.note(f"issuer key rotated to {kids['signing'][:12]}…, new tokens written", t0, end, window=win)
+
+    def audit_disk_full(self, lasting: float) -> None:
+        """Fills the audit file's file system (ENOSPC on the next write):
+        with `on_failure: deny` the agent refuses to issue what it cannot
+        record, a retryable 503, and records the outage when it can write
+        again. The filler is removed after `lasting`."""
+        if not self.audit_fs:
+            self.note("audit disk full: skipped (no tmpfs could be mounted for the audit file)", time.time())
+            return
+        t0 = time.time()
+        filler = self.audit_file.parent / "filler"
+        chunk = b"\0" * (1 << 20)
+        with open(filler, "wb") as f:
+            try:
+                while True:
+                    f.write(chunk)
+                    f.flush()
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+        win = Window("audit disk full", SDKS, t0, t0 + lasting, 5.0)
+        with self.lock:
+            self.windows.append(win)
+        ev = self.note(f"audit file system full (ENOSPC) for {lasting:.0f} s", t0, t0 + lasting, window=win)
+
+        def end():
+            self.stop_event.wait(lasting)
+            filler.unlink()
             win.end = time.time()
             ev["t1"] = win.end - self.t_start
         self.spawn(end)
@@ -900,6 +978,10 @@ audit:
             m = inc["metrics"] or {}
             decisions = metric_sum(m, "lanyard_decisions_total")
             written = metric_sum(m, "lanyard_audit_records_total", sink="file", result="written")
+            # Refused because the file could not be written (disk full):
+            # counted as decisions (denials), never logged nor on disk
+            # except as the sink_failure record's count.
+            unwritten = metric_sum(m, "lanyard_audit_records_total", sink="file", result="failed")
             log = self.work / "logs" / f"agent-{inc['n']}.log"
             logged = ANSI.sub("", log.read_text(errors="replace")).count("lanyard::audit: credential ") \
                 if log.exists() else 0
@@ -911,7 +993,8 @@ audit:
                 "write_slow": batches - metric_sum(m, "lanyard_audit_write_seconds_bucket", le="0.5"),
                 "allow": sum(r["decision"]["verdict"] == "allow" for r in cred),
                 "deny": sum(r["decision"]["verdict"] == "deny" for r in cred),
-                "decisions": decisions, "file_written": written, "final": bool(inc.get("final_scrape")),
+                "decisions": decisions, "file_written": written, "file_failed": unwritten,
+                "lost_recorded": sum(r.get("records", 0) for r in part if r.get("type") == "sink_failure"), "final": bool(inc.get("final_scrape")),
                 "scraped_before_end": (inc["ended"] - inc["metrics_at"]) if inc["metrics_at"] and inc["ended"]
                 else None,
                 "refreshes": metric_sum(m, "lanyard_cache_refreshes_total"),
@@ -1046,11 +1129,19 @@ audit:
         fails += self.problems
         fails += log_problems
         for inc in audit["incarnations"]:
-            if inc["final"] and inc["logged"] != inc["decisions"]:
-                fails.append(f"audit: agent {inc['n']} counted {inc['decisions']:.0f} decisions but logged "
-                             f"{inc['logged']} audit lines")
-            if inc["final"] and inc["records"] < inc["decisions"]:
-                fails.append(f"audit: agent {inc['n']} made {inc['decisions']:.0f} decisions, "
+            # Requests refused because their record could not be written (the
+            # disk full) are decisions without a line or a record of their
+            # own; the sink_failure record written after the outage counts them.
+            recorded = inc["decisions"] - inc["file_failed"]
+            if inc["final"] and inc["logged"] != recorded:
+                fails.append(f"audit: agent {inc['n']} counted {inc['decisions']:.0f} decisions "
+                             f"({inc['file_failed']:.0f} refused unrecorded) but logged {inc['logged']} audit lines")
+            if inc["final"] and inc["lost_recorded"] != inc["file_failed"]:
+                fails.append(f"audit: agent {inc['n']} could not write {inc['file_failed']:.0f} records, its "
+                             f"sink_failure records count {inc['lost_recorded']}")
+            if inc["final"] and inc["records"] < recorded:
+                fails.append(f"audit: agent {inc['n']} made {inc['decisions']:.0f} decisions "
+                             f"({inc['file_failed']:.0f} refused unrecorded), "
                              f"its file has {inc['records']} credential records")
             elif not inc["final"] and inc["records"] < inc["decisions"]:
                 fails.append(f"audit: agent {inc['n']} had counted {inc['decisions']:.0f} decisions before it was "
@@ -1154,21 +1245,22 @@ audit:
           "more, never fewer):")
         p("")
         p("| agent run | ended by | credential records in the file (allow / deny) | decisions counted | "
-          "file records counted | audit log lines | file writes: batches, mean ms, over 0.5 s | "
+          "file records counted (failed; counted by sink_failure) | audit log lines | file writes: batches, mean ms, over 0.5 s | "
           "refreshes (failed) | upstream calls azure / gcp / aws (failed) |")
         p("|---|---|---|---:|---:|---:|---|---:|---|")
         for inc in audit["incarnations"]:
             up = inc["upstream"]
             mean = f"{inc['write_mean_ms']:.2f}" if inc["write_mean_ms"] is not None else "–"
             p(f"| {inc['n']} | {inc['how']} | {inc['records']} ({inc['allow']} / {inc['deny']}) | "
-              f"{inc['decisions']:.0f}{'' if inc['final'] else ' (last scrape)'} | {inc['file_written']:.0f} | "
-              f"{inc['logged']} | {inc['batches']:.0f}, {mean}, {inc['write_slow']:.0f} | "
+              f"{inc['decisions']:.0f}{'' if inc['final'] else ' (last scrape)'} | {inc['file_written']:.0f} "
+              f"({inc['file_failed']:.0f}; {inc['lost_recorded']}) | {inc['logged']} | {inc['batches']:.0f}, {mean}, {inc['write_slow']:.0f} | "
               f"{inc['refreshes']:.0f} ({inc['refresh_failures']:.0f}) | "
               f"{up['azure']:.0f} / {up['gcp']:.0f} / {up['aws']:.0f} ({inc['upstream_failed']:.0f}) |")
         p("")
         for inc in audit["incarnations"]:
-            if inc["final"] and inc["records"] > inc["decisions"]:
-                p(f"- Agent run {inc['n']}: {inc['records'] - inc['decisions']:.0f} records more than decisions "
+            if inc["final"] and inc["records"] > inc["decisions"] - inc["file_failed"]:
+                p(f"- Agent run {inc['n']}: {inc['records'] - inc['decisions'] + inc['file_failed']:.0f} records "
+                  f"more than decisions recorded "
                   f"counted ({inc['logged']} audit log lines): requests whose caller went away while their record "
                   f"was being written (the file kept the record; the log line and the counter, which come after "
                   f"it, were never reached, and no answer left).")
@@ -1222,6 +1314,12 @@ audit:
                     p.stop(timeout=5)
                 except Exception:  # noqa: BLE001 - keep stopping the others
                     p.kill()
+        if getattr(self, "audit_fs", False):
+            if os.environ.get("BENCH_SOAK_KEEP"):
+                # Keep the audit file where it can be read after the unmount.
+                shutil.copytree(self.audit_file.parent, self.work / "audit-kept", dirs_exist_ok=True,
+                                ignore=shutil.ignore_patterns("filler"))
+            subprocess.run(["umount", str(self.audit_file.parent)], capture_output=True)
         if os.environ.get("BENCH_SOAK_KEEP"):
             say(f"kept {self.work}")
         else:
