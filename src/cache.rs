@@ -43,10 +43,14 @@ pub use fairness::{CallerLimit, CallerLimits};
 use limits::UpstreamLimits;
 use refreshes::Refreshes;
 
+/// The longest a subject token is taken to stay valid (a year).
+const SUBJECT_LIFETIME_CAP_SECS: u64 = 365 * 24 * 3600;
+
 /// What a cache entry is for. Two requests share an entry only when every
 /// field is equal, so different identities, scopes or service accounts can
 /// never receive each other's credentials.
 #[derive(Clone, Debug, PartialEq, Eq)]
+
 pub struct CacheKey {
     /// The cloud the credential is for.
     pub cloud: Cloud,
@@ -368,7 +372,14 @@ impl Cache {
         let cloud = key.cloud;
         let label = cloud_label(cloud);
         let now = Instant::now();
-        let subject_until = now + Duration::from_secs(subject_exp.saturating_sub(now_unix()));
+        // Capped: a token's `exp` is the issuer's word, and an instant far
+        // enough out overflows (kube-apiserver issues at most days).
+        let subject_until = now
+            + Duration::from_secs(
+                subject_exp
+                    .saturating_sub(now_unix())
+                    .min(SUBJECT_LIFETIME_CAP_SECS),
+            );
         let receiver = {
             let mut entries = inner.lock();
             match entries.get_mut(&key) {

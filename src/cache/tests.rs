@@ -147,6 +147,26 @@ async fn thousand_cold_requests_make_one_upstream_call() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_subject_token_valid_for_ever_neither_overflows_nor_is_refused() {
+    // `exp` is whatever the issuer signed; u64::MAX must not overflow the
+    // instant the entry keeps for it.
+    let cache = cache(CacheConfig::default());
+    let up = Upstream::new(3600);
+    let k = key(
+        Cloud::Azure,
+        "ray-worker",
+        "https://storage.azure.com/.default",
+    );
+    for _ in 0..2 {
+        let got = cache
+            .get(k.as_ref(), &subject("subject-a"), u64::MAX, || up.fetcher())
+            .await;
+        assert!(got.is_ok(), "{got:?}");
+    }
+    assert_eq!(up.calls(), 1);
+}
+
+#[tokio::test(start_paused = true)]
 async fn refreshes_ahead_of_expiry_without_a_client_waiting() {
     let cache = cache(CacheConfig::default());
     let up = Upstream::new(3600);

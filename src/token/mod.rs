@@ -41,7 +41,9 @@ pub enum VerifyError {
     Malformed,
     /// Signed with an algorithm other than RS256 or ES256, or one the key's
     /// JWK does not allow; carries the algorithm.
-    #[error("token algorithm {0} is not allowed (RS256 or ES256 expected)")]
+    #[error(
+        "token algorithm {0} is not allowed (RS256 or ES256, as the signing key's JWK names it)"
+    )]
     Algorithm(String),
     /// The `kid` names no key of the issuer's set, even after a refetch.
     #[error("token is signed by a key the issuer does not publish")]
@@ -264,7 +266,9 @@ impl Verifier {
         {
             let memo = self.verified.lock().unwrap_or_else(|p| p.into_inner());
             if let Some((caller, at)) = memo.get(&memo_key) {
-                if at.elapsed() < VERIFIED_TTL && caller.token_expires_at + LEEWAY_SECS > now {
+                if at.elapsed() < VERIFIED_TTL
+                    && caller.token_expires_at.saturating_add(LEEWAY_SECS) > now
+                {
                     return Ok(caller.clone());
                 }
             }
@@ -303,7 +307,7 @@ impl Verifier {
         let claims: ServiceAccountClaims = jsonwebtoken::dangerous::insecure_decode_claims(token)
             .map_err(|e| VerifyError::Claims(e.to_string()))?;
         let now = jsonwebtoken::get_current_timestamp();
-        if claims.exp + LEEWAY_SECS <= now {
+        if claims.exp.saturating_add(LEEWAY_SECS) <= now {
             return Err(VerifyError::Expired);
         }
         if claims.nbf.unwrap_or(0) > now + LEEWAY_SECS || claims.iat > now + LEEWAY_SECS {

@@ -16,6 +16,7 @@ pub mod admission_review;
 pub mod cedar_policies;
 pub mod config_yaml;
 pub mod jwt_claims;
+pub mod signed_tokens;
 pub mod sts_xml;
 pub mod surface_requests;
 
@@ -24,9 +25,10 @@ pub type Body = fn(&[u8]);
 
 /// Every target, by the name of its `fuzz_targets/` binary and its corpus
 /// directory.
-pub const TARGETS: [(&str, Body); 6] = [
+pub const TARGETS: [(&str, Body); 7] = [
     ("surface_requests", surface_requests::run),
     ("jwt_claims", jwt_claims::run),
+    ("signed_tokens", signed_tokens::run),
     ("sts_xml", sts_xml::run),
     ("admission_review", admission_review::run),
     ("config_yaml", config_yaml::run),
