@@ -52,17 +52,24 @@ pub use crate::cloud::CallerLimit;
 /// Per-caller token buckets for new keys, by (namespace, ServiceAccount).
 pub struct NewKeyBuckets {
     buckets: HashMap<(String, String), (f64, Instant)>,
+    /// Bucket count at which refilled buckets are next forgotten.
+    prune_at: usize,
 }
 
-/// Callers remembered at most; beyond, buckets that have refilled (their
-/// callers idle) are forgotten, which changes nothing for them.
-const MAX_REMEMBERED: usize = 10_000;
+/// Buckets kept before the first pruning. A bucket that has refilled (its
+/// caller idle for `burst / rate` seconds, 10 s by default) means nothing
+/// and is forgotten; pruning when the count has doubled since the last
+/// keeps memory proportional to the callers actually being limited (a node
+/// with 10,000 ServiceAccounts would otherwise keep 10,000 buckets) at an
+/// amortized constant cost per new key.
+const PRUNE_FLOOR: usize = 256;
 
 impl NewKeyBuckets {
     /// No caller seen yet.
     pub fn new() -> Self {
         NewKeyBuckets {
             buckets: HashMap::new(),
+            prune_at: PRUNE_FLOOR,
         }
     }
 
@@ -76,15 +83,15 @@ impl NewKeyBuckets {
     ) -> Result<(), Duration> {
         let rate = limits.new_keys_per_second.max(0.001);
         let burst = limits.new_keys_burst.max(1.0);
-        if self.buckets.len() >= MAX_REMEMBERED {
+        if self.buckets.len() >= self.prune_at {
             self.buckets.retain(|_, (tokens, at)| {
                 *tokens + now.duration_since(*at).as_secs_f64() * rate < burst
             });
+            self.buckets.shrink_to_fit();
+            self.prune_at = (self.buckets.len() * 2).max(PRUNE_FLOOR);
         }
-        let bucket = self
-            .buckets
-            .entry((namespace.to_string(), service_account.to_string()))
-            .or_insert((burst, now));
+        let key = (namespace.to_string(), service_account.to_string());
+        let bucket = self.buckets.entry(key).or_insert((burst, now));
         bucket.0 = (bucket.0 + now.duration_since(bucket.1).as_secs_f64() * rate).min(burst);
         bucket.1 = now;
         if bucket.0 >= 1.0 {
@@ -105,6 +112,29 @@ impl Default for NewKeyBuckets {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refilled_buckets_are_forgotten_and_limited_callers_are_not() {
+        let limits = CallerLimits::default();
+        let mut b = NewKeyBuckets::new();
+        let t0 = Instant::now();
+        // A flood that is being limited.
+        while b.take("a", "flood", &limits, t0).is_ok() {}
+        // 5,000 callers asking once each, 11 s after the flood.
+        let later = t0 + Duration::from_secs(11);
+        for i in 0..5_000 {
+            let t = later + Duration::from_millis(i);
+            assert!(b.take("ns", &format!("sa-{i}"), &limits, t).is_ok());
+        }
+        assert!(
+            b.buckets.len() < 1_000,
+            "{} buckets kept for callers that refilled",
+            b.buckets.len()
+        );
+        // The flood's bucket refilled too (11 s idle): nothing is lost by
+        // forgetting it, as a fresh bucket is full.
+        assert!(b.take("a", "flood", &limits, later).is_ok());
+    }
 
     #[test]
     fn each_caller_has_its_own_bucket() {
