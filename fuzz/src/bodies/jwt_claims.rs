@@ -65,17 +65,5 @@ pub fn run(data: &[u8]) {
         claims.exp.saturating_add(LEEWAY_SECS) >= now,
         "accepted an expired token"
     );
-    let k = &claims.kubernetes;
-    assert_eq!(
-        parse_subject(&claims.sub),
-        Some((k.namespace.as_str(), k.serviceaccount.name.as_str())),
-        "accepted a subject that is not its kubernetes.io ServiceAccount"
-    );
-    assert_eq!(caller.namespace, k.namespace);
-    assert_eq!(caller.service_account, k.serviceaccount.name);
-    assert_eq!(caller.service_account_uid, k.serviceaccount.uid);
-    assert_eq!(caller.pod, k.pod);
-    assert_eq!(caller.node, k.node);
-    assert_eq!(caller.token_expires_at, claims.exp);
-    assert_eq!(caller, again, "the memo answered another caller");
+    super::assert_caller_of(&claims, &caller, &again);
 }

@@ -41,3 +41,27 @@ fn now() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
+
+/// What an accepted token must hold, whichever verifier accepted it: its
+/// subject is the ServiceAccount its `kubernetes.io` claim names, the
+/// caller is read from the claims, and the memo's answer (`again`) is the
+/// same caller.
+fn assert_caller_of(
+    claims: &lanyard::token::ServiceAccountClaims,
+    caller: &lanyard::token::Caller,
+    again: &lanyard::token::Caller,
+) {
+    let k = &claims.kubernetes;
+    assert_eq!(
+        lanyard::token::parse_subject(&claims.sub),
+        Some((k.namespace.as_str(), k.serviceaccount.name.as_str())),
+        "accepted a subject that is not its kubernetes.io ServiceAccount"
+    );
+    assert_eq!(caller.namespace, k.namespace);
+    assert_eq!(caller.service_account, k.serviceaccount.name);
+    assert_eq!(caller.service_account_uid, k.serviceaccount.uid);
+    assert_eq!(caller.pod, k.pod);
+    assert_eq!(caller.node, k.node);
+    assert_eq!(caller.token_expires_at, claims.exp);
+    assert_eq!(caller, again, "the memo answered another caller");
+}
