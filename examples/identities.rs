@@ -179,6 +179,16 @@ struct Args {
     #[arg(long, value_enum, default_value_t = ScopeArg::Serviceaccount)]
     scope: ScopeArg,
 
+    /// Measure a noisy neighbour instead: one ServiceAccount sends
+    /// `--flood` requests at once, each for a resource never asked before
+    /// (each a cache miss), while others ask for their first credential;
+    /// their latency alone and during the flood.
+    #[arg(long)]
+    neighbour: bool,
+    /// neighbour: the flood's concurrent requests.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    flood: u32,
+
     /// Seed of the pods' phases.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -1543,7 +1553,134 @@ fn summarize_spread(v: &Value) {
     }
 }
 
+/// Victims asked alone, and as many during the flood.
+const VICTIMS: u32 = 10;
+
+/// A victim's first request (a cache miss): its latency in ms and outcome.
+async fn first_request(broker: &Broker, token: &SecretString) -> (f64, &'static str) {
+    let started = std::time::Instant::now();
+    let result = broker.request(token, &request_for(Cloud::Azure)).await;
+    let ms = started.elapsed().as_secs_f64() * 1000.0;
+    (ms, result.as_ref().map_or_else(|e| e.reason(), |_| "ok"))
+}
+
+async fn neighbour_run(args: &Args) -> Result<Value> {
+    let life = lifetimes(args, false);
+    // Ident 0 floods; 1..=VICTIMS ask alone, the next VICTIMS during it.
+    let idents: Vec<Ident> = (0..=2 * VICTIMS)
+        .map(|index| Ident {
+            index,
+            cloud: Cloud::Azure,
+            namespace: "neighbours".into(),
+            name: if index == 0 {
+                "flood".into()
+            } else {
+                format!("victim-{index}")
+            },
+        })
+        .collect();
+    let up = upstreams(&idents, life, args.upstream_latency_ms).await?;
+    let pods: Vec<(PodIdentity, Cloud)> = idents
+        .iter()
+        .map(|i| {
+            (
+                pod_of(i, 0, &uuid::Uuid::new_v4().to_string()),
+                Cloud::Azure,
+            )
+        })
+        .collect();
+    let tokens = mint_all(&up.issuer, &pods)?;
+    let config = agent_config(
+        &up.urls,
+        idents.iter().map(Ident::entry).collect(),
+        life[Cloud::Aws],
+    );
+    let (broker, _metrics) = agent_broker(&config).await?;
+
+    let mut alone = Vec::new();
+    for token in &tokens[1..=VICTIMS as usize] {
+        alone.push(first_request(&broker, token).await);
+    }
+    // The flood: every request for a resource never asked before.
+    let flood_started = std::time::Instant::now();
+    let mut flood = Vec::with_capacity(args.flood as usize);
+    for i in 0..args.flood {
+        let (broker, token) = (broker.clone(), tokens[0].clone());
+        flood.push(tokio::spawn(async move {
+            let mut request = request_for(Cloud::Azure);
+            request.scopes = vec![format!("https://flood-{i}.example.test/")];
+            let result = broker.request(&token, &request).await;
+            result.as_ref().map_or_else(|e| e.reason(), |_| "ok")
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let mut during = Vec::new();
+    for token in &tokens[VICTIMS as usize + 1..] {
+        during.push(first_request(&broker, token).await);
+    }
+    let victims_done = flood_started.elapsed().as_secs_f64();
+    let mut flood_outcomes: BTreeMap<&'static str, u64> = BTreeMap::new();
+    for h in flood {
+        *flood_outcomes.entry(h.await?).or_default() += 1;
+    }
+    let flood_seconds = flood_started.elapsed().as_secs_f64();
+    let summary = |v: &[(f64, &'static str)]| {
+        let mut ms: Vec<f64> = v.iter().map(|(ms, _)| *ms).collect();
+        ms.sort_by(f64::total_cmp);
+        let mut outcomes: BTreeMap<&'static str, u64> = BTreeMap::new();
+        for (_, o) in v {
+            *outcomes.entry(o).or_default() += 1;
+        }
+        json!({
+            "p50_ms": round(percentile(&ms, 50.0), 1),
+            "max_ms": round(ms.last().copied().unwrap_or(0.0), 1),
+            "outcomes": outcomes,
+        })
+    };
+    let (a, d) = (summary(&alone), summary(&during));
+    let ratio =
+        d["max_ms"].as_f64().unwrap_or(0.0) / a["max_ms"].as_f64().unwrap_or(1.0).max(0.001);
+    Ok(json!({
+        "mode": "neighbour",
+        "upstream_latency_ms": args.upstream_latency_ms,
+        "flood_requests": args.flood,
+        "flood_outcomes": flood_outcomes,
+        "flood_seconds": round(flood_seconds, 2),
+        "victims_done_after_seconds": round(victims_done, 3),
+        "victims_alone": a,
+        "victims_during_flood": d,
+        "victim_max_during_over_alone": round(ratio, 2),
+        "upstream_exchanges": up.ledger_totals()[Cloud::Azure],
+    }))
+}
+
+fn neighbour(args: &Args) -> Result<Value> {
+    eprintln!(
+        "identities: neighbour: {} victims alone, then a flood of {} new keys from one ServiceAccount and {} more victims ...",
+        VICTIMS, args.flood, VICTIMS
+    );
+    let v = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(neighbour_run(args))?;
+    eprintln!(
+        "identities: neighbour: victims' first request alone p50 {} / max {} ms, during the flood p50 {} / max {} ms ({}x); flood {}",
+        v["victims_alone"]["p50_ms"],
+        v["victims_alone"]["max_ms"],
+        v["victims_during_flood"]["p50_ms"],
+        v["victims_during_flood"]["max_ms"],
+        v["victim_max_during_over_alone"],
+        v["flood_outcomes"]
+    );
+    Ok(v)
+}
+
 fn run(args: &Args) -> Result<()> {
+    if args.neighbour {
+        let v = neighbour(args)?;
+        println!("{v}");
+        return Ok(());
+    }
     if args.economy {
         let v = economy(args)?;
         println!("{v}");
