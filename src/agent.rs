@@ -40,7 +40,7 @@ pub async fn broker(config: &Config, metrics: Arc<Metrics>) -> anyhow::Result<Br
     let cache = Cache::new(config.cache.to_cache_config(), metrics.clone());
     // Static bindings when configured; otherwise the Kubernetes API.
     let kube = if config.cluster.service_accounts.is_empty() {
-        Some(kube::Client::try_default().await.map_err(|e| {
+        Some(crate::http::kube_client().await.map_err(|e| {
             anyhow::anyhow!(
                 "no Kubernetes API: {e} (run in a cluster, set KUBECONFIG, or configure cluster.service_accounts)"
             )

@@ -543,15 +543,18 @@ async fn the_agent_rides_out_an_issuer_key_outage_and_picks_up_a_rotated_key() {
 
     // The API server's discovery document and JWKS answer 503; the rest of
     // the API works. Tokens of the keys already fetched keep verifying
-    // (each a new token, so none is answered from the verifier's memo).
+    // (each a new token, so none is answered from the verifier's memo),
+    // past the refetch interval (10 s) since the agent fetched them.
     c.kube.set_keys_unavailable(true);
-    for _ in 0..3 {
+    for _ in 0..11 {
         let (status, body) = ask(port, &mint()).await;
         assert_eq!(status, 200, "{body}");
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 
     // The cluster rotates its key during the outage: a token of the new key
-    // cannot be checked yet, a retryable 503 and no verdict on the token.
+    // makes the agent try to fetch the keys, which fails: it cannot be
+    // checked yet, a retryable 503 and no verdict on the token.
     c.up.issuer
         .rotate(lanyard::emulator::SigningKey::generate_rs256().unwrap());
     c.kube.set_issuer_keys(c.up.issuer.jwks());

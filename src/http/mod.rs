@@ -14,6 +14,21 @@ pub use server::Limits;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+/// The Kubernetes API client, configured as `kube::Client::try_default`
+/// does (in-cluster, or `KUBECONFIG`), without kube's default retry layer:
+/// that retries 429, 503 and 504 up to 15 times with exponential backoff,
+/// minutes in all, and a pod's credential request (a ServiceAccount read
+/// directly, the issuer's keys, a TokenReview) must not wait minutes on an
+/// API server outage. Callers handle the error; the watchers back off on
+/// their own.
+pub async fn kube_client() -> Result<kube::Client, kube::Error> {
+    let mut config = kube::Config::infer()
+        .await
+        .map_err(kube::Error::InferConfig)?;
+    config.default_retry = false;
+    kube::Client::try_from(config)
+}
+
 /// Builds the outbound HTTP client: rustls, bounded timeouts, no redirects
 /// (token endpoints never redirect; following one could leak a subject
 /// token to another host).

@@ -75,11 +75,12 @@ pub enum KeysError {
         /// The JSON error.
         reason: String,
     },
-    /// The token names a key the last key set fetched does not have, and
-    /// that set was fetched too recently to fetch it again (an attacker
-    /// inventing `kid`s must not cause a fetch per request); it may be a
-    /// key the issuer has just rotated to, so this is no verdict on it.
-    #[error("the token's key is not among the issuer's keys, which are refetched at most every {interval_seconds} s")]
+    /// The token names a key the keys fetched last do not have, and the
+    /// last attempt to fetch them again failed too recently to try again
+    /// (an attacker inventing `kid`s must not cause a fetch per request);
+    /// it may be a key the issuer has rotated to since, so this is no
+    /// verdict on it.
+    #[error("the token's key is not among the issuer's keys fetched last, and the last attempt to refetch them failed (retried at most every {interval_seconds} s)")]
     NotRefetched {
         /// The minimum interval between fetches.
         interval_seconds: u64,
@@ -109,6 +110,9 @@ struct Cached {
     fetched_at: Instant,
 }
 
+/// The longest one fetch of the keys (discovery and JWKS) may take.
+const FETCH_TIMEOUT: Duration = Duration::from_secs(15);
+
 /// The key set and when a fetch was last attempted.
 #[derive(Default)]
 struct State {
@@ -116,6 +120,9 @@ struct State {
     /// The last fetch attempt, successful or not: refetches (for an
     /// unknown `kid` or a stale set) are at most one per refetch interval.
     attempted_at: Option<Instant>,
+    /// Whether that attempt failed: an unknown `kid` is then unchecked,
+    /// not unknown.
+    attempt_failed: bool,
 }
 
 /// A cached, refreshable key set for one issuer.
@@ -226,13 +233,15 @@ impl KeySet {
         match fetched {
             Some(Err(e)) => return Err(e),
             Some(Ok(())) => return Ok(Lookup::Unknown),
-            // Not a verdict: the issuer may have rotated to this key since
-            // the last fetch, which was too recent to repeat.
-            None if !may_refetch => {
+            // Not a verdict when the last attempt failed: the issuer may
+            // have rotated to this key since the keys were last fetched.
+            None if !may_refetch && state.attempt_failed => {
                 return Err(KeysError::NotRefetched {
                     interval_seconds: self.refetch_interval.as_secs(),
                 })
             }
+            // Fetched within the interval, without this key.
+            None if !may_refetch => return Ok(Lookup::Unknown),
             None => {}
         }
         self.refresh(&mut state).await?;
@@ -253,7 +262,14 @@ impl KeySet {
     /// Fetches the key set into `state`; on failure the cached set is kept.
     async fn refresh(&self, state: &mut State) -> Result<(), KeysError> {
         state.attempted_at = Some(Instant::now());
-        state.cached = Some(self.fetch().await?);
+        state.attempt_failed = true;
+        // Every outbound call has a bound; this one holds the key set's
+        // lock, so it bounds every verification waiting on it too.
+        let fetched = tokio::time::timeout(FETCH_TIMEOUT, self.fetch())
+            .await
+            .map_err(|_| self.unavailable("timed out"))??;
+        state.cached = Some(fetched);
+        state.attempt_failed = false;
         Ok(())
     }
 

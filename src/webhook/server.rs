@@ -404,7 +404,7 @@ pub async fn run(config: crate::config::Config) -> anyhow::Result<()> {
     // Static ServiceAccounts when configured (non-Kubernetes tests and
     // benchmarks); otherwise a ServiceAccount watch through the API.
     let directory: Arc<dyn Directory> = if from_kube {
-        let client = kube::Client::try_default().await.map_err(|e| {
+        let client = crate::http::kube_client().await.map_err(|e| {
             anyhow::anyhow!("no Kubernetes API: {e} (run in a cluster or set KUBECONFIG)")
         })?;
         let invalidate = Arc::new(crate::directory::kube::Invalidate {
