@@ -316,8 +316,13 @@ impl KubeDirectory {
             return Ok(Some(sa));
         }
         let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), namespace);
-        api.get_opt(name)
+        tokio::time::timeout(crate::http::KUBE_REQUEST_TIMEOUT, api.get_opt(name))
             .await
+            .map_err(|_| {
+                DirectoryError(format!(
+                    "reading serviceaccount {namespace}/{name}: timed out"
+                ))
+            })?
             .map(|found| found.map(Arc::new))
             .map_err(|e| DirectoryError(format!("reading serviceaccount {namespace}/{name}: {e}")))
     }
@@ -391,9 +396,9 @@ impl Directory for KubeDirectory {
         }
         // Not seen by the watch (yet): read it, and where it runs.
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        let found = api
-            .get_opt(name)
+        let found = tokio::time::timeout(crate::http::KUBE_REQUEST_TIMEOUT, api.get_opt(name))
             .await
+            .map_err(|_| DirectoryError(format!("reading pod {namespace}/{name}: timed out")))?
             .map_err(|e| DirectoryError(format!("reading pod {namespace}/{name}: {e}")))?;
         Ok(match found.filter(|p| p.uid().as_deref() == Some(uid)) {
             None => PodCheck::Gone,

@@ -14,6 +14,11 @@ pub use server::Limits;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+/// The longest a single Kubernetes API request on a pod's credential path
+/// (a direct read, a TokenReview) may take. The client's own read timeout
+/// is long (watches hold a request for minutes); SDKs give up in seconds.
+pub const KUBE_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The Kubernetes API client, configured as `kube::Client::try_default`
 /// does (in-cluster, or `KUBECONFIG`), without kube's default retry layer:
 /// that retries 429, 503 and 504 up to 15 times with exponential backoff,

@@ -33,16 +33,19 @@ impl TokenReviewer {
             },
             ..Default::default()
         };
-        let answer = self
-            .api
-            .create(&PostParams::default(), &review)
-            .await
-            .map_err(|e| {
-                VerifyError::Keys(super::KeysError::Fetch {
-                    url: "kubernetes API tokenreviews".into(),
-                    reason: e.to_string(),
-                })
-            })?;
+        let unavailable = |reason: String| {
+            VerifyError::Keys(super::KeysError::Fetch {
+                url: "kubernetes API tokenreviews".into(),
+                reason,
+            })
+        };
+        let answer = tokio::time::timeout(
+            crate::http::KUBE_REQUEST_TIMEOUT,
+            self.api.create(&PostParams::default(), &review),
+        )
+        .await
+        .map_err(|_| unavailable("timed out".into()))?
+        .map_err(|e| unavailable(e.to_string()))?;
         let status = answer.status.unwrap_or_default();
         if status.authenticated == Some(true) {
             Ok(())
