@@ -65,3 +65,23 @@ fn assert_caller_of(
     assert_eq!(caller.token_expires_at, claims.exp);
     assert_eq!(caller, again, "the memo answered another caller");
 }
+
+/// The three answers of a verifier for one token (`verify_claims`, then
+/// `verify` twice, the second from its memo), when all accepted it; `None`
+/// when all refused it; a panic when they disagree.
+fn agreed<C, A, E>(
+    claims: Result<C, E>,
+    caller: Result<A, E>,
+    again: Result<A, E>,
+) -> Option<(C, A, A)> {
+    match (claims, caller, again) {
+        (Ok(claims), Ok(caller), Ok(again)) => Some((claims, caller, again)),
+        (Err(_), Err(_), Err(_)) => None,
+        (claims, caller, again) => panic!(
+            "verify_claims and verify disagree: {:?} / {:?} / {:?}",
+            claims.is_ok(),
+            caller.is_ok(),
+            again.is_ok()
+        ),
+    }
+}
