@@ -6,8 +6,11 @@
 //! in. So parsing never panics, says precisely what was wrong, and keeps the
 //! `uid` whenever it could be read so that even a refusal is a valid answer.
 
+use std::collections::HashMap;
+
 use base64::Engine;
 use k8s_openapi::api::core::v1::Pod;
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 /// The only review version this webhook speaks (the chart declares
@@ -131,6 +134,25 @@ impl ReviewError {
     }
 }
 
+/// A JSON object's members, each kept as its unparsed text: a review is
+/// read without building a tree of it, and the pod is deserialized once,
+/// straight from the body (a `Value` of the review, then a `Pod` from
+/// that, took most of an admission's time in the webhook's profile).
+type Members<'a> = HashMap<String, &'a RawValue>;
+
+/// The members of `raw` when it is a JSON object, else `None`. The text is
+/// valid JSON already, so an error here only means "not an object".
+fn members(raw: &RawValue) -> Option<Members<'_>> {
+    serde_json::from_str(raw.get()).ok()
+}
+
+/// `key`'s value when it is a string (absent, or of another type: `None`).
+fn text(members: &Members, key: &str) -> Option<String> {
+    members
+        .get(key)
+        .and_then(|raw| serde_json::from_str(raw.get()).ok())
+}
+
 /// Parses an AdmissionReview v1 body.
 pub fn parse(body: &[u8]) -> Result<Review, ReviewError> {
     if body.len() > MAX_BODY_BYTES {
@@ -139,26 +161,30 @@ pub fn parse(body: &[u8]) -> Result<Review, ReviewError> {
             limit: MAX_BODY_BYTES,
         });
     }
-    let mut review: Value =
-        serde_json::from_slice(body).map_err(|e| ReviewError::NotJson(e.to_string()))?;
-    let text = |v: &Value, key: &str| v.get(key).and_then(Value::as_str).map(str::to_string);
+    // Valid JSON that is not an object is a body without apiVersion and
+    // kind (NotAReview below), not a parse error.
+    let review: Members = match serde_json::from_slice(body) {
+        Ok(members) => members,
+        Err(e) if e.is_data() => Members::new(),
+        Err(e) => return Err(ReviewError::NotJson(e.to_string())),
+    };
     let api_version = text(&review, "apiVersion").unwrap_or_default();
     let kind = text(&review, "kind").unwrap_or_default();
     if api_version != API_VERSION || kind != KIND {
         return Err(ReviewError::NotAReview { api_version, kind });
     }
-    let request = match review.get_mut("request") {
-        Some(r) if r.is_object() => r,
-        _ => return Err(ReviewError::MissingRequest),
-    };
-    let uid = text(request, "uid")
+    let request = review
+        .get("request")
+        .and_then(|raw| members(raw))
+        .ok_or(ReviewError::MissingRequest)?;
+    let uid = text(&request, "uid")
         .filter(|u| !u.is_empty())
         .ok_or(ReviewError::MissingUid)?;
-    let namespace = text(request, "namespace").unwrap_or_default();
-    let operation = text(request, "operation").unwrap_or_default();
+    let namespace = text(&request, "namespace").unwrap_or_default();
+    let operation = text(&request, "operation").unwrap_or_default();
     let dry_run = request
         .get("dryRun")
-        .and_then(Value::as_bool)
+        .and_then(|raw| serde_json::from_str(raw.get()).ok())
         .unwrap_or(false);
     let passthrough = |reason: String| Review {
         uid: uid.clone(),
@@ -170,7 +196,7 @@ pub fn parse(body: &[u8]) -> Result<Review, ReviewError> {
 
     // A subresource (pods/ephemeralcontainers, pods/status, ...) is not the
     // pod's creation, whatever its kind; let it through.
-    if let Some(sub) = text(request, "subResource").filter(|s| !s.is_empty()) {
+    if let Some(sub) = text(&request, "subResource").filter(|s| !s.is_empty()) {
         return Ok(passthrough(format!("subresource {sub} is not mutated")));
     }
     // Only creation is mutated. Anything else is let through whatever its
@@ -186,14 +212,11 @@ pub fn parse(body: &[u8]) -> Result<Review, ReviewError> {
             }
         )));
     }
-    let group_version_kind = request.get("kind");
-    let field = |k: &str| {
-        group_version_kind
-            .and_then(|g| g.get(k))
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string()
-    };
+    let group_version_kind = request
+        .get("kind")
+        .and_then(|raw| members(raw))
+        .unwrap_or_default();
+    let field = |k: &str| text(&group_version_kind, k).unwrap_or_default();
     let (group, version, object_kind) = (field("group"), field("version"), field("kind"));
     if !(group.is_empty() && version == "v1" && object_kind == "Pod") {
         let api = if group.is_empty() {
@@ -209,11 +232,11 @@ pub fn parse(body: &[u8]) -> Result<Review, ReviewError> {
     if namespace.is_empty() {
         return Err(ReviewError::MissingNamespace { uid });
     }
-    let object = match request.get_mut("object").map(Value::take) {
-        Some(o) if o.is_object() => o,
+    let object = match request.get("object") {
+        Some(raw) if raw.get().starts_with('{') => raw,
         _ => return Err(ReviewError::MissingObject { uid }),
     };
-    let pod: Pod = serde_json::from_value(object).map_err(|e| ReviewError::InvalidPod {
+    let pod: Pod = serde_json::from_str(object.get()).map_err(|e| ReviewError::InvalidPod {
         uid: uid.clone(),
         error: e.to_string(),
     })?;
@@ -340,5 +363,49 @@ mod tests {
             .unwrap()
             .contains("apps/v1 Deployment"));
         assert_eq!(parse(b"{").unwrap_err().uid(), None);
+    }
+
+    #[test]
+    fn each_malformed_shape_gets_its_own_error() {
+        let not_a_review = |body: &[u8]| matches!(parse(body), Err(ReviewError::NotAReview { .. }));
+        assert!(not_a_review(b"5"));
+        assert!(not_a_review(
+            br#"["admission.k8s.io/v1", "AdmissionReview"]"#
+        ));
+        assert!(not_a_review(
+            br#"{"apiVersion": 1, "kind": "AdmissionReview"}"#
+        ));
+        assert!(matches!(parse(b"{\"a\": "), Err(ReviewError::NotJson(_))));
+        let envelope = |request: &str| {
+            format!(r#"{{"apiVersion": "{API_VERSION}", "kind": "{KIND}", "request": {request}}}"#)
+        };
+        for request in ["null", "[]", "\"r\""] {
+            assert_eq!(
+                parse(envelope(request).as_bytes()).unwrap_err(),
+                ReviewError::MissingRequest
+            );
+        }
+        for uid in [r#""uid": """#, r#""uid": 7"#] {
+            let body = envelope(&format!("{{{uid}, \"operation\": \"CREATE\"}}"));
+            assert_eq!(parse(body.as_bytes()).unwrap_err(), ReviewError::MissingUid);
+        }
+        let pod_create = |object: &str| {
+            envelope(&format!(
+                r#"{{"uid": "u", "namespace": "ml", "operation": "CREATE",
+                    "kind": {{"group": "", "version": "v1", "kind": "Pod"}}{object}}}"#
+            ))
+        };
+        for object in ["", r#", "object": null"#, r#", "object": [1]"#] {
+            let e = parse(pod_create(object).as_bytes()).unwrap_err();
+            assert_eq!(e, ReviewError::MissingObject { uid: "u".into() });
+        }
+        let e = parse(pod_create(r#", "object": {"spec": {"containers": 3}}"#).as_bytes());
+        assert!(matches!(e, Err(ReviewError::InvalidPod { uid, .. }) if uid == "u"));
+        // Escapes in keys and values are read like any other text.
+        let body = br#"{"api\u0056ersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u\u002d3", "operation": "DELETE"}}"#;
+        let r = parse(body).unwrap();
+        assert_eq!(r.uid, "u-3");
+        assert!(matches!(r.action, Action::AllowUnchanged(_)));
     }
 }
