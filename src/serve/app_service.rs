@@ -23,14 +23,11 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use super::azure_imds::{issue, token_request};
-use super::{is_forwarded, seconds_until, with_retry_after, Query, Surfaces, FORWARDED_REFUSAL};
+use super::azure_imds::{issue, token_request, Fields};
+use super::{is_forwarded, with_retry_after, Query, Surfaces, FORWARDED_REFUSAL};
 use crate::broker::{BrokerError, ErrorClass};
-use crate::cloud::{AccessToken, Cloud, Kind, Selector, Surface, TokenRequest};
+use crate::cloud::{Cloud, Kind, Selector, Surface, TokenRequest};
 
-/// How a token is rendered: the token, the identity's client id, the
-/// resource.
-type Render = fn(&AccessToken, &str, &str) -> serde_json::Value;
 use crate::secret::{constant_time_eq, ExposeSecret};
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
@@ -61,33 +58,20 @@ pub(crate) fn render_error(err: &BrokerError) -> Response {
 }
 
 /// The token as App Service renders it: IMDS's fields but `ext_expires_in`.
-fn grant_body(token: &AccessToken, client_id: &str, resource: &str) -> serde_json::Value {
-    json!({
-        "access_token": token.token.expose_secret(),
-        "client_id": client_id,
-        "expires_in": seconds_until(token.expires_at).to_string(),
-        "expires_on": token.expires_at.to_string(),
-        "not_before": token.issued_at.to_string(),
-        "resource": resource,
-        "token_type": "Bearer",
-    })
-}
+const FIELDS: Fields = Fields {
+    ext_expires_in: false,
+    not_before: true,
+};
 
 /// The older protocol's version.
 const API_2017: &str = "2017-09-01";
 
 /// The token as the 2017 protocol renders it: no `not_before`, `expires_on`
 /// in Unix seconds (see the module docs).
-fn grant_body_2017(token: &AccessToken, client_id: &str, resource: &str) -> serde_json::Value {
-    json!({
-        "access_token": token.token.expose_secret(),
-        "client_id": client_id,
-        "expires_in": seconds_until(token.expires_at).to_string(),
-        "expires_on": token.expires_at.to_string(),
-        "resource": resource,
-        "token_type": "Bearer",
-    })
-}
+const FIELDS_2017: Fields = Fields {
+    ext_expires_in: false,
+    not_before: false,
+};
 
 /// The request of a 2017 query: `resource`, and the identity only by
 /// `clientid`.
@@ -165,15 +149,12 @@ pub async fn token(
             "The resource parameter is required",
         );
     }
-    let (request, render) = match legacy {
-        true => (token_request_2017(&query), grant_body_2017 as Render),
-        false => (
-            token_request(&query, Surface::AppService),
-            grant_body as Render,
-        ),
+    let (request, fields) = match legacy {
+        true => (token_request_2017(&query), FIELDS_2017),
+        false => (token_request(&query, Surface::AppService), FIELDS),
     };
     match request {
-        Ok(request) => issue(&surfaces, request, render, render_error).await,
+        Ok(request) => issue(&surfaces, request, fields, render_error).await,
         Err(msg) => error(StatusCode::BAD_REQUEST, msg),
     }
 }

@@ -75,24 +75,69 @@ pub(crate) fn selector(query: &Query) -> Result<Option<Selector>, String> {
     Ok(first.map(|(_, s)| s))
 }
 
-/// Renders a token as IMDS does: all values strings.
-pub(crate) fn grant_body(
-    token: &AccessToken,
-    client_id: &str,
-    resource: &str,
-) -> serde_json::Value {
-    let expires_in = seconds_until(token.expires_at).to_string();
-    json!({
-        "access_token": token.token.expose_secret(),
-        "client_id": client_id,
-        "expires_in": expires_in,
-        "expires_on": token.expires_at.to_string(),
-        "ext_expires_in": expires_in,
-        "not_before": token.issued_at.to_string(),
-        "resource": resource,
-        "token_type": "Bearer",
-    })
+/// A token as the Azure surfaces render it, every value a string as IMDS
+/// sends them. Its fields borrow from the cached credential and are
+/// serialized straight into the response: a cache hit builds no JSON tree.
+#[derive(serde::Serialize)]
+pub(crate) struct TokenBody<'a> {
+    access_token: &'a str,
+    client_id: &'a str,
+    expires_in: Decimal,
+    expires_on: Decimal,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ext_expires_in: Option<Decimal>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    not_before: Option<Decimal>,
+    resource: &'a str,
+    token_type: &'static str,
 }
+
+/// A number written as a JSON string (`"3599"`), formatted in place.
+#[derive(Clone, Copy)]
+pub(crate) struct Decimal(u64);
+
+impl serde::Serialize for Decimal {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(&self.0)
+    }
+}
+
+/// Which of the optional fields a surface sends.
+#[derive(Clone, Copy)]
+pub(crate) struct Fields {
+    /// `ext_expires_in` (IMDS only).
+    pub ext_expires_in: bool,
+    /// `not_before` (all but App Service's 2017 protocol).
+    pub not_before: bool,
+}
+
+impl<'a> TokenBody<'a> {
+    /// `token` for the identity `client_id` and `resource`, with `fields`.
+    pub(crate) fn new(
+        token: &'a AccessToken,
+        client_id: &'a str,
+        resource: &'a str,
+        fields: Fields,
+    ) -> Self {
+        let expires_in = Decimal(seconds_until(token.expires_at));
+        TokenBody {
+            access_token: token.token.expose_secret(),
+            client_id,
+            expires_in,
+            expires_on: Decimal(token.expires_at),
+            ext_expires_in: fields.ext_expires_in.then_some(expires_in),
+            not_before: fields.not_before.then_some(Decimal(token.issued_at)),
+            resource,
+            token_type: "Bearer",
+        }
+    }
+}
+
+/// The fields IMDS sends.
+pub(crate) const IMDS_FIELDS: Fields = Fields {
+    ext_expires_in: true,
+    not_before: true,
+};
 
 /// Renders an error class as IMDS does.
 pub(crate) fn render_error(err: &BrokerError) -> Response {
@@ -132,7 +177,7 @@ pub(crate) fn token_request(query: &Query, surface: Surface) -> Result<TokenRequ
 pub(crate) async fn issue(
     surfaces: &Surfaces,
     request: TokenRequest,
-    render: fn(&AccessToken, &str, &str) -> serde_json::Value,
+    fields: Fields,
     render_error: fn(&BrokerError) -> Response,
 ) -> Response {
     let result = async {
@@ -144,11 +189,12 @@ pub(crate) async fn issue(
             .and_then(Credential::bearer)
             .ok_or_else(wrong_credential)?;
         let resource = request.scopes.first().map_or("", String::as_str);
-        Ok::<_, BrokerError>(render(token, &grant.identity.id, resource))
+        let body = TokenBody::new(token, &grant.identity.id, resource, fields);
+        Ok::<_, BrokerError>((StatusCode::OK, Json(body)).into_response())
     }
     .await;
     match result {
-        Ok(body) => (StatusCode::OK, Json(body)).into_response(),
+        Ok(response) => response,
         Err(err) => render_error(&err),
     }
 }
@@ -182,7 +228,7 @@ pub async fn token(
         return bad_request("Required query variable 'api-version' is missing");
     }
     match token_request(&query, Surface::AzureImds) {
-        Ok(request) => issue(&surfaces, request, grant_body, render_error).await,
+        Ok(request) => issue(&surfaces, request, IMDS_FIELDS, render_error).await,
         Err(msg) => bad_request(msg),
     }
 }
