@@ -87,18 +87,27 @@ pub(crate) fn aws_credentials(grant: &Grant) -> Result<&AwsCredentials, BrokerEr
         .ok_or_else(wrong_credential)
 }
 
+/// The container credentials document, borrowed from the cached
+/// credential and serialized without a JSON tree.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct CredentialsBody<'a> {
+    access_key_id: &'a str,
+    secret_access_key: &'a str,
+    token: &'a str,
+    account_id: &'a str,
+    expiration: String,
+}
+
 fn body(c: &AwsCredentials) -> Response {
-    (
-        StatusCode::OK,
-        Json(json!({
-            "AccessKeyId": c.access_key_id,
-            "SecretAccessKey": c.secret_access_key.expose_secret(),
-            "Token": c.session_token.expose_secret(),
-            "AccountId": c.account_id,
-            "Expiration": rfc3339(c.expires_at),
-        })),
-    )
-        .into_response()
+    let body = CredentialsBody {
+        access_key_id: &c.access_key_id,
+        secret_access_key: c.secret_access_key.expose_secret(),
+        token: c.session_token.expose_secret(),
+        account_id: &c.account_id,
+        expiration: rfc3339(c.expires_at),
+    };
+    (StatusCode::OK, Json(body)).into_response()
 }
 
 /// `GET /v1/credentials`: the ECS/EKS container credentials protocol. The

@@ -119,6 +119,20 @@ fn check(surfaces: &Surfaces, headers: &HeaderMap) -> Option<Response> {
     }
 }
 
+/// The role's credentials document, borrowed from the cached credential
+/// and serialized without a JSON tree.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct CredentialsBody<'a> {
+    code: &'static str,
+    last_updated: String,
+    r#type: &'static str,
+    access_key_id: &'a str,
+    secret_access_key: &'a str,
+    token: &'a str,
+    expiration: String,
+}
+
 /// Renders an error class as instance metadata does: plain bodies, and a
 /// failed role assumption in the credentials document itself.
 pub(crate) fn render_error(err: &BrokerError) -> Response {
@@ -182,15 +196,15 @@ pub async fn role_credentials(
         Ok::<_, BrokerError>(
             (
                 StatusCode::OK,
-                Json(json!({
-                    "Code": "Success",
-                    "LastUpdated": rfc3339(c.issued_at),
-                    "Type": "AWS-HMAC",
-                    "AccessKeyId": c.access_key_id,
-                    "SecretAccessKey": c.secret_access_key.expose_secret(),
-                    "Token": c.session_token.expose_secret(),
-                    "Expiration": rfc3339(c.expires_at),
-                })),
+                Json(CredentialsBody {
+                    code: "Success",
+                    last_updated: rfc3339(c.issued_at),
+                    r#type: "AWS-HMAC",
+                    access_key_id: &c.access_key_id,
+                    secret_access_key: c.secret_access_key.expose_secret(),
+                    token: c.session_token.expose_secret(),
+                    expiration: rfc3339(c.expires_at),
+                }),
             )
                 .into_response(),
         )

@@ -39,15 +39,22 @@ fn text(status: StatusCode, body: impl Into<String>) -> Response {
     with_flavor((status, [("content-type", "application/text")], body.into()).into_response())
 }
 
-fn json_body(value: Value) -> Response {
-    with_flavor(
-        (
-            StatusCode::OK,
-            [("content-type", "application/json")],
-            value.to_string(),
-        )
-            .into_response(),
-    )
+fn json_body(value: impl serde::Serialize) -> Response {
+    // Serializing plain data into memory cannot fail; should it ever, the
+    // SDK gets a 500 rather than an empty document.
+    let Ok(body) = serde_json::to_vec(&value) else {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    };
+    with_flavor((StatusCode::OK, [("content-type", "application/json")], body).into_response())
+}
+
+/// An access token as the metadata server renders it, borrowed from the
+/// cached credential and serialized without a JSON tree.
+#[derive(serde::Serialize)]
+struct TokenBody<'a> {
+    access_token: &'a str,
+    expires_in: u64,
+    token_type: &'static str,
 }
 
 fn not_found() -> Response {
@@ -283,11 +290,11 @@ async fn service_account(
                 .unwrap_or_default();
             let request = request(Kind::AccessToken).with_scopes(scopes);
             let rendered = with_bearer(&surfaces, request, |token| {
-                json_body(json!({
-                    "access_token": token.token.expose_secret(),
-                    "expires_in": seconds_until(token.expires_at),
-                    "token_type": "Bearer",
-                }))
+                json_body(TokenBody {
+                    access_token: token.token.expose_secret(),
+                    expires_in: seconds_until(token.expires_at),
+                    token_type: "Bearer",
+                })
             });
             rendered.await.unwrap_or_else(|e| render_error(&e))
         }
