@@ -8,12 +8,10 @@
 //! `cargo bench --bench policy_latency` (or `bench/policy`). It prints
 //! figures; it asserts none.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use lanyard::cloud::{Cloud, Identity, Kind, Surface, TokenRequest};
-use lanyard::directory::Attributes;
+use lanyard::directory::{Attributes, Metadata};
 use lanyard::policy::cedar::CedarPolicy;
 use lanyard::policy::{Decision, Policy, PolicyInput};
 use lanyard::token::{Caller, ObjectRef};
@@ -35,13 +33,8 @@ fn policy_text(n: usize) -> String {
     text
 }
 
-fn labels(pairs: &[(&str, &str)]) -> Arc<BTreeMap<String, String>> {
-    Arc::new(
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-    )
+fn labels(pairs: &[(&str, &str)]) -> Metadata {
+    pairs.iter().copied().collect()
 }
 
 fn main() {

@@ -2,7 +2,6 @@
 //! configuration, in the same shape as in a cluster.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -60,8 +59,8 @@ impl StaticDirectory {
                 e.name.clone(),
                 Account {
                     bindings: Bindings::from_annotations(&e.annotations),
-                    labels: Arc::new(e.labels.clone()),
-                    annotations: Arc::new(e.annotations.clone()),
+                    labels: Metadata::from(&e.labels),
+                    annotations: Metadata::from(&e.annotations),
                 },
             );
         }
@@ -75,7 +74,7 @@ impl StaticDirectory {
     pub fn with_namespaces(mut self, namespaces: &[NamespaceEntry]) -> Self {
         self.namespaces = namespaces
             .iter()
-            .map(|n| (n.name.clone(), Arc::new(n.labels.clone())))
+            .map(|n| (n.name.clone(), Metadata::from(&n.labels)))
             .collect();
         self
     }

@@ -216,7 +216,7 @@ impl<K: std::hash::Hash + Eq> LabelIndex<K> {
         match event {
             Event::Apply(o) => {
                 let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-                map.insert(key_of(o), Arc::new(o.labels().clone()));
+                map.insert(key_of(o), Metadata::from(o.labels()));
             }
             Event::Delete(o) => {
                 let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
@@ -224,7 +224,7 @@ impl<K: std::hash::Hash + Eq> LabelIndex<K> {
             }
             Event::Init => self.relisting = Some(HashMap::new()),
             Event::InitApply(o) => {
-                let entry = (key_of(o), Arc::new(o.labels().clone()));
+                let entry = (key_of(o), Metadata::from(o.labels()));
                 match self.relisting.as_mut() {
                     Some(next) => {
                         next.insert(entry.0, entry.1);
@@ -260,8 +260,8 @@ fn track_service_accounts(
         let bindings = Bindings::from_annotations(sa.annotations());
         let entry = Known {
             bindings: bindings.clone(),
-            labels: Arc::new(sa.labels().clone()),
-            annotations: Arc::new(sa.annotations().clone()),
+            labels: Metadata::from(sa.labels()),
+            annotations: Metadata::from(sa.annotations()),
         };
         if let Some(previous) = known.insert(key.clone(), entry) {
             if previous.bindings != bindings {

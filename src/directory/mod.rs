@@ -4,9 +4,11 @@
 
 pub mod file;
 pub mod kube;
+mod metadata;
+
+pub use metadata::Metadata;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 /// ServiceAccount annotations Lanyard reads, compatible with the clouds'
 /// own workload-identity webhooks.
@@ -86,10 +88,6 @@ impl Bindings {
         self.azure.is_none() && self.gcp_service_account.is_none() && self.aws_role_arn.is_none()
     }
 }
-
-/// Labels or annotations of one Kubernetes object, shared rather than
-/// copied: a reflector's snapshot is handed to every request that needs it.
-pub type Metadata = Arc<BTreeMap<String, String>>;
 
 /// What a policy may know about a caller beyond its token: its
 /// ServiceAccount's labels and annotations, its namespace's labels, its

@@ -99,7 +99,7 @@ impl EntityKey {
     fn of(input: &PolicyInput<'_>) -> EntityKey {
         EntityKey {
             texts: key_texts(input).map(str::to_string),
-            attributes: key_attributes(input.attributes).map(Arc::clone),
+            attributes: key_attributes(input.attributes).map(Metadata::clone),
         }
     }
 
@@ -109,7 +109,7 @@ impl EntityKey {
                 .attributes
                 .iter()
                 .zip(key_attributes(input.attributes))
-                .all(|(a, b)| Arc::ptr_eq(a, b) || a == b)
+                .all(|(a, b)| Metadata::ptr_eq(a, b) || a == b)
     }
 }
 

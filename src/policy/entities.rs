@@ -7,7 +7,6 @@
 //! entity. `docs/policy.md` documents the model; `policies/schema.cedarschema`
 //! is its definition.
 
-use std::collections::BTreeMap;
 use std::time::UNIX_EPOCH;
 
 use cedar_policy::{
@@ -16,6 +15,7 @@ use cedar_policy::{
 
 use super::PolicyInput;
 use crate::cloud::Kind;
+use crate::directory::Metadata;
 
 /// Why an input could not be turned into a Cedar request (a defect of the
 /// mapping, which the tests exercise; the caller fails closed on it).
@@ -34,10 +34,8 @@ fn string(s: &str) -> RestrictedExpression {
     RestrictedExpression::new_string(s.to_string())
 }
 
-fn tags(
-    map: &BTreeMap<String, String>,
-) -> impl Iterator<Item = (String, RestrictedExpression)> + '_ {
-    map.iter().map(|(k, v)| (k.clone(), string(v)))
+fn tags(map: &Metadata) -> impl Iterator<Item = (String, RestrictedExpression)> + '_ {
+    map.iter().map(|(k, v)| (k.to_string(), string(v)))
 }
 
 /// The action a request kind is (`None` for identity lookups, which are

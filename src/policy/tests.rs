@@ -1,6 +1,5 @@
 //! The Cedar engine: mapping, loading, bad input, reload, examples.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -10,7 +9,7 @@ use super::cedar::{CedarPolicy, ReloadEvent};
 use super::load::LoadError;
 use super::{Decision, Policy, PolicyInput};
 use crate::cloud::{Cloud, Identity, Kind, Surface, TokenRequest};
-use crate::directory::Attributes;
+use crate::directory::{Attributes, Metadata};
 use crate::token::{Caller, ObjectRef};
 
 fn caller() -> Caller {
@@ -40,13 +39,8 @@ fn identity() -> Identity {
     }
 }
 
-fn labels(pairs: &[(&str, &str)]) -> Arc<BTreeMap<String, String>> {
-    Arc::new(
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-    )
+fn labels(pairs: &[(&str, &str)]) -> Metadata {
+    pairs.iter().copied().collect()
 }
 
 fn attributes() -> Attributes {

@@ -13,12 +13,10 @@
 //! with the same digest; each decision names only policies of the set, and
 //! the cache answers what evaluation answered.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use lanyard::cloud::{Cloud, Identity, Kind, Surface, TokenRequest};
-use lanyard::directory::Attributes;
+use lanyard::directory::{Attributes, Metadata};
 use lanyard::policy::cedar::CedarPolicy;
 use lanyard::policy::load;
 use lanyard::policy::{Decision, Policy, PolicyInput};
@@ -118,14 +116,7 @@ impl Case {
     }
 
     fn attributes(&self) -> Attributes {
-        let map = |pairs: &[(&str, &str)]| {
-            Arc::new(
-                pairs
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect::<BTreeMap<_, _>>(),
-            )
-        };
+        let map = |pairs: &[(&str, &str)]| pairs.iter().copied().collect::<Metadata>();
         Attributes {
             namespace_labels: map(self.namespace_labels),
             pod_labels: map(self.pod_labels),
