@@ -4,26 +4,51 @@
 //! format of [`super::wire`]. When the agent is unreachable or slow the
 //! error is retryable, so every SDK surface answers with a status its SDK
 //! retries on, never a wrong or empty credential.
+//!
+//! At most [`AGENT_CONCURRENCY`] requests are in flight to the agent at
+//! once, over as many pooled connections; the rest wait their turn (within
+//! the same 20 s). Without the bound a burst of N SDK calls in one pod (a
+//! Ray worker's processes starting together) opened N connections to the
+//! agent: each costs both processes tens of KB the allocator keeps after
+//! the burst (bursts of 200 grew a sidecar from 15 to 31 MiB, against a
+//! 64 MiB limit), and one pod could hold thousands of the agent's
+//! connections, which every pod on the node shares.
 
 use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
 
 use super::wire::{ErrorBody, WireGrant, TOKEN_PATH};
 use super::{BrokerError, Grant, TokenBroker};
 use crate::cloud::TokenRequest;
 use crate::secret::{ExposeSecret, SecretString};
 
+/// Most requests one sidecar has in flight to its agent, and most
+/// connections it keeps open to it. A cached answer takes the agent well
+/// under a millisecond, so a queue of hundreds drains in milliseconds.
+pub const AGENT_CONCURRENCY: usize = 16;
+
+/// The longest a request to the agent takes, its wait for a turn included.
+/// Longer than the agent's own upstream timeout would be pointless: the
+/// SDKs retry a 503 sooner than they would wait.
+const AGENT_TIMEOUT: Duration = Duration::from_secs(20);
+
 /// A client of the node agent's `/v1/token`.
 pub struct RemoteBroker {
     http: reqwest::Client,
     token_url: String,
     health_url: String,
+    /// [`AGENT_CONCURRENCY`] permits, one per request in flight.
+    turns: Semaphore,
 }
 
 impl RemoteBroker {
     /// A client of the agent at `agent_url` (its base URL; a trailing `/` is
     /// ignored). An `http://` agent, the node-local default, is reached without
     /// loading TLS roots. Connections time out after 2 s and requests after
-    /// 20 s, and redirects are not followed.
+    /// 20 s, at most [`AGENT_CONCURRENCY`] are in flight, and redirects are
+    /// not followed.
     pub fn new(agent_url: &str) -> Self {
         let base = agent_url.trim_end_matches('/');
         // A plain-http agent (the node-local default) needs no TLS roots;
@@ -35,9 +60,7 @@ impl RemoteBroker {
         }
         let http = builder
             .connect_timeout(Duration::from_secs(2))
-            // Longer than the agent's own upstream timeout would be pointless:
-            // the SDKs retry a 503 sooner than they would wait.
-            .timeout(Duration::from_secs(20))
+            .pool_max_idle_per_host(AGENT_CONCURRENCY)
             // INVARIANT: shorter than the agent's idle timeout (10 s,
             // `http::Limits::api`), so a pooled connection is dropped here
             // before the agent closes it under a request being sent.
@@ -49,6 +72,7 @@ impl RemoteBroker {
             http,
             token_url: format!("{base}{TOKEN_PATH}"),
             health_url: format!("{base}/healthz"),
+            turns: Semaphore::new(AGENT_CONCURRENCY),
         }
     }
 
@@ -74,11 +98,25 @@ impl TokenBroker for RemoteBroker {
         subject: &SecretString,
         request: &TokenRequest,
     ) -> Result<Grant, BrokerError> {
+        let deadline = Instant::now() + AGENT_TIMEOUT;
+        // INVARIANT: the permit is held until the whole response is read,
+        // so the connection is back in the pool before another request may
+        // start, and no more than AGENT_CONCURRENCY connections are open.
+        let _turn = match tokio::time::timeout_at(deadline, self.turns.acquire()).await {
+            Ok(Ok(turn)) => turn,
+            Ok(Err(_)) | Err(_) => {
+                return Err(BrokerError::Unavailable(format!(
+                "node agent busy: no turn among {AGENT_CONCURRENCY} requests in flight within {} s",
+                AGENT_TIMEOUT.as_secs()
+            )))
+            }
+        };
         let resp = self
             .http
             .post(&self.token_url)
             .bearer_auth(subject.expose_secret())
             .json(request)
+            .timeout(deadline.saturating_duration_since(Instant::now()))
             .send()
             .await
             .map_err(|e| {
@@ -103,5 +141,97 @@ impl TokenBroker for RemoteBroker {
                 "node agent answered HTTP {status}"
             ))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+    use std::net::SocketAddr;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use axum::extract::{ConnectInfo, State};
+
+    use super::*;
+    use crate::cloud::{Cloud, Identity, Kind, Surface};
+
+    /// What the fake agent saw.
+    #[derive(Default)]
+    struct Seen {
+        in_flight: AtomicUsize,
+        most_in_flight: AtomicUsize,
+        answered: AtomicUsize,
+        connections: Mutex<HashSet<SocketAddr>>,
+    }
+
+    async fn token(
+        State(seen): State<Arc<Seen>>,
+        ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    ) -> axum::Json<WireGrant> {
+        seen.connections.lock().unwrap().insert(peer);
+        let now = seen.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        seen.most_in_flight.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        seen.in_flight.fetch_sub(1, Ordering::SeqCst);
+        seen.answered.fetch_add(1, Ordering::SeqCst);
+        axum::Json(WireGrant {
+            identity: Identity {
+                cloud: Cloud::Azure,
+                id: "client".into(),
+                account: "tenant".into(),
+                account_number: None,
+            },
+            credential: None,
+        })
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_burst_reaches_the_agent_a_bounded_number_at_a_time_over_few_connections() {
+        let seen = Arc::new(Seen::default());
+        let router = axum::Router::new()
+            .route(TOKEN_PATH, axum::routing::post(token))
+            .with_state(seen.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            axum::serve(
+                listener,
+                router.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .await
+        });
+        let broker = Arc::new(RemoteBroker::new(&format!("http://{addr}/")));
+        let burst = 10 * AGENT_CONCURRENCY;
+        let calls: Vec<_> = (0..burst)
+            .map(|_| {
+                let broker = broker.clone();
+                tokio::spawn(async move {
+                    let request =
+                        TokenRequest::new(Cloud::Azure, Kind::Identity, Surface::AzureImds);
+                    broker
+                        .request(&SecretString::from("projected".to_string()), &request)
+                        .await
+                })
+            })
+            .collect();
+        for call in calls {
+            let grant = call
+                .await
+                .unwrap()
+                .expect("every call of the burst is answered");
+            assert_eq!(grant.identity.id, "client");
+        }
+        assert_eq!(seen.answered.load(Ordering::SeqCst), burst);
+        let most = seen.most_in_flight.load(Ordering::SeqCst);
+        assert!(
+            (2..=AGENT_CONCURRENCY).contains(&most),
+            "{most} requests were in flight at once"
+        );
+        let connections = seen.connections.lock().unwrap().len();
+        assert!(
+            connections <= AGENT_CONCURRENCY,
+            "{connections} connections for a burst of {burst}"
+        );
     }
 }
