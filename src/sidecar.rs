@@ -23,8 +23,14 @@ use crate::secret::{random_token, SecretString};
 use crate::serve::container_token::ContainerToken;
 use crate::serve::{self, SubjectTokens, Surfaces};
 
-/// Connections the SDK endpoints keep open at once: one pod's SDK clients.
-const SDK_CONNECTIONS: usize = 1_024;
+/// Connections the SDK endpoints keep open at once: one pod's SDK clients,
+/// a connection or two per process (a Ray pod on a large node runs one
+/// worker per CPU). Each open connection costs the sidecar about 30 KB
+/// (hyper's read buffers, its task), which glibc's malloc keeps after a
+/// burst: at 1,024, bursts of 1,000 grew a sidecar to 54 MiB, close to its
+/// 64 MiB limit; at 512 they stop near 33 MiB. At the bound the
+/// longest-idle connection is closed to make room (`http::server`).
+const SDK_CONNECTIONS: usize = 512;
 
 /// How long a read token file is trusted before it is read again. The
 /// kubelet rotates at 80% of a token's life (minutes at the least), so a
