@@ -5,11 +5,14 @@
 //! `audit` module's; its default sink writes them to this log.)
 //!
 //! Every cache hit logs its audit line, so lines are written in batches
-//! ([`log_writer`]): a line waits at most 10 ms in memory.
+//! ([`log_writer`]): a line waits at most 10 ms in memory; text lines'
+//! fields are written by [`text_fields`], the same bytes as the default
+//! formatter's, faster.
 
 pub mod log_writer;
 pub mod metrics;
 mod readiness;
+pub mod text_fields;
 
 pub use readiness::{Condition, Readiness, ReadinessBuilder};
 
@@ -90,7 +93,7 @@ where
         .with_ansi(ansi)
         .with_writer(writer);
     match format {
-        LogFormat::Text => builder.try_init(),
+        LogFormat::Text => builder.fmt_fields(text_fields::TextFields).try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     }
     .is_ok()
