@@ -281,7 +281,17 @@ fn write_joined<S: AsRef<str>>(
         if i > 0 {
             f.write_str(separator)?;
         }
-        write!(f, "{}", t.as_ref().escape_debug())?;
+        let t = t.as_ref();
+        // Names and resources are almost always plain text, which
+        // `escape_debug` would copy a character at a time unchanged.
+        let plain = t
+            .bytes()
+            .all(|b| (0x20..0x7f).contains(&b) && !matches!(b, b'"' | b'\\' | b'\''));
+        if plain {
+            f.write_str(t)?;
+        } else {
+            write!(f, "{}", t.escape_debug())?;
+        }
     }
     f.write_str("\"")
 }
@@ -401,5 +411,35 @@ mod tests {
         // Multibyte text is cut on a character boundary.
         let wide = "é".repeat(1000);
         assert!(bounded(&wide).starts_with(&"é".repeat(MAX_FIELD_CHARS)));
+    }
+
+    #[test]
+    fn joined_text_is_escaped_as_escape_debug_escapes_it() {
+        let texts: Vec<String> = [
+            "https://storage.azure.com/.default",
+            "",
+            "a \"b\" c",
+            "it's",
+            "back\\slash",
+            "line\nbreak\ttab\r",
+            "\x1b[2J\x07\x7f\0",
+            "e\u{301}t\u{e9} \u{1f512} \u{85}",
+            "\u{301}leading mark",
+            "~ !#$%&()*+,-./:;<=>?@[]^_`{|}",
+        ]
+        .map(String::from)
+        .to_vec();
+        for one in &texts {
+            let expected = format!("\"{}\"", one.escape_debug());
+            let written = format!("{:?}", Joined(CallerText::one(one), " "));
+            assert_eq!(written, expected);
+        }
+        let expected = texts
+            .iter()
+            .map(|t| t.escape_debug().to_string())
+            .collect::<Vec<_>>()
+            .join(" ");
+        let written = format!("{:?}", Joined(CallerText::new(&texts), " "));
+        assert_eq!(written, format!("\"{expected}\""));
     }
 }

@@ -98,7 +98,7 @@ pub(crate) struct Decimal(u64);
 
 impl serde::Serialize for Decimal {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(&self.0)
+        serializer.serialize_str(itoa::Buffer::new().format(self.0))
     }
 }
 
@@ -163,7 +163,7 @@ pub(crate) fn render_error(err: &BrokerError) -> Response {
 
 /// The request an IMDS or App Service query makes, or the reason it is
 /// malformed.
-pub(crate) fn token_request(query: &Query, surface: Surface) -> Result<TokenRequest, String> {
+pub(crate) fn token_request(query: &Query<'_>, surface: Surface) -> Result<TokenRequest, String> {
     let resource = query
         .get("resource")
         .ok_or("Required audience parameter not specified")?;

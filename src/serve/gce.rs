@@ -270,7 +270,7 @@ async fn service_account(
     rest: &[&str],
     is_dir: bool,
     recursive: bool,
-    query: &Query,
+    query: &Query<'_>,
     uri: &Uri,
 ) -> Response {
     let request = |kind| {

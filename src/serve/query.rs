@@ -2,34 +2,58 @@
 //! strict about repeated parameters (a repeated `client_id` could otherwise
 //! be read one way by us and another way by a proxy).
 
-use std::collections::HashMap;
+use std::borrow::Cow;
+use std::collections::HashSet;
+
+/// Up to this many parameters, a repeat is found by comparing names; past
+/// it, by a set (a caller's query of thousands of parameters stays linear).
+const SCAN_LIMIT: usize = 16;
 
 /// A parsed query string that remembers whether a parameter was repeated.
-pub struct Query {
-    params: HashMap<String, String>,
-    duplicated: Option<String>,
+/// Names and values borrow from the query unless they were percent-encoded:
+/// an SDK's query parses without copying most of it (this runs on every
+/// cache hit).
+pub struct Query<'a> {
+    params: Vec<(Cow<'a, str>, Cow<'a, str>)>,
+    duplicated: Option<Cow<'a, str>>,
 }
 
-impl Query {
+impl<'a> Query<'a> {
     /// Parses `raw` (`None`: no query) as `application/x-www-form-urlencoded`;
     /// of a repeated parameter the last value is kept and the first repeated
     /// name recorded for [`Query::duplicated`].
-    pub fn parse(raw: Option<&str>) -> Query {
-        let mut params = HashMap::new();
+    pub fn parse(raw: Option<&'a str>) -> Query<'a> {
+        let mut params: Vec<(Cow<'a, str>, Cow<'a, str>)> = Vec::new();
+        let mut names: Option<HashSet<Cow<'a, str>>> = None;
         let mut duplicated = None;
         for (k, v) in url::form_urlencoded::parse(raw.unwrap_or("").as_bytes()) {
-            if params.insert(k.to_string(), v.into_owned()).is_some() && duplicated.is_none() {
-                duplicated = Some(k.into_owned());
+            let repeated = match &mut names {
+                Some(set) => !set.insert(k.clone()),
+                None if params.len() < SCAN_LIMIT => params.iter().any(|(n, _)| *n == k),
+                None => {
+                    let mut set: HashSet<Cow<'a, str>> =
+                        params.iter().map(|(n, _)| n.clone()).collect();
+                    let repeated = !set.insert(k.clone());
+                    names = Some(set);
+                    repeated
+                }
+            };
+            if repeated && duplicated.is_none() {
+                duplicated = Some(k.clone());
             }
+            params.push((k, v));
         }
         Query { params, duplicated }
     }
 
-    /// A parameter's value, `None` when absent or empty.
+    /// A parameter's value (its last, when repeated), `None` when absent or
+    /// empty.
     pub fn get(&self, name: &str) -> Option<&str> {
         self.params
-            .get(name)
-            .map(String::as_str)
+            .iter()
+            .rev()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_ref())
             .filter(|v| !v.is_empty())
     }
 
@@ -54,5 +78,31 @@ mod tests {
         let q = Query::parse(Some("client_id=a&client_id=b"));
         assert_eq!(q.duplicated(), Some("client_id"));
         assert_eq!(Query::parse(None).get("a"), None);
+    }
+
+    #[test]
+    fn the_last_value_counts_and_the_first_repeat_is_named_at_any_length() {
+        for n in [3, SCAN_LIMIT - 1, SCAN_LIMIT, SCAN_LIMIT + 1, 2000] {
+            let mut raw: Vec<String> = (0..n).map(|i| format!("p{i}={i}")).collect();
+            let joined = raw.join("&");
+            let q = Query::parse(Some(&joined));
+            assert_eq!(q.duplicated(), None, "{n}");
+            assert_eq!(
+                q.get(&format!("p{}", n - 1)),
+                Some(format!("{}", n - 1).as_str())
+            );
+            raw.push("p1=last".into());
+            raw.push("p0=x".into());
+            let joined = raw.join("&");
+            let q = Query::parse(Some(&joined));
+            assert_eq!(q.duplicated(), Some("p1"), "{n}");
+            assert_eq!(q.get("p1"), Some("last"));
+            assert_eq!(q.get("p0"), Some("x"));
+            assert_eq!(q.get("absent"), None);
+        }
+        // Names compare decoded: an encoded repeat is a repeat.
+        let q = Query::parse(Some("client%5Fid=a&client_id=b"));
+        assert_eq!(q.duplicated(), Some("client_id"));
+        assert_eq!(q.get("client_id"), Some("b"));
     }
 }
