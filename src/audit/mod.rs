@@ -284,10 +284,7 @@ fn write_joined<S: AsRef<str>>(
         let t = t.as_ref();
         // Names and resources are almost always plain text, which
         // `escape_debug` would copy a character at a time unchanged.
-        let plain = t
-            .bytes()
-            .all(|b| (0x20..0x7f).contains(&b) && !matches!(b, b'"' | b'\\' | b'\''));
-        if plain {
+        if crate::telemetry::text_fields::needs_no_escape(t) {
             f.write_str(t)?;
         } else {
             write!(f, "{}", t.escape_debug())?;

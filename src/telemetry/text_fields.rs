@@ -6,7 +6,7 @@
 //! writes each one through `{:?}` (a character-by-character escape) after
 //! two ANSI styles that are no-ops without colours: under load that was 7 %
 //! of `lanyard dev`'s CPU, more than the rest of the line. Here a string
-//! that needs no escaping (printable ASCII without `"` or `\`, which is
+//! that needs no escaping (printable ASCII without quotes or `\`, which is
 //! what names, namespaces, resources and fingerprints are) is copied as is
 //! between quotes; anything else takes the standard library's escape, so
 //! the bytes are the same either way. With colours (a terminal), the
@@ -93,7 +93,7 @@ impl Visit for Visitor<'_> {
             Some(source) => self.record_debug(
                 field,
                 &format_args!(
-                    "{} {}.sources={}",
+                    "{:?} {}.sources={}",
                     Sanitized::new(format_args!("{value}"), sanitize),
                     field.name(),
                     SourceList { source, sanitize }
@@ -101,7 +101,7 @@ impl Visit for Visitor<'_> {
             ),
             None => self.record_debug(
                 field,
-                &format_args!("{}", Sanitized::new(format_args!("{value}"), sanitize)),
+                &format_args!("{:?}", Sanitized::new(format_args!("{value}"), sanitize)),
             ),
         }
     }
@@ -122,13 +122,18 @@ impl Visit for Visitor<'_> {
     }
 }
 
+/// Whether both `str`'s `Debug` and `str::escape_debug` write `text`
+/// unchanged: printable ASCII without `"`, `\` or `'`. Names, namespaces,
+/// resources and fingerprints are; the check lets them be copied whole.
+pub(crate) fn needs_no_escape(text: &str) -> bool {
+    text.bytes()
+        .all(|b| (0x20..0x7f).contains(&b) && !matches!(b, b'"' | b'\\' | b'\''))
+}
+
 /// `value` as `<str as Debug>` writes it: copied between quotes when no
 /// character needs an escape, else the standard library's own escape.
 fn write_debug_str(w: &mut impl fmt::Write, value: &str) -> fmt::Result {
-    let plain = value
-        .bytes()
-        .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\');
-    if plain {
+    if needs_no_escape(value) {
         w.write_char('"')?;
         w.write_str(value)?;
         w.write_char('"')
@@ -137,9 +142,10 @@ fn write_debug_str(w: &mut impl fmt::Write, value: &str) -> fmt::Result {
     }
 }
 
-/// Formats its value with terminal control characters escaped (when
-/// `sanitize`), as `tracing-subscriber` does for messages and errors, so
-/// a caller's text cannot drive a terminal that shows the log.
+/// Formats its value (`Debug`; of `format_args!` that is its text) with
+/// terminal control characters escaped (when `sanitize`), as
+/// `tracing-subscriber` does for messages and errors, so a caller's text
+/// cannot drive a terminal that shows the log.
 struct Sanitized<T> {
     value: T,
     sanitize: bool,
@@ -157,16 +163,6 @@ impl<T: fmt::Debug> fmt::Debug for Sanitized<T> {
             write!(Escaping(f), "{:?}", self.value)
         } else {
             write!(f, "{:?}", self.value)
-        }
-    }
-}
-
-impl<T: fmt::Display> fmt::Display for Sanitized<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.sanitize {
-            write!(Escaping(f), "{}", self.value)
-        } else {
-            write!(f, "{}", self.value)
         }
     }
 }
