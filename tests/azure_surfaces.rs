@@ -6,6 +6,7 @@
 
 mod support;
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -437,4 +438,65 @@ async fn unknown_paths_fail_fast_in_each_surfaces_shape() {
     let (status, body) = get(&format!("{base}/{long}"), &[]).await;
     assert_eq!(status, 404);
     assert!(body.to_string().len() < 1000, "{}", body.to_string().len());
+}
+
+/// One cached token is rendered into several bodies (each surface keeps
+/// the last body it sent on the credential): whichever was rendered last,
+/// each request gets its own surface's, protocol's and resource's body.
+#[tokio::test]
+async fn one_cached_token_renders_each_surfaces_own_body() {
+    let (up, base) = stack().await;
+    let with_slash = RESOURCE;
+    let without = RESOURCE.trim_end_matches('/');
+    let imds_url = |resource: &str| {
+        format!(
+            "{base}{IMDS}?api-version=2018-02-01&resource={}",
+            urlencode(resource)
+        )
+    };
+    let msi_url = |version: &str, resource: &str| {
+        format!(
+            "{base}{MSI}?api-version={version}&resource={}",
+            urlencode(resource)
+        )
+    };
+    let mut tokens = std::collections::BTreeSet::new();
+    for round in 0..3 {
+        // Each surface asked with both spellings in a row, so that a body
+        // kept for one spelling is there when the other asks.
+        for resource in [with_slash, without] {
+            let (status, body) = get(&imds_url(resource), &[("Metadata", "true")]).await;
+            assert_eq!(status, 200, "{body}");
+            assert_eq!(body["resource"], resource, "round {round}: {body}");
+            assert!(body["ext_expires_in"].is_string(), "{body}");
+            tokens.insert(body["access_token"].as_str().unwrap().to_string());
+        }
+        for resource in [with_slash, without] {
+            let (status, body) = get(
+                &msi_url("2019-08-01", resource),
+                &[("X-IDENTITY-HEADER", IDENTITY_HEADER)],
+            )
+            .await;
+            assert_eq!(status, 200, "{body}");
+            assert_eq!(body["resource"], resource, "round {round}: {body}");
+            assert_eq!(body["client_id"], CLIENT);
+            assert!(body.get("ext_expires_in").is_none(), "{body}");
+            assert!(body["not_before"].is_string(), "{body}");
+            tokens.insert(body["access_token"].as_str().unwrap().to_string());
+        }
+        for resource in [with_slash, without] {
+            let (status, body) = get(
+                &msi_url("2017-09-01", resource),
+                &[("secret", IDENTITY_HEADER)],
+            )
+            .await;
+            assert_eq!(status, 200, "{body}");
+            assert_eq!(body["resource"], resource, "round {round}: {body}");
+            assert!(body.get("not_before").is_none(), "{body}");
+            tokens.insert(body["access_token"].as_str().unwrap().to_string());
+        }
+    }
+    // Both spellings name one scope: one exchange, one token.
+    assert_eq!(tokens.len(), 1, "{tokens:?}");
+    assert_eq!(up.entra.stats.issued.load(Ordering::Relaxed), 1);
 }

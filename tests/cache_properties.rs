@@ -472,6 +472,7 @@ impl World {
 fn credential(cloud: Cloud, secret: String, issued_at: u64, expires_at: u64) -> Credential {
     match cloud {
         Cloud::Aws => Credential::Aws(AwsCredentials {
+            rendered: Default::default(),
             access_key_id: "ASIAFAKE".into(),
             secret_access_key: SecretString::from(format!("sk-{secret}")),
             session_token: SecretString::from(secret),
@@ -481,6 +482,7 @@ fn credential(cloud: Cloud, secret: String, issued_at: u64, expires_at: u64) -> 
             assumed_role_arn: "arn:aws:sts::123456789012:assumed-role/r/s".into(),
         }),
         Cloud::Azure | Cloud::Gcp => Credential::Token(AccessToken {
+            rendered: Default::default(),
             token: SecretString::from(secret),
             issued_at,
             expires_at,

@@ -207,6 +207,7 @@ mod tests {
                     account_number: None,
                 },
                 credential: Some(Arc::new(Credential::Token(AccessToken {
+                    rendered: Default::default(),
                     token: SecretString::from(format!("token-{n}")),
                     issued_at: now_unix(),
                     expires_at: now_unix() + self.lifetime,

@@ -60,6 +60,7 @@ impl CloudExchanger for TestCloud {
             let n = p.0.fetch_add(1, Ordering::SeqCst) + 1;
             let now = now_unix();
             Ok(Credential::Token(AccessToken {
+                rendered: Default::default(),
                 token: SecretString::from(format!("credential-{}-{n}", p.1)),
                 issued_at: now,
                 expires_at: now + 3600,

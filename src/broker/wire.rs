@@ -129,6 +129,7 @@ impl From<&Grant> for WireGrant {
 impl From<WireGrant> for Grant {
     fn from(wire: WireGrant) -> Self {
         let token = |t: String, issued_at, expires_at| AccessToken {
+            rendered: Default::default(),
             token: SecretString::from(t),
             issued_at,
             expires_at,
@@ -157,6 +158,7 @@ impl From<WireGrant> for Grant {
                         account_id,
                         assumed_role_arn,
                     } => Credential::Aws(AwsCredentials {
+                        rendered: Default::default(),
                         access_key_id,
                         secret_access_key: SecretString::from(secret_access_key),
                         session_token: SecretString::from(session_token),

@@ -53,6 +53,7 @@ impl Upstream {
                 };
                 let now = now_unix();
                 Ok(Credential::Token(AccessToken {
+                    rendered: Default::default(),
                     token: SecretString::from(format!("token-{n}")),
                     issued_at: now,
                     expires_at: now + lifetime,

@@ -65,6 +65,8 @@ pub struct AwsCredentials {
     pub account_id: String,
     /// `arn:aws:sts::ACCOUNT:assumed-role/ROLE/SESSION`.
     pub assumed_role_arn: String,
+    /// The last response body these credentials were rendered into.
+    pub rendered: super::RenderedBody,
 }
 
 /// Written by hand so that neither the secret key nor the session token can
@@ -227,6 +229,7 @@ impl AwsExchanger {
                 .assumed_role_arn
                 .unwrap_or_else(|| role.assumed_role_arn(session_name));
             return Ok(AwsCredentials {
+                rendered: Default::default(),
                 access_key_id: ok.access_key_id,
                 secret_access_key: ok.secret_access_key,
                 session_token: ok.session_token,
@@ -1102,6 +1105,7 @@ mod tests {
     #[test]
     fn aws_credentials_debug_hides_secrets() {
         let c = AwsCredentials {
+            rendered: Default::default(),
             access_key_id: "ASIAEXAMPLE".into(),
             secret_access_key: SecretString::from("very-secret-key".to_string()),
             session_token: SecretString::from("very-secret-token".to_string()),

@@ -170,6 +170,7 @@ impl AzureExchanger {
                 reason: "token response has no valid expires_in".into(),
             })?;
             return Ok(AccessToken {
+                rendered: Default::default(),
                 token: SecretString::from(ok.access_token),
                 issued_at,
                 expires_at: issued_at + expires_in,

@@ -148,6 +148,7 @@ impl GcpExchanger {
                 })?,
         };
         Ok(AccessToken {
+            rendered: Default::default(),
             token: SecretString::from(ok.access_token),
             issued_at,
             expires_at,
@@ -193,6 +194,7 @@ impl GcpExchanger {
             ),
         })?;
         Ok(AccessToken {
+            rendered: Default::default(),
             token: SecretString::from(ok.access_token),
             issued_at,
             expires_at,
@@ -228,6 +230,7 @@ impl GcpExchanger {
             reason: "generateIdToken returned a token that is not a JWT with an exp claim".into(),
         })?;
         Ok(AccessToken {
+            rendered: Default::default(),
             token: SecretString::from(ok.token),
             issued_at,
             expires_at,

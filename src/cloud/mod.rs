@@ -17,6 +17,7 @@ pub mod aws;
 pub mod azure;
 mod exchanger;
 pub mod gcp;
+mod rendered;
 mod request;
 
 use std::fmt;
@@ -28,6 +29,7 @@ use std::time::Duration;
 use crate::secret::SecretString;
 
 pub use exchanger::CloudExchanger;
+pub use rendered::{BodyKey, RenderedBody};
 pub use request::{Identity, Kind, RequestError, Selector, Surface, TokenRequest};
 
 /// The clouds Lanyard brokers for.
@@ -184,6 +186,8 @@ pub struct AccessToken {
     pub issued_at: u64,
     /// Unix seconds.
     pub expires_at: u64,
+    /// The last response body this token was rendered into.
+    pub rendered: RenderedBody,
 }
 
 /// A credential of any cloud, as the cache stores it and a grant carries it.

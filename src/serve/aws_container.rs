@@ -14,11 +14,12 @@ use axum::Json;
 use serde_json::json;
 
 use super::{
-    is_forwarded, subject, with_retry_after, wrong_credential, Surfaces, FORWARDED_REFUSAL,
+    is_forwarded, json_ok, subject, to_json, with_retry_after, wrong_credential, Surfaces,
+    FORWARDED_REFUSAL,
 };
 use crate::broker::{BrokerError, ErrorClass, Grant};
 use crate::cloud::aws::AwsCredentials;
-use crate::cloud::{Cloud, CloudError, Credential, Kind, Surface, TokenRequest};
+use crate::cloud::{BodyKey, Cloud, CloudError, Credential, Kind, Surface, TokenRequest};
 use crate::secret::ExposeSecret;
 
 /// Errors as `{code, message}`, the shape of the EKS Pod Identity agent.
@@ -99,15 +100,24 @@ struct CredentialsBody<'a> {
     expiration: String,
 }
 
-fn body(c: &AwsCredentials) -> Response {
-    let body = CredentialsBody {
-        access_key_id: &c.access_key_id,
-        secret_access_key: c.secret_access_key.expose_secret(),
-        token: c.session_token.expose_secret(),
-        account_id: &c.account_id,
-        expiration: rfc3339(c.expires_at),
+/// The document, rendered once per credential: nothing in it changes.
+fn body(c: &AwsCredentials) -> Result<Response, BrokerError> {
+    let key = BodyKey {
+        surface: Surface::AwsContainer,
+        variant: 0,
+        second: 0,
+        echo: &[],
     };
-    (StatusCode::OK, Json(body)).into_response()
+    let body = c.rendered.get_or_render(key, || {
+        to_json(&CredentialsBody {
+            access_key_id: &c.access_key_id,
+            secret_access_key: c.secret_access_key.expose_secret(),
+            token: c.session_token.expose_secret(),
+            account_id: &c.account_id,
+            expiration: rfc3339(c.expires_at),
+        })
+    })?;
+    Ok(json_ok(body))
 }
 
 /// `GET /v1/credentials`: the ECS/EKS container credentials protocol. The
@@ -152,7 +162,7 @@ pub async fn credentials(State(surfaces): State<Arc<Surfaces>>, headers: HeaderM
     let result = async {
         let subject = subject(&surfaces, Cloud::Aws).await?;
         let grant = surfaces.broker.request(&subject, &request).await?;
-        aws_credentials(&grant).map(body)
+        body(aws_credentials(&grant)?)
     }
     .await;
     result.unwrap_or_else(|e| render_error(&e))

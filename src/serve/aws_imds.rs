@@ -20,9 +20,9 @@ use base64::Engine;
 use serde_json::json;
 
 use super::aws_container::{aws_credentials, rfc3339};
-use super::{is_forwarded, subject, with_retry_after, Surfaces};
+use super::{is_forwarded, json_ok, subject, to_json, with_retry_after, Surfaces};
 use crate::broker::{BrokerError, ErrorClass, Grant};
-use crate::cloud::{now_unix, Cloud, CloudError, Kind, Selector, Surface, TokenRequest};
+use crate::cloud::{now_unix, BodyKey, Cloud, CloudError, Kind, Selector, Surface, TokenRequest};
 use crate::secret::ExposeSecret;
 
 const TTL_HEADER: &str = "x-aws-ec2-metadata-token-ttl-seconds";
@@ -193,21 +193,25 @@ pub async fn role_credentials(
     let result = async {
         let grant = ask(&surfaces, Kind::AwsCredentials, Some(role)).await?;
         let c = aws_credentials(&grant)?;
-        Ok::<_, BrokerError>(
-            (
-                StatusCode::OK,
-                Json(CredentialsBody {
-                    code: "Success",
-                    last_updated: rfc3339(c.issued_at),
-                    r#type: "AWS-HMAC",
-                    access_key_id: &c.access_key_id,
-                    secret_access_key: c.secret_access_key.expose_secret(),
-                    token: c.session_token.expose_secret(),
-                    expiration: rfc3339(c.expires_at),
-                }),
-            )
-                .into_response(),
-        )
+        // Rendered once per credential: nothing in it changes.
+        let key = BodyKey {
+            surface: Surface::AwsImds,
+            variant: 0,
+            second: 0,
+            echo: &[],
+        };
+        let body = c.rendered.get_or_render(key, || {
+            to_json(&CredentialsBody {
+                code: "Success",
+                last_updated: rfc3339(c.issued_at),
+                r#type: "AWS-HMAC",
+                access_key_id: &c.access_key_id,
+                secret_access_key: c.secret_access_key.expose_secret(),
+                token: c.session_token.expose_secret(),
+                expiration: rfc3339(c.expires_at),
+            })
+        })?;
+        Ok::<_, BrokerError>(json_ok(body))
     }
     .await;
     result.unwrap_or_else(|e| render_error(&e))

@@ -12,11 +12,13 @@ use axum::Json;
 use serde_json::json;
 
 use super::{
-    is_forwarded, seconds_until, subject, with_retry_after, wrong_credential, Query, Surfaces,
+    is_forwarded, json_ok, subject, to_json, with_retry_after, wrong_credential, Query, Surfaces,
     FORWARDED_REFUSAL,
 };
 use crate::broker::{BrokerError, ErrorClass};
-use crate::cloud::{AccessToken, Cloud, Credential, Kind, Selector, Surface, TokenRequest};
+use crate::cloud::{
+    now_unix, AccessToken, BodyKey, Cloud, Credential, Kind, Selector, Surface, TokenRequest,
+};
 use crate::secret::ExposeSecret;
 
 fn error(status: StatusCode, error: &str, description: impl Into<String>) -> Response {
@@ -111,15 +113,24 @@ pub(crate) struct Fields {
     pub not_before: bool,
 }
 
+impl Fields {
+    /// Which fields, as a [`BodyKey`]'s variant.
+    fn variant(self) -> u8 {
+        u8::from(self.ext_expires_in) | u8::from(self.not_before) << 1
+    }
+}
+
 impl<'a> TokenBody<'a> {
-    /// `token` for the identity `client_id` and `resource`, with `fields`.
+    /// `token` for the identity `client_id` and `resource`, with `fields`,
+    /// at `now` (Unix seconds).
     pub(crate) fn new(
         token: &'a AccessToken,
         client_id: &'a str,
         resource: &'a str,
         fields: Fields,
+        now: u64,
     ) -> Self {
-        let expires_in = Decimal(seconds_until(token.expires_at));
+        let expires_in = Decimal(token.expires_at.saturating_sub(now));
         TokenBody {
             access_token: token.token.expose_secret(),
             client_id,
@@ -189,8 +200,18 @@ pub(crate) async fn issue(
             .and_then(Credential::bearer)
             .ok_or_else(wrong_credential)?;
         let resource = request.scopes.first().map_or("", String::as_str);
-        let body = TokenBody::new(token, &grant.identity.id, resource, fields);
-        Ok::<_, BrokerError>((StatusCode::OK, Json(body)).into_response())
+        let client_id = grant.identity.id.as_str();
+        let now = now_unix();
+        let key = BodyKey {
+            surface: request.surface,
+            variant: fields.variant(),
+            second: now,
+            echo: &[resource, client_id],
+        };
+        let body = token.rendered.get_or_render(key, || {
+            to_json(&TokenBody::new(token, client_id, resource, fields, now))
+        })?;
+        Ok::<_, BrokerError>(json_ok(body))
     }
     .await;
     match result {

@@ -6,18 +6,20 @@
 
 use std::sync::Arc;
 
+use axum::body::Body;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
 use super::{
-    is_forwarded, seconds_until, subject, with_retry_after, wrong_credential, Query, Surfaces,
+    is_forwarded, json_ok, subject, to_json, with_retry_after, wrong_credential, Query, Surfaces,
     FORWARDED_REFUSAL,
 };
 use crate::broker::{BrokerError, ErrorClass, Grant};
 use crate::cloud::{
-    AccessToken, Cloud, Credential, Identity, Kind, Selector, Surface, TokenRequest,
+    now_unix, AccessToken, BodyKey, Cloud, Credential, Identity, Kind, Selector, Surface,
+    TokenRequest,
 };
 use crate::secret::ExposeSecret;
 
@@ -35,9 +37,13 @@ fn with_flavor(mut resp: Response) -> Response {
     resp
 }
 
-fn text(status: StatusCode, body: impl Into<String>) -> Response {
+fn text(status: StatusCode, body: impl Into<Body>) -> Response {
     with_flavor((status, [("content-type", "application/text")], body.into()).into_response())
 }
+
+/// [`BodyKey`] variants of the bodies rendered from a token.
+const TOKEN_BODY: u8 = 0;
+const ID_TOKEN_BODY: u8 = 1;
 
 fn json_body(value: impl serde::Serialize) -> Response {
     // Serializing plain data into memory cannot fail; should it ever, the
@@ -252,7 +258,7 @@ async fn identity_for_account(surfaces: &Surfaces, account: &str) -> Result<Iden
 async fn with_bearer(
     surfaces: &Surfaces,
     request: TokenRequest,
-    render: impl FnOnce(&AccessToken) -> Response,
+    render: impl FnOnce(&AccessToken) -> Result<Response, BrokerError>,
 ) -> Result<Response, BrokerError> {
     let grant = ask(surfaces, request).await?;
     let token = grant
@@ -260,7 +266,7 @@ async fn with_bearer(
         .as_deref()
         .and_then(Credential::bearer)
         .ok_or_else(wrong_credential)?;
-    Ok(render(token))
+    render(token)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -290,11 +296,21 @@ async fn service_account(
                 .unwrap_or_default();
             let request = request(Kind::AccessToken).with_scopes(scopes);
             let rendered = with_bearer(&surfaces, request, |token| {
-                json_body(TokenBody {
-                    access_token: token.token.expose_secret(),
-                    expires_in: seconds_until(token.expires_at),
-                    token_type: "Bearer",
-                })
+                let now = now_unix();
+                let key = BodyKey {
+                    surface: Surface::Gce,
+                    variant: TOKEN_BODY,
+                    second: now,
+                    echo: &[],
+                };
+                let body = token.rendered.get_or_render(key, || {
+                    to_json(&TokenBody {
+                        access_token: token.token.expose_secret(),
+                        expires_in: token.expires_at.saturating_sub(now),
+                        token_type: "Bearer",
+                    })
+                })?;
+                Ok(with_flavor(json_ok(body)))
             });
             rendered.await.unwrap_or_else(|e| render_error(&e))
         }
@@ -322,7 +338,17 @@ async fn service_account(
             req.audience = Some(audience.to_string());
             req.include_email = include_email;
             with_bearer(&surfaces, req, |token| {
-                text(StatusCode::OK, token.token.expose_secret().to_string())
+                // The ID token is the whole body, so it never changes.
+                let key = BodyKey {
+                    surface: Surface::Gce,
+                    variant: ID_TOKEN_BODY,
+                    second: 0,
+                    echo: &[],
+                };
+                let body = token.rendered.get_or_render(key, || {
+                    Ok::<_, BrokerError>(token.token.expose_secret().as_bytes().to_vec())
+                })?;
+                Ok(text(StatusCode::OK, body))
             })
             .await
             .unwrap_or_else(|e| render_error(&e))

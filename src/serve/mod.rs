@@ -15,8 +15,10 @@ pub mod sdk_env;
 
 use std::sync::Arc;
 
-use axum::http::HeaderMap;
-use axum::response::Response;
+use axum::body::Bytes;
+use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
 use axum::Router;
 
 use crate::broker::{BrokerError, TokenBroker};
@@ -152,9 +154,21 @@ pub(crate) fn wrong_credential() -> BrokerError {
     BrokerError::Unavailable("the broker answered another kind of credential".into())
 }
 
-/// Seconds from now until `at` (Unix seconds), never negative.
-pub(crate) fn seconds_until(at: u64) -> u64 {
-    at.saturating_sub(crate::cloud::now_unix())
+/// `value` as JSON, for a credential's [`crate::cloud::RenderedBody`].
+/// Serializing plain data into memory cannot fail; should it ever, the SDK
+/// gets a retryable error rather than an empty document.
+pub(crate) fn to_json(value: &impl serde::Serialize) -> Result<Vec<u8>, BrokerError> {
+    serde_json::to_vec(value)
+        .map_err(|_| BrokerError::Unavailable("the response body could not be rendered".into()))
+}
+
+/// A 200 with a rendered JSON body.
+pub(crate) fn json_ok(body: Bytes) -> Response {
+    (
+        [(CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+        body,
+    )
+        .into_response()
 }
 
 #[cfg(test)]

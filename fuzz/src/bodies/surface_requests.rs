@@ -412,12 +412,14 @@ impl<E: CloudExchanger> CloudExchanger for Offline<E> {
         lanyard::cloud::fetcher(request.kind, |kind, _subject| async move {
             let now = super::now();
             let bearer = |token: &str| AccessToken {
+                rendered: Default::default(),
                 token: SecretString::from(token),
                 issued_at: now,
                 expires_at: now + 3600,
             };
             Ok(match *kind {
                 Kind::AwsCredentials => Credential::Aws(AwsCredentials {
+                    rendered: Default::default(),
                     access_key_id: "ASIAQX5EXAMPLE7KEYID".into(),
                     secret_access_key: SecretString::from(AWS_SECRET_KEY),
                     session_token: SecretString::from(AWS_SESSION_TOKEN),

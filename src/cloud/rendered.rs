@@ -1,0 +1,192 @@
+//! The last response body a credential was rendered into, kept on the
+//! credential itself.
+//!
+//! Why: a cache hit should cost a lookup and the write of bytes already
+//! rendered. Rendering a body escapes every byte of the secret (a real
+//! Entra or Google token is one to three kilobytes, an AWS session token
+//! about one) and formats its numbers and dates; yet a body changes at most
+//! once a second (`expires_in`), and AWS's never. So the serving layer
+//! renders a body once and every other request for the same credential,
+//! surface and second clones the bytes.
+//!
+//! The slot lives on the credential, not in a table of its own: it needs no
+//! lookup, it is dropped with the credential the cache drops, and a body
+//! can only ever be served for the credential it was rendered from. It
+//! holds one body: the whole key (surface, the surface's variant, the
+//! strings the body echoes back, the second) is compared before a body is
+//! reused, and a request with another key renders and replaces it. A copy
+//! of a credential starts with an empty slot.
+//!
+//! The body holds the secret. It is zeroed when its last reference goes,
+//! if that reference is the slot's (a response still being written holds
+//! its own reference, and its bytes are freed as every response body is).
+
+use std::fmt;
+use std::sync::Arc;
+
+use arc_swap::ArcSwapOption;
+use bytes::Bytes;
+use zeroize::Zeroize;
+
+use super::Surface;
+
+/// What a rendered body depends on besides the credential.
+#[derive(Clone, Copy, Debug)]
+pub struct BodyKey<'a> {
+    /// The surface it is rendered for.
+    pub surface: Surface,
+    /// The surface's variant (a protocol version that sends other fields).
+    pub variant: u8,
+    /// The Unix second it was rendered in, for a body that counts down
+    /// (`expires_in`); `0` for one that does not change.
+    pub second: u64,
+    /// The request's strings the body repeats (Azure's `resource`).
+    pub echo: &'a [&'a str],
+}
+
+/// A credential's last rendered body; see the module documentation.
+#[derive(Default)]
+pub struct RenderedBody(ArcSwapOption<Memo>);
+
+struct Memo {
+    surface: Surface,
+    variant: u8,
+    second: u64,
+    echo: Box<[Box<str>]>,
+    body: Bytes,
+}
+
+impl Memo {
+    fn matches(&self, key: &BodyKey<'_>) -> bool {
+        self.surface == key.surface
+            && self.variant == key.variant
+            && self.second == key.second
+            && self.echo.len() == key.echo.len()
+            && self.echo.iter().zip(key.echo).all(|(a, b)| **a == **b)
+    }
+}
+
+impl Drop for Memo {
+    fn drop(&mut self) {
+        if let Ok(mut only) = std::mem::take(&mut self.body).try_into_mut() {
+            only[..].zeroize();
+        }
+    }
+}
+
+impl RenderedBody {
+    /// The body for `key`: the one rendered last when its key is `key`,
+    /// else `render`'s, which replaces it.
+    pub fn get_or_render<E>(
+        &self,
+        key: BodyKey<'_>,
+        render: impl FnOnce() -> Result<Vec<u8>, E>,
+    ) -> Result<Bytes, E> {
+        if let Some(memo) = &*self.0.load() {
+            if memo.matches(&key) {
+                return Ok(memo.body.clone());
+            }
+        }
+        let body = Bytes::from(render()?);
+        self.0.store(Some(Arc::new(Memo {
+            surface: key.surface,
+            variant: key.variant,
+            second: key.second,
+            echo: key.echo.iter().map(|s| Box::from(*s)).collect(),
+            body: body.clone(),
+        })));
+        Ok(body)
+    }
+}
+
+/// A copy renders its own bodies.
+impl Clone for RenderedBody {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+/// Never the body: it holds the secret.
+impl fmt::Debug for RenderedBody {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("RenderedBody")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::convert::Infallible;
+
+    use super::*;
+
+    fn key<'a>(surface: Surface, second: u64, echo: &'a [&'a str]) -> BodyKey<'a> {
+        BodyKey {
+            surface,
+            variant: 0,
+            second,
+            echo,
+        }
+    }
+
+    /// Renders "`n`:`label`" and counts the renders.
+    fn get(slot: &RenderedBody, key: BodyKey<'_>, renders: &Cell<u32>, label: &str) -> Bytes {
+        let result: Result<Bytes, Infallible> = slot.get_or_render(key, || {
+            renders.set(renders.get() + 1);
+            Ok(format!("{}:{label}", renders.get()).into_bytes())
+        });
+        match result {
+            Ok(body) => body,
+        }
+    }
+
+    #[test]
+    fn reuses_a_body_only_for_the_same_key() {
+        let slot = RenderedBody::default();
+        let renders = Cell::new(0);
+        let storage = ["https://storage.azure.com/"];
+        let vault = ["https://vault.azure.net"];
+        let first = get(&slot, key(Surface::AzureImds, 100, &storage), &renders, "a");
+        assert_eq!(&first[..], b"1:a");
+        // Same key: the same bytes, not rendered again.
+        let again = get(&slot, key(Surface::AzureImds, 100, &storage), &renders, "b");
+        assert_eq!(&again[..], b"1:a");
+        assert_eq!(renders.get(), 1);
+        // Every part of the key counts.
+        let next_second = get(&slot, key(Surface::AzureImds, 101, &storage), &renders, "c");
+        assert_eq!(&next_second[..], b"2:c");
+        let other_echo = get(&slot, key(Surface::AzureImds, 101, &vault), &renders, "d");
+        assert_eq!(&other_echo[..], b"3:d");
+        let other_surface = get(&slot, key(Surface::AppService, 101, &vault), &renders, "e");
+        assert_eq!(&other_surface[..], b"4:e");
+        let mut variant = key(Surface::AppService, 101, &vault);
+        variant.variant = 1;
+        assert_eq!(&get(&slot, variant, &renders, "f")[..], b"5:f");
+        // Fewer echoed strings is another key, not a prefix match.
+        assert_eq!(
+            &get(&slot, key(Surface::AppService, 101, &[]), &renders, "g")[..],
+            b"6:g"
+        );
+        // The last one is kept.
+        assert_eq!(
+            &get(&slot, key(Surface::AppService, 101, &[]), &renders, "h")[..],
+            b"6:g"
+        );
+        assert_eq!(renders.get(), 6);
+    }
+
+    #[test]
+    fn a_failed_render_keeps_nothing_and_a_copy_starts_empty() {
+        let slot = RenderedBody::default();
+        let failed: Result<Bytes, &str> =
+            slot.get_or_render(key(Surface::Gce, 0, &[]), || Err("no"));
+        assert_eq!(failed, Err("no"));
+        let renders = Cell::new(0);
+        get(&slot, key(Surface::Gce, 0, &[]), &renders, "x");
+        assert_eq!(renders.get(), 1);
+        let copy = slot.clone();
+        get(&copy, key(Surface::Gce, 0, &[]), &renders, "y");
+        assert_eq!(renders.get(), 2, "a copy renders its own body");
+        assert_eq!(format!("{copy:?}"), "RenderedBody");
+    }
+}
