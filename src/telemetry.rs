@@ -13,6 +13,7 @@ pub mod log_writer;
 pub mod metrics;
 mod readiness;
 pub mod text_fields;
+mod timestamp;
 
 pub use readiness::{Condition, Readiness, ReadinessBuilder};
 
@@ -91,6 +92,7 @@ where
     let builder = fmt()
         .with_env_filter(filter)
         .with_ansi(ansi)
+        .with_timer(timestamp::Timestamp)
         .with_writer(writer);
     match format {
         LogFormat::Text => builder.fmt_fields(text_fields::TextFields).try_init(),

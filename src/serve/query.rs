@@ -5,6 +5,8 @@
 use std::borrow::Cow;
 use std::collections::HashSet;
 
+use percent_encoding::percent_decode_str;
+
 /// Up to this many parameters, a repeat is found by comparing names; past
 /// it, by a set (a caller's query of thousands of parameters stays linear).
 const SCAN_LIMIT: usize = 16;
@@ -26,7 +28,7 @@ impl<'a> Query<'a> {
         let mut params: Vec<(Cow<'a, str>, Cow<'a, str>)> = Vec::new();
         let mut names: Option<HashSet<Cow<'a, str>>> = None;
         let mut duplicated = None;
-        for (k, v) in url::form_urlencoded::parse(raw.unwrap_or("").as_bytes()) {
+        for (k, v) in pairs(raw.unwrap_or("")) {
             let repeated = match &mut names {
                 Some(set) => !set.insert(k.clone()),
                 None if params.len() < SCAN_LIMIT => params.iter().any(|(n, _)| *n == k),
@@ -63,9 +65,88 @@ impl<'a> Query<'a> {
     }
 }
 
+/// The decoded name-value pairs of `raw`, as `application/x-www-form-urlencoded`
+/// (WHATWG URL, and `form_urlencoded::parse`) reads them: split on `&`,
+/// empty pieces skipped, the name ending at the first `=`, `+` read as a
+/// space, then percent-decoded, invalid UTF-8 replaced. The query is
+/// already a `str`, so a piece with no `%` or `+` is itself, borrowed and
+/// not checked again.
+fn pairs(raw: &str) -> impl Iterator<Item = (Cow<'_, str>, Cow<'_, str>)> {
+    raw.split('&')
+        .filter(|piece| !piece.is_empty())
+        .map(|piece| {
+            let (name, value) = piece.split_once('=').unwrap_or((piece, ""));
+            (decode(name), decode(value))
+        })
+}
+
+fn decode(text: &str) -> Cow<'_, str> {
+    if !text.bytes().any(|b| b == b'%' || b == b'+') {
+        return Cow::Borrowed(text);
+    }
+    if text.contains('+') {
+        let spaced = text.replace('+', " ");
+        return Cow::Owned(percent_decode_str(&spaced).decode_utf8_lossy().into_owned());
+    }
+    percent_decode_str(text).decode_utf8_lossy()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Decodes as `form_urlencoded` (the `url` crate's) does, awkward
+    /// input included.
+    #[test]
+    fn decodes_as_form_urlencoded_does() {
+        let pieces = [
+            "",
+            "a",
+            "=",
+            "a=",
+            "=b",
+            "a=b",
+            "a==b",
+            "a=b=c",
+            "+",
+            "a+b=c+d",
+            "%",
+            "%2",
+            "%zz",
+            "%41",
+            "%2B",
+            "%25",
+            "%2b+%2B",
+            "%C3%A9",
+            "%C3",
+            "%FF%FE",
+            "caf%C3%A9=%E2%82%AC",
+            "é=ü",
+            "a%3Db=c%26d",
+            "x=%0A%00",
+            "%%41",
+            "+%+",
+        ];
+        let mut cases: Vec<String> = pieces.iter().map(|p| p.to_string()).collect();
+        for a in pieces {
+            for b in pieces {
+                cases.push(format!("{a}&{b}"));
+                cases.push(format!("{a}&&{b}&"));
+            }
+        }
+        for raw in &cases {
+            let ours: Vec<(String, String)> = pairs(raw)
+                .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                .collect();
+            let theirs: Vec<(String, String)> = url::form_urlencoded::parse(raw.as_bytes())
+                .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                .collect();
+            assert_eq!(ours, theirs, "{raw:?}");
+        }
+        // Plain pieces are borrowed, not copied.
+        let raw = "api-version=2018-02-01&resource=x";
+        assert!(pairs(raw).all(|(k, v)| matches!((k, v), (Cow::Borrowed(_), Cow::Borrowed(_)))));
+    }
 
     #[test]
     fn parses_and_flags_duplicates() {

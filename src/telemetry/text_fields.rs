@@ -54,13 +54,30 @@ impl Visitor<'_> {
         name.starts_with("log.")
     }
 
-    fn pad(&mut self) -> fmt::Result {
+    /// Writes the separator (none before the first field), `name` and `=`.
+    fn start(&mut self, name: &str) -> fmt::Result {
         if self.is_empty {
             self.is_empty = false;
-            Ok(())
         } else {
-            self.writer.write_char(' ')
+            self.writer.write_str(" ")?;
         }
+        self.writer.write_str(Self::name(name))?;
+        self.writer.write_str("=")
+    }
+
+    /// A field written as `name=` and `value`'s decimal digits, which is
+    /// what an integer's `Debug` writes.
+    fn record_integer<T: itoa::Integer + fmt::Debug>(&mut self, field: &Field, value: T) {
+        if self.result.is_err() {
+            return;
+        }
+        let name = field.name();
+        if name == "message" || Self::skipped(name) {
+            return self.record_debug(field, &value);
+        }
+        self.result = self
+            .start(name)
+            .and_then(|()| self.writer.write_str(itoa::Buffer::new().format(value)));
     }
 
     fn name(name: &str) -> &str {
@@ -80,11 +97,17 @@ impl Visit for Visitor<'_> {
         if Self::skipped(name) {
             return;
         }
-        self.result = self.pad().and_then(|()| {
-            self.writer.write_str(Self::name(name))?;
-            self.writer.write_char('=')?;
-            write_debug_str(&mut self.writer, value)
-        });
+        self.result = self
+            .start(name)
+            .and_then(|()| write_debug_str(&mut self.writer, value));
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.record_integer(field, value);
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.record_integer(field, value);
     }
 
     fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
@@ -115,10 +138,21 @@ impl Visit for Visitor<'_> {
             return;
         }
         let sanitize = self.writer.sanitizes_ansi_escapes();
-        self.result = self.pad().and_then(|()| match name {
-            "message" => write!(self.writer, "{:?}", Sanitized::new(value, sanitize)),
-            name => write!(self.writer, "{}={:?}", Self::name(name), value),
-        });
+        self.result = match name {
+            "message" => {
+                let separated = if self.is_empty {
+                    self.is_empty = false;
+                    Ok(())
+                } else {
+                    self.writer.write_str(" ")
+                };
+                separated
+                    .and_then(|()| write!(self.writer, "{:?}", Sanitized::new(value, sanitize)))
+            }
+            name => self
+                .start(name)
+                .and_then(|()| write!(self.writer, "{value:?}")),
+        };
     }
 }
 
@@ -126,17 +160,30 @@ impl Visit for Visitor<'_> {
 /// unchanged: printable ASCII without `"`, `\` or `'`. Names, namespaces,
 /// resources and fingerprints are; the check lets them be copied whole.
 pub(crate) fn needs_no_escape(text: &str) -> bool {
-    text.bytes()
-        .all(|b| (0x20..0x7f).contains(&b) && !matches!(b, b'"' | b'\\' | b'\''))
+    // Sixteen bytes at a time with no early exit inside a block, which
+    // the compiler turns into a few vector compares per block.
+    let mut blocks = text.as_bytes().chunks_exact(16);
+    for block in &mut blocks {
+        if block.iter().fold(false, |found, &b| found | escaped(b)) {
+            return false;
+        }
+    }
+    !blocks.remainder().iter().any(|&b| escaped(b))
+}
+
+/// Whether `Debug` or `escape_debug` writes byte `b` (of a `str`) as
+/// anything but itself: not printable ASCII, or `"`, `\` or `'`.
+fn escaped(b: u8) -> bool {
+    !(0x20..0x7f).contains(&b) | (b == b'"') | (b == b'\\') | (b == b'\'')
 }
 
 /// `value` as `<str as Debug>` writes it: copied between quotes when no
 /// character needs an escape, else the standard library's own escape.
 fn write_debug_str(w: &mut impl fmt::Write, value: &str) -> fmt::Result {
     if needs_no_escape(value) {
-        w.write_char('"')?;
+        w.write_str("\"")?;
         w.write_str(value)?;
-        w.write_char('"')
+        w.write_str("\"")
     } else {
         write!(w, "{value:?}")
     }
@@ -300,6 +347,14 @@ mod tests {
             tracing::error!(error = &Inner as &dyn std::error::Error);
             tracing::debug!(text);
         }
+        tracing::info!(
+            message = 7_u64,
+            big = u64::MAX,
+            small = i64::MIN,
+            zero = 0_i64,
+            r#loop = 5_u64
+        );
+        tracing::info!(count = 12_u64, "{}", 3_i64);
     }
 
     fn output<N>(fields: N, ansi: bool) -> String
@@ -331,6 +386,34 @@ mod tests {
                 assert_eq!(a, b, "ansi {ansi}");
             }
             assert_eq!(ours, default, "ansi {ansi}");
+        }
+    }
+
+    #[test]
+    fn the_block_check_agrees_with_the_byte_check_everywhere() {
+        // Every ASCII byte and a multi-byte character at every position of
+        // strings around the block size.
+        let odd: Vec<String> = (0u8..0x80)
+            .map(|b| char::from(b).to_string())
+            .chain(["\u{e9}".to_string(), "\u{1f512}".to_string()])
+            .collect();
+        for len in [0, 1, 15, 16, 17, 31, 32, 33, 40] {
+            for at in 0..len.max(1) {
+                for c in &odd {
+                    let mut text = "a".repeat(len);
+                    if len > 0 {
+                        text.replace_range(at..=at, c);
+                    }
+                    let bytewise = text
+                        .bytes()
+                        .all(|b| (0x20..0x7f).contains(&b) && !matches!(b, b'"' | b'\\' | b'\''));
+                    assert_eq!(needs_no_escape(&text), bytewise, "{text:?}");
+                    if needs_no_escape(&text) {
+                        assert_eq!(text.escape_debug().to_string(), text);
+                        assert_eq!(format!("{text:?}"), format!("\"{text}\""));
+                    }
+                }
+            }
         }
     }
 
