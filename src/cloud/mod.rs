@@ -210,6 +210,14 @@ impl Credential {
         }
     }
 
+    /// The last response body this credential was rendered into.
+    pub fn rendered(&self) -> &RenderedBody {
+        match self {
+            Credential::Token(t) | Credential::IdToken(t) => &t.rendered,
+            Credential::Aws(c) => &c.rendered,
+        }
+    }
+
     /// The bearer token, for the access- and ID-token kinds.
     pub fn bearer(&self) -> Option<&AccessToken> {
         match self {

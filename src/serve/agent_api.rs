@@ -12,9 +12,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 
+use super::{json_ok, to_json};
 use crate::broker::wire::{ErrorBody, WireError, WireGrant, TOKEN_PATH};
-use crate::broker::TokenBroker;
-use crate::cloud::TokenRequest;
+use crate::broker::{BrokerError, Grant, TokenBroker};
+use crate::cloud::{BodyKey, TokenRequest};
 use crate::secret::SecretString;
 
 /// Largest request body accepted: requests are a few hundred bytes.
@@ -62,7 +63,32 @@ async fn token(
         }
     };
     match broker.request(&subject, &request).await {
-        Ok(grant) => (StatusCode::OK, Json(WireGrant::from(&grant))).into_response(),
+        Ok(grant) => match grant_body(&grant, &request) {
+            Ok(body) => json_ok(body),
+            Err(e) => error(WireError::from(&e)),
+        },
         Err(e) => error(WireError::from(&e)),
+    }
+}
+
+/// The [`BodyKey`] variant of a grant rendered for the agent API (the
+/// surfaces' own variants are small numbers).
+const WIRE_BODY: u8 = 0x80;
+
+/// `grant` as the agent API sends it, rendered once per credential: it
+/// carries absolute times only, so it never changes.
+fn grant_body(grant: &Grant, request: &TokenRequest) -> Result<Bytes, BrokerError> {
+    let render = || to_json(&WireGrant::from(grant));
+    match grant.credential.as_deref() {
+        Some(credential) => {
+            let key = BodyKey {
+                surface: request.surface,
+                variant: WIRE_BODY,
+                second: 0,
+                echo: &[&grant.identity.id, &grant.identity.account],
+            };
+            credential.rendered().get_or_render(key, render)
+        }
+        None => render().map(Bytes::from),
     }
 }
