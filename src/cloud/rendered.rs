@@ -17,11 +17,19 @@
 //! reused, and a request with another key renders and replaces it. A copy
 //! of a credential starts with an empty slot.
 //!
+//! Only a credential asked for again keeps a body: the first body is
+//! rendered and not kept, the second is kept. A node agent may hold tens
+//! of thousands of credentials, each asked for once an hour by its pod's
+//! SDK; a copy of each body (hundreds of bytes to kilobytes) would add
+//! that much memory per entry for nothing. A credential served many times
+//! (a herd, a busy pod) renders twice and then never again.
+//!
 //! The body holds the secret. It is zeroed when its last reference goes,
 //! if that reference is the slot's (a response still being written holds
 //! its own reference, and its bytes are freed as every response body is).
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwapOption;
@@ -46,7 +54,11 @@ pub struct BodyKey<'a> {
 
 /// A credential's last rendered body; see the module documentation.
 #[derive(Default)]
-pub struct RenderedBody(ArcSwapOption<Memo>);
+pub struct RenderedBody {
+    last: ArcSwapOption<Memo>,
+    /// Whether a body was rendered before (and not kept).
+    rendered_before: AtomicBool,
+}
 
 struct Memo {
     surface: Surface,
@@ -82,13 +94,16 @@ impl RenderedBody {
         key: BodyKey<'_>,
         render: impl FnOnce() -> Result<Vec<u8>, E>,
     ) -> Result<Bytes, E> {
-        if let Some(memo) = &*self.0.load() {
+        if let Some(memo) = &*self.last.load() {
             if memo.matches(&key) {
                 return Ok(memo.body.clone());
             }
         }
         let body = Bytes::from(render()?);
-        self.0.store(Some(Arc::new(Memo {
+        if !self.rendered_before.swap(true, Ordering::Relaxed) {
+            return Ok(body);
+        }
+        self.last.store(Some(Arc::new(Memo {
             surface: key.surface,
             variant: key.variant,
             second: key.second,
@@ -146,33 +161,36 @@ mod tests {
         let renders = Cell::new(0);
         let storage = ["https://storage.azure.com/"];
         let vault = ["https://vault.azure.net"];
+        // The first body is not kept: asked once, a credential holds none.
         let first = get(&slot, key(Surface::AzureImds, 100, &storage), &renders, "a");
         assert_eq!(&first[..], b"1:a");
-        // Same key: the same bytes, not rendered again.
-        let again = get(&slot, key(Surface::AzureImds, 100, &storage), &renders, "b");
-        assert_eq!(&again[..], b"1:a");
-        assert_eq!(renders.get(), 1);
+        let second = get(&slot, key(Surface::AzureImds, 100, &storage), &renders, "b");
+        assert_eq!(&second[..], b"2:b");
+        // The second is: the same key gets the same bytes, not rendered again.
+        let again = get(&slot, key(Surface::AzureImds, 100, &storage), &renders, "c");
+        assert_eq!(&again[..], b"2:b");
+        assert_eq!(renders.get(), 2);
         // Every part of the key counts.
         let next_second = get(&slot, key(Surface::AzureImds, 101, &storage), &renders, "c");
-        assert_eq!(&next_second[..], b"2:c");
+        assert_eq!(&next_second[..], b"3:c");
         let other_echo = get(&slot, key(Surface::AzureImds, 101, &vault), &renders, "d");
-        assert_eq!(&other_echo[..], b"3:d");
+        assert_eq!(&other_echo[..], b"4:d");
         let other_surface = get(&slot, key(Surface::AppService, 101, &vault), &renders, "e");
-        assert_eq!(&other_surface[..], b"4:e");
+        assert_eq!(&other_surface[..], b"5:e");
         let mut variant = key(Surface::AppService, 101, &vault);
         variant.variant = 1;
-        assert_eq!(&get(&slot, variant, &renders, "f")[..], b"5:f");
+        assert_eq!(&get(&slot, variant, &renders, "f")[..], b"6:f");
         // Fewer echoed strings is another key, not a prefix match.
         assert_eq!(
             &get(&slot, key(Surface::AppService, 101, &[]), &renders, "g")[..],
-            b"6:g"
+            b"7:g"
         );
         // The last one is kept.
         assert_eq!(
             &get(&slot, key(Surface::AppService, 101, &[]), &renders, "h")[..],
-            b"6:g"
+            b"7:g"
         );
-        assert_eq!(renders.get(), 6);
+        assert_eq!(renders.get(), 7);
     }
 
     #[test]
@@ -182,11 +200,15 @@ mod tests {
             slot.get_or_render(key(Surface::Gce, 0, &[]), || Err("no"));
         assert_eq!(failed, Err("no"));
         let renders = Cell::new(0);
-        get(&slot, key(Surface::Gce, 0, &[]), &renders, "x");
-        assert_eq!(renders.get(), 1);
+        for _ in 0..3 {
+            get(&slot, key(Surface::Gce, 0, &[]), &renders, "x");
+        }
+        assert_eq!(renders.get(), 2, "the failed render counted as none");
         let copy = slot.clone();
-        get(&copy, key(Surface::Gce, 0, &[]), &renders, "y");
-        assert_eq!(renders.get(), 2, "a copy renders its own body");
+        for _ in 0..3 {
+            get(&copy, key(Surface::Gce, 0, &[]), &renders, "y");
+        }
+        assert_eq!(renders.get(), 4, "a copy renders and keeps its own body");
         assert_eq!(format!("{copy:?}"), "RenderedBody");
     }
 }
