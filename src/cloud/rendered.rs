@@ -52,6 +52,19 @@ pub struct BodyKey<'a> {
     pub echo: &'a [&'a str],
 }
 
+impl BodyKey<'static> {
+    /// The key of a body that never changes and repeats nothing of the
+    /// request (the whole document comes from the credential).
+    pub const fn fixed(surface: Surface, variant: u8) -> Self {
+        BodyKey {
+            surface,
+            variant,
+            second: 0,
+            echo: &[],
+        }
+    }
+}
+
 /// A credential's last rendered body; see the module documentation.
 #[derive(Default)]
 pub struct RenderedBody {

@@ -102,12 +102,7 @@ struct CredentialsBody<'a> {
 
 /// The document, rendered once per credential: nothing in it changes.
 fn body(c: &AwsCredentials) -> Result<Response, BrokerError> {
-    let key = BodyKey {
-        surface: Surface::AwsContainer,
-        variant: 0,
-        second: 0,
-        echo: &[],
-    };
+    let key = BodyKey::fixed(Surface::AwsContainer, 0);
     let body = c.rendered.get_or_render(key, || {
         to_json(&CredentialsBody {
             access_key_id: &c.access_key_id,

@@ -194,12 +194,7 @@ pub async fn role_credentials(
         let grant = ask(&surfaces, Kind::AwsCredentials, Some(role)).await?;
         let c = aws_credentials(&grant)?;
         // Rendered once per credential: nothing in it changes.
-        let key = BodyKey {
-            surface: Surface::AwsImds,
-            variant: 0,
-            second: 0,
-            echo: &[],
-        };
+        let key = BodyKey::fixed(Surface::AwsImds, 0);
         let body = c.rendered.get_or_render(key, || {
             to_json(&CredentialsBody {
                 code: "Success",

@@ -339,12 +339,7 @@ async fn service_account(
             req.include_email = include_email;
             with_bearer(&surfaces, req, |token| {
                 // The ID token is the whole body, so it never changes.
-                let key = BodyKey {
-                    surface: Surface::Gce,
-                    variant: ID_TOKEN_BODY,
-                    second: 0,
-                    echo: &[],
-                };
+                let key = BodyKey::fixed(Surface::Gce, ID_TOKEN_BODY);
                 let body = token.rendered.get_or_render(key, || {
                     Ok::<_, BrokerError>(token.token.expose_secret().as_bytes().to_vec())
                 })?;
