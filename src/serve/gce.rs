@@ -51,7 +51,7 @@ fn json_body(value: impl serde::Serialize) -> Response {
     let Ok(body) = serde_json::to_vec(&value) else {
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();
     };
-    with_flavor((StatusCode::OK, [("content-type", "application/json")], body).into_response())
+    with_flavor(json_ok(body.into()))
 }
 
 /// An access token as the metadata server renders it, borrowed from the

@@ -54,13 +54,19 @@ impl Visitor<'_> {
         name.starts_with("log.")
     }
 
-    /// Writes the separator (none before the first field), `name` and `=`.
-    fn start(&mut self, name: &str) -> fmt::Result {
+    /// Writes the separator: none before the first field, else a space.
+    fn separate(&mut self) -> fmt::Result {
         if self.is_empty {
             self.is_empty = false;
+            Ok(())
         } else {
-            self.writer.write_str(" ")?;
+            self.writer.write_str(" ")
         }
+    }
+
+    /// Writes the separator, `name` and `=`.
+    fn start(&mut self, name: &str) -> fmt::Result {
+        self.separate()?;
         self.writer.write_str(Self::name(name))?;
         self.writer.write_str("=")
     }
@@ -139,16 +145,9 @@ impl Visit for Visitor<'_> {
         }
         let sanitize = self.writer.sanitizes_ansi_escapes();
         self.result = match name {
-            "message" => {
-                let separated = if self.is_empty {
-                    self.is_empty = false;
-                    Ok(())
-                } else {
-                    self.writer.write_str(" ")
-                };
-                separated
-                    .and_then(|()| write!(self.writer, "{:?}", Sanitized::new(value, sanitize)))
-            }
+            "message" => self
+                .separate()
+                .and_then(|()| write!(self.writer, "{:?}", Sanitized::new(value, sanitize))),
             name => self
                 .start(name)
                 .and_then(|()| write!(self.writer, "{value:?}")),
