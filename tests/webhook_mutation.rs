@@ -18,7 +18,7 @@ use lanyard::webhook::mutate::{
     TOKEN_DIR, TRANSPARENT_ANNOTATION,
 };
 use lanyard::webhook::review::{self, Action, ReviewError, MAX_BODY_BYTES};
-use lanyard::webhook::{mutate, respond, InjectionConfig, Mutation};
+use lanyard::webhook::{mutate, respond, Answer, InjectionConfig, Mutation};
 use support::fixture;
 
 const GCP_PROVIDER: &str =
@@ -93,7 +93,7 @@ fn run_body(body: &[u8], bindings: &Bindings, config: &InjectionConfig) -> Outco
         panic!("expected a pod to mutate, got {:?}", review.action)
     };
     let mutation = mutate(pod, &review.namespace, bindings, config).unwrap();
-    let response = respond(&review.uid, &Ok(mutation.clone()));
+    let response = to_value(respond(&review.uid, &Ok(mutation.clone())));
     assert_eq!(response["apiVersion"], "admission.k8s.io/v1");
     assert_eq!(response["kind"], "AdmissionReview");
     assert_eq!(response["response"]["uid"], review.uid.as_str());
@@ -697,7 +697,7 @@ fn a_mutated_pod_is_not_mutated_again() {
         assert!(second.is_empty(), "{name}: {:?}", second.patch);
         assert!(second.summary.already_injected);
         assert!(!second.summary.sidecar_added);
-        let response = respond("u", &Ok(second));
+        let response = to_value(respond("u", &Ok(second)));
         assert!(response["response"].get("patch").is_none(), "{name}");
     }
 }
@@ -716,7 +716,7 @@ fn a_partly_injected_pod_gets_the_rest_with_the_sidecars_header() {
     let pod: Pod = serde_json::from_value(json.clone()).unwrap();
     let m = mutate(&pod, "ml", &all_clouds(), &config()).unwrap();
     assert_eq!(m.patch.0.len(), 2, "{:?}", m.patch);
-    json_patch::patch(&mut json, &m.patch).unwrap();
+    json_patch::patch(&mut json, &as_sent(&m)).unwrap();
     let pod: Pod = serde_json::from_value(json).unwrap();
     assert_eq!(
         env(container(&pod, "ray-head"), "IDENTITY_HEADER").unwrap(),
@@ -836,7 +836,7 @@ fn a_bad_transparent_annotation_is_denied() {
         panic!()
     };
     let denial = mutate(pod, "ml", &all_clouds(), &config()).unwrap_err();
-    let response = respond(&review.uid, &Err(denial));
+    let response = to_value(respond(&review.uid, &Err(denial)));
     assert_error_response(&response, review.uid.as_str(), "lanyard.dev/transparent");
     let message = response["response"]["status"]["message"].as_str().unwrap();
     assert!(message.contains("\"on\""), "{message}");
@@ -859,7 +859,7 @@ fn host_network_pods_are_denied() {
         "{}",
         denial.message
     );
-    let response = respond(&review.uid, &Err(denial));
+    let response = to_value(respond(&review.uid, &Err(denial)));
     assert_eq!(
         response["response"]["uid"],
         "0d6a3f27-5b8e-4c41-9e0f-2a7c9b1d4e53"
@@ -953,6 +953,16 @@ fn an_app_container_named_like_the_sidecar_is_refused() {
     );
 }
 
+/// The mutation's patch as the API server reads it.
+fn as_sent(m: &Mutation) -> json_patch::Patch {
+    serde_json::from_slice(&serde_json::to_vec(&m.patch).unwrap()).unwrap()
+}
+
+/// The answer as the API server reads it.
+fn to_value(answer: Answer) -> Value {
+    serde_json::to_value(answer).unwrap()
+}
+
 fn assert_error_response(value: &Value, uid: &str, needle: &str) {
     assert_eq!(value["apiVersion"], "admission.k8s.io/v1");
     assert_eq!(value["kind"], "AdmissionReview");
@@ -967,10 +977,10 @@ fn assert_error_response(value: &Value, uid: &str, needle: &str) {
 fn malformed_reviews_get_clear_answers() {
     let err = review::parse(b"<html>").unwrap_err();
     assert!(matches!(err, ReviewError::NotJson(_)));
-    assert_error_response(&err.response(), "", "not JSON");
+    assert_error_response(&to_value(err.response()), "", "not JSON");
 
     let err = review::parse(br#"{"apiVersion":"v1","kind":"Pod","metadata":{}}"#).unwrap_err();
-    assert_error_response(&err.response(), "", "admission.k8s.io/v1");
+    assert_error_response(&to_value(err.response()), "", "admission.k8s.io/v1");
 
     let err = review::parse(br#"{"apiVersion":"admission.k8s.io/v1beta1","kind":"AdmissionReview","request":{"uid":"x"}}"#)
         .unwrap_err();
@@ -979,19 +989,19 @@ fn malformed_reviews_get_clear_answers() {
     let err = review::parse(br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#)
         .unwrap_err();
     assert_eq!(err, ReviewError::MissingRequest);
-    assert_error_response(&err.response(), "", "no request");
+    assert_error_response(&to_value(err.response()), "", "no request");
 
     let mut review: Value = serde_json::from_slice(&fixture("kuberay_head_create.json")).unwrap();
     review["request"].as_object_mut().unwrap().remove("uid");
     let err = review::parse(&serde_json::to_vec(&review).unwrap()).unwrap_err();
     assert_eq!(err, ReviewError::MissingUid);
-    assert_error_response(&err.response(), "", "uid");
+    assert_error_response(&to_value(err.response()), "", "uid");
 
     let mut review: Value = serde_json::from_slice(&fixture("kuberay_head_create.json")).unwrap();
     review["request"]["object"] = Value::Null;
     let err = review::parse(&serde_json::to_vec(&review).unwrap()).unwrap_err();
     assert_error_response(
-        &err.response(),
+        &to_value(err.response()),
         "0d6a3f27-5b8e-4c41-9e0f-2a7c9b1d4e53",
         "request.object",
     );
@@ -1001,7 +1011,7 @@ fn malformed_reviews_get_clear_answers() {
     let err = review::parse(&serde_json::to_vec(&review).unwrap()).unwrap_err();
     assert!(matches!(err, ReviewError::InvalidPod { .. }), "{err:?}");
     assert_error_response(
-        &err.response(),
+        &to_value(err.response()),
         "0d6a3f27-5b8e-4c41-9e0f-2a7c9b1d4e53",
         "not a valid Pod",
     );
@@ -1017,7 +1027,7 @@ fn malformed_reviews_get_clear_answers() {
             limit: MAX_BODY_BYTES
         }
     );
-    assert_error_response(&err.response(), "", "limit");
+    assert_error_response(&to_value(err.response()), "", "limit");
     // At the limit it is still accepted.
     big.truncate(MAX_BODY_BYTES);
     assert!(review::parse(&big).is_ok());
@@ -1025,7 +1035,7 @@ fn malformed_reviews_get_clear_answers() {
     let err = review::parse(&fixture("service_create.json")).unwrap_err();
     assert_eq!(err.uid(), Some("8a1c3e5f-7b9d-4f1a-a3c5-e7f9b1d3f5a7"));
     assert_error_response(
-        &err.response(),
+        &to_value(err.response()),
         "8a1c3e5f-7b9d-4f1a-a3c5-e7f9b1d3f5a7",
         "v1 Service",
     );
@@ -1040,7 +1050,7 @@ fn malformed_reviews_get_clear_answers() {
         b"{\"apiVersion\":\"admission.k8s.io/v1\",\"kind\":\"AdmissionReview\",\"request\":[]}",
     ] {
         let err = review::parse(body).unwrap_err();
-        assert_eq!(err.response()["response"]["allowed"], false);
+        assert_eq!(to_value(err.response())["response"]["allowed"], false);
     }
 }
 
@@ -1049,7 +1059,7 @@ fn delete_and_subresources_pass_untouched() {
     let review = review::parse(&fixture("pod_delete.json")).unwrap();
     assert_eq!(review.operation, "DELETE");
     assert!(matches!(review.action, Action::AllowUnchanged(_)));
-    let response = review::allow(&review.uid, None, &[]);
+    let response = to_value(review::allow(&review.uid, None, &[]));
     assert_eq!(
         response["response"]["uid"],
         "f0e1d2c3-b4a5-4968-8776-a5b4c3d2e1f0"

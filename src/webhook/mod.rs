@@ -41,14 +41,15 @@
 //! `lanyard.dev/skip-containers` to keep theirs.
 
 pub mod mutate;
+pub mod patch;
 pub mod review;
 pub mod server;
 
 pub use mutate::{mutate, Denial, InjectedSummary, InjectionConfig, Mutation, SidecarResources};
-pub use review::{parse, Action, Review, ReviewError};
+pub use review::{parse, Action, Answer, Review, ReviewError};
 
 /// The review answer for a mutation outcome.
-pub fn respond(uid: &str, outcome: &Result<Mutation, Denial>) -> serde_json::Value {
+pub fn respond(uid: &str, outcome: &Result<Mutation, Denial>) -> review::Answer {
     match outcome {
         Ok(m) => review::allow(uid, Some(&m.patch), &m.warnings),
         Err(d) => review::deny(uid, d.code, &d.message),

@@ -10,7 +10,6 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use json_patch::jsonptr::PointerBuf;
-use json_patch::{AddOperation, Patch, PatchOperation, ReplaceOperation};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, EnvVar, EnvVarSource, HTTPGetAction, HostAlias, ObjectFieldSelector,
     Pod, PodSpec, Probe, ProjectedVolumeSource, ResourceRequirements, SeccompProfile,
@@ -18,13 +17,15 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::cloud::Cloud;
 use crate::config::Config;
 use crate::directory::Bindings;
 use crate::serve::sdk_env::{AwsEnv, AzureEnv, SdkEnv};
 use crate::transparent::METADATA_ADDR;
+
+use super::patch::{Op, Operation, Patch};
 
 /// Pod label that opts a pod in; only the value `"true"` counts. The chart's
 /// objectSelector filters on it too, but the webhook must not depend on the
@@ -527,8 +528,9 @@ fn mutate_with(
             // (`value` is omitempty), and `replace` needs the member to
             // exist: `add` sets it either way.
             let has_value = env.get(i).is_some_and(|var| var.value.is_some());
-            let op: fn(&[&str], Value) -> PatchOperation = if has_value { replace } else { add };
-            ops.push(op(
+            let op = if has_value { Op::Replace } else { Op::Add };
+            ops.push(operation(
+                op,
                 &[
                     "spec",
                     container_ptr[0],
@@ -537,8 +539,8 @@ fn mutate_with(
                     &i.to_string(),
                     "value",
                 ],
-                Value::String(value),
-            ));
+                &value,
+            )?);
         }
         additions.extend(proxy.add);
         for name in proxy.cannot_extend {
@@ -560,7 +562,7 @@ fn mutate_with(
             &["spec", container_ptr[0], container_ptr[1], "env"],
             env.is_empty(),
             additions.iter().map(to_json).collect::<Result<_, _>>()?,
-        );
+        )?;
         if aws {
             let mounts = container.volume_mounts.as_deref().unwrap_or_default();
             if !mounts.iter().any(|m| m.name == APP_TOKEN_VOLUME) {
@@ -578,7 +580,7 @@ fn mutate_with(
                         &["spec", container_ptr[0], container_ptr[1], "volumeMounts"],
                         mounts.is_empty(),
                         vec![to_json(&mount(APP_TOKEN_VOLUME, APP_TOKEN_DIR))?],
-                    );
+                    )?;
                 }
             }
         }
@@ -633,7 +635,7 @@ fn mutate_with(
         &["spec", "volumes"],
         volumes.is_empty(),
         new_volumes,
-    );
+    )?;
 
     if transparent {
         host_aliases(spec, &mut ops, &mut warnings)?;
@@ -652,7 +654,7 @@ fn mutate_with(
         new_init.push(to_json(&sidecar(config, &identity_header, aws))?);
     }
     if init.is_empty() {
-        push_list_items(&mut ops, &["spec", "initContainers"], true, new_init);
+        push_list_items(&mut ops, &["spec", "initContainers"], true, new_init)?;
     } else {
         // Before the sidecar when the pod has one, else at the front.
         let at = init
@@ -661,7 +663,11 @@ fn mutate_with(
             .unwrap_or(0);
         for (offset, container) in new_init.into_iter().enumerate() {
             let index = (at + offset).to_string();
-            ops.push(add(&["spec", "initContainers", &index], container));
+            ops.push(operation(
+                Op::Add,
+                &["spec", "initContainers", &index],
+                &container,
+            )?);
         }
     }
 
@@ -684,7 +690,7 @@ fn mutate_with(
 /// another address). A name the pod already maps is not mapped twice.
 fn host_aliases(
     spec: &PodSpec,
-    ops: &mut Vec<PatchOperation>,
+    ops: &mut Vec<Operation>,
     warnings: &mut Vec<String>,
 ) -> Result<(), Denial> {
     let aliases = spec.host_aliases.as_deref().unwrap_or_default();
@@ -721,8 +727,7 @@ fn host_aliases(
         &["spec", "hostAliases"],
         aliases.is_empty(),
         vec![to_json(&entry)?],
-    );
-    Ok(())
+    )
 }
 
 /// `namespace/name` for messages; a pod created with `generateName` has no
@@ -1026,59 +1031,59 @@ fn resources(r: &SidecarResources) -> ResourceRequirements {
     }
 }
 
-fn to_json<T: serde::Serialize>(value: &T) -> Result<Value, Denial> {
-    serde_json::to_value(value).map_err(|e| Denial {
+/// `value` as JSON text, for a patch operation.
+fn to_json<T: serde::Serialize + ?Sized>(value: &T) -> Result<Box<RawValue>, Denial> {
+    serde_json::value::to_raw_value(value).map_err(cannot_encode)
+}
+
+fn cannot_encode(e: serde_json::Error) -> Denial {
+    Denial {
         code: 500,
         message: format!("lanyard webhook cannot encode its patch: {e}"),
-    })
+    }
 }
 
-fn pointer(tokens: &[&str]) -> PointerBuf {
-    PointerBuf::from_tokens(tokens.iter().copied())
-}
-
-fn add(tokens: &[&str], value: Value) -> PatchOperation {
-    PatchOperation::Add(AddOperation {
-        path: pointer(tokens),
-        value,
-    })
-}
-
-fn replace(tokens: &[&str], value: Value) -> PatchOperation {
-    PatchOperation::Replace(ReplaceOperation {
-        path: pointer(tokens),
-        value,
-    })
+fn operation<T: serde::Serialize + ?Sized>(
+    op: Op,
+    tokens: &[&str],
+    value: &T,
+) -> Result<Operation, Denial> {
+    Operation::new(op, tokens, value).map_err(cannot_encode)
 }
 
 /// Appends `items` to the array at `tokens`: one `add` of the whole array
 /// when it is missing (or null, or empty: `add` replaces a member), one
 /// `add .../-` per item otherwise.
 fn push_list_items(
-    ops: &mut Vec<PatchOperation>,
+    ops: &mut Vec<Operation>,
     tokens: &[&str],
     missing: bool,
-    items: Vec<Value>,
-) {
+    items: Vec<Box<RawValue>>,
+) -> Result<(), Denial> {
     if items.is_empty() {
-        return;
+        return Ok(());
     }
     if missing {
-        ops.push(add(tokens, Value::Array(items)));
-        return;
+        ops.push(operation(Op::Add, tokens, &items)?);
+        return Ok(());
     }
     let mut append: Vec<&str> = tokens.to_vec();
     append.push("-");
     for item in items {
-        ops.push(add(&append, item));
+        ops.push(Operation {
+            op: Op::Add,
+            path: PointerBuf::from_tokens(append.iter().copied()),
+            value: item,
+        });
     }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::directory::AzureBinding;
-    use serde_json::json;
+    use serde_json::{json, Value};
 
     fn pod(value: Value) -> Pod {
         serde_json::from_value(value).unwrap()
@@ -1098,7 +1103,9 @@ mod tests {
 
     fn apply(pod: &Value, m: &Mutation) -> Value {
         let mut doc = pod.clone();
-        json_patch::patch(&mut doc, &m.patch).unwrap();
+        let patch: json_patch::Patch =
+            serde_json::from_slice(&serde_json::to_vec(&m.patch).unwrap()).unwrap();
+        json_patch::patch(&mut doc, &patch).unwrap();
         doc
     }
 
@@ -1351,14 +1358,6 @@ mod tests {
             ..InjectionConfig::default()
         };
         assert!(empty_gcp.validate().unwrap_err().contains("gcp"));
-    }
-
-    #[test]
-    fn pointers_escape_slash_and_tilde() {
-        assert_eq!(
-            pointer(&["metadata", "annotations", "lanyard.dev/a~b"]).as_str(),
-            "/metadata/annotations/lanyard.dev~1a~0b"
-        );
     }
 
     #[test]

@@ -8,12 +8,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use super::review::Answer;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::routing::post;
 use axum::{Json, Router};
 use axum_server::tls_rustls::RustlsConfig;
-use serde_json::Value;
 
 use super::review::{self, Action};
 use super::{mutate, respond, InjectionConfig};
@@ -216,7 +216,7 @@ async fn lookup(
     }
 }
 
-async fn mutate_handler(State(webhook): State<Arc<Webhook>>, body: Bytes) -> Json<Value> {
+async fn mutate_handler(State(webhook): State<Arc<Webhook>>, body: Bytes) -> Json<Answer> {
     let started = std::time::Instant::now();
     let (decision, answer) = decide(&webhook, &body).await;
     webhook
@@ -232,7 +232,7 @@ async fn mutate_handler(State(webhook): State<Arc<Webhook>>, body: Bytes) -> Jso
 }
 
 /// The answer to one review, and its decision label for metrics.
-async fn decide(webhook: &Webhook, body: &[u8]) -> (&'static str, Json<Value>) {
+async fn decide(webhook: &Webhook, body: &[u8]) -> (&'static str, Json<Answer>) {
     let review = match review::parse(body) {
         Ok(r) => r,
         Err(e) => {

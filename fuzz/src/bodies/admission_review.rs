@@ -20,14 +20,14 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::Value;
 
 use lanyard::directory::{AzureBinding, Bindings};
-use lanyard::webhook::{mutate, parse, respond, Action, InjectionConfig};
+use lanyard::webhook::{mutate, parse, respond, Action, Answer, InjectionConfig};
 
 /// Runs one input.
 pub fn run(data: &[u8]) {
     let review = match parse(data) {
         Ok(review) => review,
         Err(err) => {
-            let answer = err.response();
+            let answer = as_sent(&err.response());
             assert_review(&answer, err.uid());
             return;
         }
@@ -42,7 +42,7 @@ pub fn run(data: &[u8]) {
         ..InjectionConfig::default()
     };
     let outcome = mutate(pod, &review.namespace, &bindings, &config);
-    let answer = respond(&review.uid, &outcome);
+    let answer = as_sent(&respond(&review.uid, &outcome));
     assert_review(&answer, Some(&review.uid));
     let Ok(mutation) = outcome else {
         return;
@@ -75,6 +75,12 @@ pub fn run(data: &[u8]) {
         ),
         Err(denial) => panic!("reinvoked on its own result, the webhook refuses: {denial}"),
     }
+}
+
+/// The answer as the API server reads it: the bytes the webhook sends.
+fn as_sent(answer: &Answer) -> Value {
+    let body = serde_json::to_vec(answer).expect("an answer serializes");
+    serde_json::from_slice(&body).expect("an answer is JSON")
 }
 
 /// An AdmissionReview answer, echoing `uid` when there is one.
