@@ -406,11 +406,6 @@ impl Answer {
             response,
         }
     }
-
-    /// Whether the request is admitted.
-    pub fn allowed(&self) -> bool {
-        self.response.allowed
-    }
 }
 
 /// `bytes` as a JSON string of their base64.
