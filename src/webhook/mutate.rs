@@ -9,7 +9,6 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use json_patch::jsonptr::PointerBuf;
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, EnvVar, EnvVarSource, HTTPGetAction, HostAlias, ObjectFieldSelector,
     Pod, PodSpec, Probe, ProjectedVolumeSource, ResourceRequirements, SeccompProfile,
@@ -1070,11 +1069,7 @@ fn push_list_items(
     let mut append: Vec<&str> = tokens.to_vec();
     append.push("-");
     for item in items {
-        ops.push(Operation {
-            op: Op::Add,
-            path: PointerBuf::from_tokens(append.iter().copied()),
-            value: item,
-        });
+        ops.push(Operation::raw(Op::Add, &append, item));
     }
     Ok(())
 }

@@ -43,11 +43,20 @@ impl Operation {
         tokens: &[&str],
         value: &T,
     ) -> Result<Self, serde_json::Error> {
-        Ok(Operation {
+        Ok(Self::raw(
+            op,
+            tokens,
+            serde_json::value::to_raw_value(value)?,
+        ))
+    }
+
+    /// `op` of a value that is JSON already, at the pointer made of `tokens`.
+    pub fn raw(op: Op, tokens: &[&str], value: Box<RawValue>) -> Self {
+        Operation {
             op,
             path: PointerBuf::from_tokens(tokens.iter().copied()),
-            value: serde_json::value::to_raw_value(value)?,
-        })
+            value,
+        }
     }
 }
 

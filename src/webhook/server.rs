@@ -8,14 +8,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use super::review::Answer;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::routing::post;
 use axum::{Json, Router};
 use axum_server::tls_rustls::RustlsConfig;
 
-use super::review::{self, Action};
+use super::review::{self, Action, Answer};
 use super::{mutate, respond, InjectionConfig};
 use crate::audit::{Admission, AuditSink, ConfigReload};
 use crate::directory::{Bindings, Directory};
