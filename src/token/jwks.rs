@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use jsonwebtoken::jwk::{Jwk, JwkSet};
 use jsonwebtoken::DecodingKey;
 use serde::Deserialize;
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, OwnedMutexGuard};
 
 /// Where to find an issuer's keys.
 #[derive(Clone)]
@@ -55,7 +55,7 @@ impl KeySource {
 }
 
 /// Why keys could not be obtained.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum KeysError {
     /// The document could not be fetched: unreachable, or not a 2xx.
     #[error("fetching {url} failed: {reason}")]
@@ -125,10 +125,16 @@ struct State {
     attempt_failed: bool,
 }
 
-/// A cached, refreshable key set for one issuer.
-pub struct KeySet {
+/// Where a key set is fetched from, and with which client.
+#[derive(Clone)]
+struct Fetcher {
     source: KeySource,
     http: reqwest::Client,
+}
+
+/// A cached, refreshable key set for one issuer.
+pub struct KeySet {
+    fetcher: Fetcher,
     /// Minimum time between two fetches triggered by unknown `kid`s.
     refetch_interval: Duration,
     /// Keys older than this are refetched on the next use.
@@ -137,7 +143,7 @@ pub struct KeySet {
     stale_limit: Duration,
     // INVARIANT: held across a fetch, so concurrent lookups wait for one
     // fetch instead of starting their own (the HTTP clients have timeouts).
-    state: Mutex<State>,
+    state: Arc<Mutex<State>>,
 }
 
 /// The outcome of looking up a key id.
@@ -155,12 +161,11 @@ impl KeySet {
     /// reached), and at most every ten seconds for an unknown `kid`.
     pub fn new(source: KeySource, http: reqwest::Client) -> Self {
         KeySet {
-            source,
-            http,
+            fetcher: Fetcher { source, http },
             refetch_interval: Duration::from_secs(10),
             max_age: Duration::from_secs(3600),
             stale_limit: Duration::from_secs(24 * 3600),
-            state: Mutex::new(State::default()),
+            state: Arc::new(Mutex::new(State::default())),
         }
     }
 
@@ -179,11 +184,20 @@ impl KeySet {
         self
     }
 
+    /// Fetches the keys now: at start-up, so that the first tokens do not
+    /// wait for them (a herd of first requests would, all of it, behind one
+    /// fetch), and so that an issuer that cannot be reached is reported at
+    /// once.
+    pub async fn preload(&self) -> Result<(), KeysError> {
+        let state = self.state.clone().lock_owned().await;
+        self.refresh(state).await.1
+    }
+
     /// Finds the key named `kid` (or, when the token has no `kid`, the only
     /// key of the set), refetching once if it is unknown and the rate limit
     /// allows.
     pub async fn lookup(&self, kid: Option<&str>) -> Result<Lookup, KeysError> {
-        let mut state = self.state.lock().await;
+        let mut state = self.state.clone().lock_owned().await;
         let age = state.cached.as_ref().map(|c| c.fetched_at.elapsed());
         let may_refetch = state
             .attempted_at
@@ -194,10 +208,15 @@ impl KeySet {
             // Nothing to verify with: fetch, but not more than once per
             // interval, or every caller in an outage would wait in turn
             // for its own fetch to time out.
-            None if may_refetch => fetched = Some(self.refresh(&mut state).await),
+            None if may_refetch => {
+                let result;
+                (state, result) = self.refresh(state).await;
+                fetched = Some(result);
+            }
             None => return Err(self.unavailable("the last attempt failed")),
             Some(age) if age >= self.max_age && may_refetch => {
-                let result = self.refresh(&mut state).await;
+                let result;
+                (state, result) = self.refresh(state).await;
                 if let Err(e) = &result {
                     tracing::warn!(
                         error = %e,
@@ -244,7 +263,9 @@ impl KeySet {
             None if !may_refetch => return Ok(Lookup::Unknown),
             None => {}
         }
-        self.refresh(&mut state).await?;
+        let result;
+        (state, result) = self.refresh(state).await;
+        result?;
         Ok(state
             .cached
             .as_ref()
@@ -253,24 +274,53 @@ impl KeySet {
     }
 
     fn unavailable(&self, reason: &str) -> KeysError {
+        self.fetcher.unavailable(reason)
+    }
+
+    /// Fetches the key set into `state`; on failure the cached set is kept.
+    // INVARIANT: the fetch runs in a task of its own, which holds the lock
+    // until the outcome is recorded. A lookup cancelled while it waits (its
+    // client went away) neither cancels the fetch nor loses what it found:
+    // every attempt recorded, and so rate-limited, is one that finished.
+    async fn refresh(
+        &self,
+        mut state: OwnedMutexGuard<State>,
+    ) -> (OwnedMutexGuard<State>, Result<(), KeysError>) {
+        let fetcher = self.fetcher.clone();
+        let fetch = tokio::spawn(async move {
+            state.attempted_at = Some(Instant::now());
+            state.attempt_failed = true;
+            // Every outbound call has a bound; this one holds the key set's
+            // lock, so it bounds every verification waiting on it too.
+            let result = match tokio::time::timeout(FETCH_TIMEOUT, fetcher.fetch()).await {
+                Ok(Ok(fetched)) => {
+                    state.cached = Some(fetched);
+                    state.attempt_failed = false;
+                    Ok(())
+                }
+                Ok(Err(e)) => Err(e),
+                Err(_) => Err(fetcher.unavailable("timed out")),
+            };
+            (state, result)
+        });
+        match fetch.await {
+            Ok(done) => done,
+            // The fetch panicked (the lock went with it) or the runtime is
+            // shutting down.
+            Err(e) => (
+                self.state.clone().lock_owned().await,
+                Err(self.unavailable(&e.to_string())),
+            ),
+        }
+    }
+}
+
+impl Fetcher {
+    fn unavailable(&self, reason: &str) -> KeysError {
         KeysError::Fetch {
             url: self.source.describe(),
             reason: reason.to_string(),
         }
-    }
-
-    /// Fetches the key set into `state`; on failure the cached set is kept.
-    async fn refresh(&self, state: &mut State) -> Result<(), KeysError> {
-        state.attempted_at = Some(Instant::now());
-        state.attempt_failed = true;
-        // Every outbound call has a bound; this one holds the key set's
-        // lock, so it bounds every verification waiting on it too.
-        let fetched = tokio::time::timeout(FETCH_TIMEOUT, self.fetch())
-            .await
-            .map_err(|_| self.unavailable("timed out"))??;
-        state.cached = Some(fetched);
-        state.attempt_failed = false;
-        Ok(())
     }
 
     async fn fetch(&self) -> Result<Cached, KeysError> {

@@ -8,11 +8,12 @@
 
 mod claims;
 mod jwks;
+mod memo;
 mod review;
 
 pub use review::TokenReviewer;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 pub use claims::{
@@ -33,7 +34,7 @@ pub const LEEWAY_SECS: u64 = 30;
 const ALLOWED_ALGS: [Algorithm; 2] = [Algorithm::RS256, Algorithm::ES256];
 
 /// Which check a token failed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum VerifyError {
     /// Not a JWT: its header does not decode, or the token is otherwise
     /// unreadable.
@@ -144,21 +145,13 @@ impl VerifyError {
     }
 }
 
-/// How long a successful verification is remembered. Short, so that a key
-/// the issuer stops publishing stops being honoured soon after.
-const VERIFIED_TTL: std::time::Duration = std::time::Duration::from_secs(300);
-/// Most remembered verifications; the memo is cleared when full.
-const VERIFIED_MAX: usize = 16_384;
-
-/// Recently verified tokens: (token, audience) digest → caller, verified at.
-type Memo = HashMap<[u8; 32], (Arc<Caller>, std::time::Instant)>;
-
 /// Verifies tokens of one issuer.
 ///
 /// Successful verifications are remembered (keyed by a SHA-256 of token
 /// and audience, for at most five minutes and never past the token's
 /// expiry), so a pod asking again with the same projected token costs a
-/// hash instead of a signature check.
+/// hash instead of a signature check; requests with one token that arrive
+/// together wait for one verification ([`memo`]).
 pub struct Verifier {
     issuer: String,
     /// `None` for a standalone sidecar reading its own pod's token files:
@@ -166,7 +159,7 @@ pub struct Verifier {
     /// signature), and no issuer keys to reach.
     keys: Option<KeySet>,
     review: Option<TokenReviewer>,
-    verified: std::sync::Mutex<Memo>,
+    memo: memo::Memo,
 }
 
 impl Verifier {
@@ -175,7 +168,7 @@ impl Verifier {
         Verifier {
             issuer: issuer.into(),
             keys: Some(keys),
-            verified: std::sync::Mutex::new(HashMap::new()),
+            memo: memo::Memo::default(),
             review: None,
         }
     }
@@ -187,7 +180,7 @@ impl Verifier {
         Verifier {
             issuer: String::new(),
             keys: None,
-            verified: std::sync::Mutex::new(HashMap::new()),
+            memo: memo::Memo::default(),
             review: None,
         }
     }
@@ -256,32 +249,41 @@ impl Verifier {
     /// a token seen recently is answered from memory without copying.
     pub async fn verify(&self, token: &str, audience: &str) -> Result<Arc<Caller>, VerifyError> {
         use sha2::{Digest, Sha256};
-        let memo_key: [u8; 32] = Sha256::new()
+        let key: memo::Key = Sha256::new()
             .chain_update(token.as_bytes())
             .chain_update([0u8])
             .chain_update(audience.as_bytes())
             .finalize()
             .into();
         let now = jsonwebtoken::get_current_timestamp();
-        {
-            let memo = self.verified.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some((caller, at)) = memo.get(&memo_key) {
-                if at.elapsed() < VERIFIED_TTL
-                    && caller.token_expires_at.saturating_add(LEEWAY_SECS) > now
-                {
-                    return Ok(caller.clone());
+        if let Some(caller) = self.memo.remembered(&key, now) {
+            return Ok(caller);
+        }
+        loop {
+            match self.memo.turn(key, now) {
+                memo::Turn::Remembered(caller) => return Ok(caller),
+                memo::Turn::Lead(leader) => {
+                    let answer = self.verify_afresh(token, audience).await;
+                    leader.land(&answer);
+                    return answer;
+                }
+                memo::Turn::Follow(follower) => {
+                    if let Some(answer) = follower.wait().await {
+                        return answer;
+                    }
+                    // The leader was cancelled: take another turn.
                 }
             }
         }
+    }
+
+    /// The signature and claim checks, then the API server's review if
+    /// enabled.
+    async fn verify_afresh(&self, token: &str, audience: &str) -> Result<Arc<Caller>, VerifyError> {
         let caller = Arc::new(self.verify_uncached(token, audience).await?);
         if let Some(reviewer) = &self.review {
             reviewer.review(token, audience).await?;
         }
-        let mut memo = self.verified.lock().unwrap_or_else(|p| p.into_inner());
-        if memo.len() >= VERIFIED_MAX {
-            memo.clear();
-        }
-        memo.insert(memo_key, (caller.clone(), std::time::Instant::now()));
         Ok(caller)
     }
 

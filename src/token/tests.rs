@@ -342,3 +342,94 @@ async fn remembered_verification_still_honours_audience_and_expiry() {
     let err = f.verifier.verify(&brief, AUD).await.unwrap_err();
     assert!(matches!(err, VerifyError::Expired), "{err:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_with_one_token_arriving_together_share_one_verification() {
+    let f = Arc::new(fixture(SigningKey::generate_rs256().unwrap()).await);
+    let token: Arc<str> = f.issuer.mint(&f.pod, &[AUD], hour()).unwrap().into();
+    // The keys are not fetched yet: all of them arrive before any
+    // verification can finish.
+    let herd: Vec<_> = (0..50)
+        .map(|_| {
+            let (f, token) = (f.clone(), token.clone());
+            tokio::spawn(async move { f.verifier.verify(&token, AUD).await })
+        })
+        .collect();
+    let mut callers = Vec::new();
+    for task in herd {
+        callers.push(task.await.unwrap().unwrap());
+    }
+    // One verification made one caller; each of its own would be another.
+    assert!(
+        callers.iter().all(|c| Arc::ptr_eq(c, &callers[0])),
+        "verified more than once"
+    );
+    // Remembered afterwards.
+    let again = f.verifier.verify(&token, AUD).await.unwrap();
+    assert!(Arc::ptr_eq(&again, &callers[0]));
+
+    // A refusal reaches every request that waited for it, and is not
+    // remembered: the same token for the right audience still passes.
+    let herd: Vec<_> = (0..20)
+        .map(|_| {
+            let (f, token) = (f.clone(), token.clone());
+            tokio::spawn(async move { f.verifier.verify(&token, "sts.amazonaws.com").await })
+        })
+        .collect();
+    for task in herd {
+        let err = task.await.unwrap().unwrap_err();
+        assert!(matches!(err, VerifyError::Audience { .. }), "{err:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_cancelled_verification_is_taken_over_by_one_waiting_for_it() {
+    let f = fixture(SigningKey::generate_rs256().unwrap()).await;
+    let token = f.issuer.mint(&f.pod, &[AUD], hour()).unwrap();
+    let mut leader = Box::pin(f.verifier.verify(&token, AUD));
+    // Polled once: it leads, and waits for the issuer's keys.
+    assert!(futures::poll!(leader.as_mut()).is_pending());
+    let mut follower = Box::pin(f.verifier.verify(&token, AUD));
+    assert!(futures::poll!(follower.as_mut()).is_pending());
+    // Its client went away.
+    drop(leader);
+    let caller = tokio::time::timeout(Duration::from_secs(10), follower)
+        .await
+        .expect("the follower waited for a leader that is gone")
+        .unwrap();
+    assert_eq!(caller.service_account, "ray-worker");
+}
+
+#[tokio::test]
+async fn a_lookup_cancelled_during_the_first_fetch_does_not_hold_up_the_next() {
+    let f = fixture(SigningKey::generate_rs256().unwrap()).await;
+    let token = f.issuer.mint(&f.pod, &[AUD], hour()).unwrap();
+    let mut first = Box::pin(f.verifier.verify(&token, AUD));
+    // It starts the first fetch of the issuer's keys, then goes away.
+    assert!(futures::poll!(first.as_mut()).is_pending());
+    drop(first);
+    // The fetch it started finishes and counts: the next request, within
+    // the refetch interval, is not told that the last attempt failed.
+    let caller = f.verifier.verify(&token, AUD).await.unwrap();
+    assert_eq!(caller.service_account, "ray-worker");
+}
+
+#[tokio::test]
+async fn preloaded_keys_verify_the_first_token_without_a_fetch() {
+    let f = fixture(SigningKey::generate_rs256().unwrap()).await;
+    let url = f.issuer.url().to_string();
+    let keys = KeySet::new(
+        KeySource::Discovery {
+            issuer: url.clone(),
+        },
+        crate::http::client(),
+    );
+    keys.preload().await.unwrap();
+    // The issuer goes away: the first token is verified with what was
+    // loaded at start.
+    take_down(&f).await;
+    let verifier = Verifier::new(url, keys);
+    let token = f.issuer.mint(&f.pod, &[AUD], hour()).unwrap();
+    let caller = verifier.verify(&token, AUD).await.unwrap();
+    assert_eq!(caller.service_account, "ray-worker");
+}
