@@ -19,7 +19,7 @@ use crate::http::{
 use crate::pod_events::Explained;
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::{Condition, Readiness};
-use crate::token::{kube_get, Discovery, KeySet, KeySource, Lookup, Verifier};
+use crate::token::{kube_get, Discovery, KeySet, KeySource, Verifier};
 
 /// Connections the agent API keeps open at once (a node's sidecars, a
 /// few pooled connections each); idle ones are shed first at the bound.
@@ -69,13 +69,13 @@ pub async fn broker(config: &Config, metrics: Arc<Metrics>) -> anyhow::Result<Br
             issuer: issuer.clone(),
         },
     };
-    // Fail at start, with a message, when the issuer's keys are unreachable.
-    let probe = KeySet::new(source.clone(), http.clone());
-    match probe.lookup(Some("lanyard-startup-probe")).await {
-        Ok(Lookup::Unknown) | Ok(Lookup::Found(..)) => {}
-        Err(e) => anyhow::bail!("cannot load the cluster issuer's keys: {e}"),
-    }
-    let mut verifier = Verifier::new(issuer, KeySet::new(source, http.clone()));
+    // Fail at start, with a message, when the issuer's keys are unreachable;
+    // the keys loaded are the ones the first requests are verified with.
+    let keys = KeySet::new(source, http.clone());
+    keys.preload()
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot load the cluster issuer's keys: {e}"))?;
+    let mut verifier = Verifier::new(issuer, keys);
     if config.cluster.token_review {
         let client = kube.clone().ok_or_else(|| {
             anyhow::anyhow!(

@@ -258,15 +258,17 @@ impl DevStack {
         let directory =
             Arc::new(StaticDirectory::new(&entries).with_namespaces(&config.cluster.namespaces));
 
-        let verifier = Verifier::new(
-            issuer.url(),
-            KeySet::new(
-                KeySource::Discovery {
-                    issuer: issuer.url().to_string(),
-                },
-                http.clone(),
-            ),
+        // Loaded before anything is served, as the agent does.
+        let keys = KeySet::new(
+            KeySource::Discovery {
+                issuer: issuer.url().to_string(),
+            },
+            http.clone(),
         );
+        keys.preload()
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot load the built-in issuer's keys: {e}"))?;
+        let verifier = Verifier::new(issuer.url(), keys);
         let upstreams = vec![
             ("issuer".to_string(), issuer.url().to_string()),
             ("azure".to_string(), authority_host.clone()),
