@@ -228,6 +228,22 @@ impl DevStack {
             }
         };
 
+        // The emulated services have trusted the built-in issuer all along:
+        // its keys are not fetched on the first exchange, which the
+        // emulated upstream latency already stands for.
+        let unloaded = |e: crate::token::KeysError| {
+            anyhow::anyhow!("an emulator cannot load the built-in issuer's keys: {e}")
+        };
+        if let Some(entra) = &entra {
+            entra.preload_keys().await.map_err(unloaded)?;
+        }
+        if let Some(gcp) = &gcp {
+            gcp.preload_keys().await.map_err(unloaded)?;
+        }
+        if let Some(aws) = &aws {
+            aws.preload_keys().await.map_err(unloaded)?;
+        }
+
         // Directory: the dev ServiceAccount plus any configured ones.
         let mut entries = vec![ServiceAccountEntry {
             labels: Default::default(),

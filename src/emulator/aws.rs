@@ -31,7 +31,7 @@ use quick_xml::escape::escape;
 use sha2::{Digest, Sha256};
 
 use crate::cloud::aws::{session_name_char, RoleArn};
-use crate::token::{Audience, KeySet, Lookup};
+use crate::token::{Audience, KeySet, KeysError, Lookup};
 
 /// The XML namespace of every STS answer.
 pub const STS_NAMESPACE: &str = "https://sts.amazonaws.com/doc/2011-06-15/";
@@ -146,6 +146,13 @@ impl AwsSts {
 
     fn key_set(&self, issuer: &str) -> Arc<KeySet> {
         self.key_sets.get(issuer)
+    }
+
+    /// Fetches the keys of every OIDC provider's issuer now, as a service
+    /// that has long trusted the issuer holds them.
+    pub async fn preload_keys(&self) -> Result<(), KeysError> {
+        let issuers = self.config.providers.iter().map(|p| p.issuer.as_str());
+        self.key_sets.preload(issuers).await
     }
 
     fn provider(&self, iss: &str) -> Option<&OidcProvider> {

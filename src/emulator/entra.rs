@@ -21,7 +21,7 @@ use axum::{Json, Router};
 use serde_json::json;
 
 use crate::secret::random_token;
-use crate::token::{KeySet, Lookup};
+use crate::token::{KeySet, KeysError, Lookup};
 
 /// The audience Entra requires in federated assertions (the product's
 /// constant: the emulator checks what the exchanger is configured with).
@@ -100,6 +100,17 @@ impl Entra {
 
     fn key_set(&self, issuer: &str) -> Arc<KeySet> {
         self.key_sets.get(issuer)
+    }
+
+    /// Fetches the keys of every issuer a federated credential names now,
+    /// as a service that has long trusted the issuer holds them.
+    pub async fn preload_keys(&self) -> Result<(), KeysError> {
+        let issuers = self
+            .apps
+            .iter()
+            .flat_map(|a| &a.federated)
+            .map(|f| f.issuer.as_str());
+        self.key_sets.preload(issuers).await
     }
 }
 

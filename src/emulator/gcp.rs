@@ -393,6 +393,15 @@ impl Gcp {
         self.faults.layer(router, fault_response)
     }
 
+    /// Fetches the keys of every provider's issuer now, as a service that
+    /// has long trusted the issuer holds them.
+    pub async fn preload_keys(&self) -> Result<(), crate::token::KeysError> {
+        for keys in self.key_sets.values() {
+            keys.preload().await?;
+        }
+        Ok(())
+    }
+
     /// See [`principal_for`].
     pub fn principal_for(provider_name: &str, subject: &str) -> String {
         principal_for(provider_name, subject)

@@ -37,6 +37,17 @@ impl IssuerKeys {
         }
     }
 
+    /// Fetches the key sets of `issuers` now.
+    pub async fn preload(
+        &self,
+        issuers: impl IntoIterator<Item = &str>,
+    ) -> Result<(), crate::token::KeysError> {
+        for issuer in issuers {
+            self.get(issuer).preload().await?;
+        }
+        Ok(())
+    }
+
     /// The key set of `issuer`, found by OIDC discovery. Callers ask only
     /// for issuers they have registered, so nothing can make an emulator
     /// fetch from an arbitrary URL.
