@@ -305,10 +305,19 @@ struct DecisionKey {
 impl DecisionCache {
     fn hash(&self, input: &PolicyInput<'_>, set: &Arc<Loaded>, second: u64) -> u64 {
         let r = input.request;
+        let i = input.identity;
+        // INVARIANT: the hash only picks the slot; `get` compares the whole
+        // key. So the caller is hashed by address: the verifier shares one
+        // caller per token, and a pod's repeated requests find their
+        // decision without its names being hashed each time. An equal
+        // caller elsewhere in memory merely misses; another caller at a
+        // reused address fails the comparison.
         self.hasher.hash_one((
             Arc::as_ptr(set) as usize,
+            std::ptr::from_ref(input.caller) as usize,
             second,
-            key_texts(input),
+            [i.cloud.name(), &i.account, &i.id],
+            &i.account_number,
             r.kind,
             r.surface,
             &r.scopes,
