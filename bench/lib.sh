@@ -61,14 +61,15 @@ bench_measure() {
     bench_stop
 }
 
-# bench_abba NAME_A CONFIG_A NAME_B CONFIG_B : A B B A, a table and the
-# ratio B/A of the mean requests/s.
+# bench_abba NAME_A CONFIG_A NAME_B CONFIG_B : A B B A, BENCH_ABBA_ROUNDS
+# times (default 2), a table and the ratio B/A of the mean requests/s.
 bench_abba() {
     local -A config=(["$1"]=$2 ["$3"]=$4) sum=(["$1"]=0 ["$3"]=0)
     echo "| run | configuration | requests/s | p99 |"
     echo "|---|---|---:|---:|"
-    local n=0 which rps p99 bad
-    for which in "$1" "$3" "$3" "$1"; do
+    local n=0 which rps p99 bad order=() round
+    for round in $(seq "${BENCH_ABBA_ROUNDS:-2}"); do order+=("$1" "$3" "$3" "$1"); done
+    for which in "${order[@]}"; do
         n=$((n + 1))
         read -r rps p99 bad < <(bench_measure "${config[$which]}")
         echo "| $n | $which | $rps | $p99 $bad |"
