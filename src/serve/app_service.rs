@@ -17,7 +17,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{RawQuery, State};
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -104,15 +104,20 @@ fn token_request_2017(query: &Query) -> Result<TokenRequest, String> {
 /// `X-IDENTITY-HEADER`, or in `secret` with `api-version=2017-09-01`, and
 /// give `api-version` and `resource`; the token is rendered as App Service
 /// does.
-pub async fn token(
-    State(surfaces): State<Arc<Surfaces>>,
-    headers: HeaderMap,
-    RawQuery(raw): RawQuery,
+pub async fn token(State(surfaces): State<Arc<Surfaces>>, request: Request) -> Response {
+    answer(&surfaces, request.headers(), request.uri().query()).await
+}
+
+/// [`token`] for the request's headers and query, read where they are.
+pub(crate) async fn answer(
+    surfaces: &Surfaces,
+    headers: &HeaderMap,
+    query: Option<&str>,
 ) -> Response {
-    if is_forwarded(&headers) {
+    if is_forwarded(headers) {
         return error(StatusCode::BAD_REQUEST, FORWARDED_REFUSAL);
     }
-    let query = Query::parse(raw.as_deref());
+    let query = Query::parse(query);
     let legacy = query.get("api-version") == Some(API_2017);
     let (header, shown, variable) = match legacy {
         true => ("secret", "secret", "MSI_SECRET"),
@@ -154,7 +159,7 @@ pub async fn token(
         false => (token_request(&query, Surface::AppService), FIELDS),
     };
     match request {
-        Ok(request) => issue(&surfaces, request, fields, render_error).await,
+        Ok(request) => issue(surfaces, request, fields, render_error).await,
         Err(msg) => error(StatusCode::BAD_REQUEST, msg),
     }
 }

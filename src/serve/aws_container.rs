@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -120,8 +120,13 @@ fn body(c: &AwsCredentials) -> Result<Response, BrokerError> {
 /// in constant time, the file re-read on every request, the token a
 /// rotation replaced accepted briefly: see [`super::container_token`]);
 /// 404 when no token file is configured.
-pub async fn credentials(State(surfaces): State<Arc<Surfaces>>, headers: HeaderMap) -> Response {
-    if is_forwarded(&headers) {
+pub async fn credentials(State(surfaces): State<Arc<Surfaces>>, request: Request) -> Response {
+    answer(&surfaces, request.headers()).await
+}
+
+/// [`credentials`] for the request's headers, read where they are.
+pub(crate) async fn answer(surfaces: &Surfaces, headers: &HeaderMap) -> Response {
+    if is_forwarded(headers) {
         return error(StatusCode::BAD_REQUEST, "InvalidRequest", FORWARDED_REFUSAL);
     }
     let Some(token) = surfaces.aws_container_token.as_ref() else {
@@ -155,7 +160,7 @@ pub async fn credentials(State(surfaces): State<Arc<Surfaces>>, headers: HeaderM
     }
     let request = TokenRequest::new(Cloud::Aws, Kind::AwsCredentials, Surface::AwsContainer);
     let result = async {
-        let subject = subject(&surfaces, Cloud::Aws).await?;
+        let subject = subject(surfaces, Cloud::Aws).await?;
         let grant = surfaces.broker.request(&subject, &request).await?;
         body(aws_credentials(&grant)?)
     }

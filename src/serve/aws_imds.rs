@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use aws_lc_rs::hmac;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -169,11 +169,16 @@ async fn ask(surfaces: &Surfaces, kind: Kind, role: Option<String>) -> Result<Gr
 
 /// `GET /latest/meta-data/iam/security-credentials/`: the name of the role
 /// bound to the caller, as IMDS lists an instance profile's role.
-pub async fn list_roles(State(surfaces): State<Arc<Surfaces>>, headers: HeaderMap) -> Response {
-    if let Some(refused) = check(&surfaces, &headers) {
+pub async fn list_roles(State(surfaces): State<Arc<Surfaces>>, request: Request) -> Response {
+    roles(&surfaces, request.headers()).await
+}
+
+/// [`list_roles`] for the request's headers, read where they are.
+pub(crate) async fn roles(surfaces: &Surfaces, headers: &HeaderMap) -> Response {
+    if let Some(refused) = check(surfaces, headers) {
         return refused;
     }
-    match ask(&surfaces, Kind::Identity, None).await {
+    match ask(surfaces, Kind::Identity, None).await {
         Ok(grant) => plain(StatusCode::OK, grant.identity.short_name().to_string()),
         Err(e) => render_error(&e),
     }
@@ -185,9 +190,9 @@ pub async fn list_roles(State(surfaces): State<Arc<Surfaces>>, headers: HeaderMa
 pub async fn role_credentials(
     State(surfaces): State<Arc<Surfaces>>,
     Path(role): Path<String>,
-    headers: HeaderMap,
+    request: Request,
 ) -> Response {
-    if let Some(refused) = check(&surfaces, &headers) {
+    if let Some(refused) = check(&surfaces, request.headers()) {
         return refused;
     }
     let result = async {

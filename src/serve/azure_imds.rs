@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{RawQuery, State};
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -224,12 +224,17 @@ pub(crate) async fn issue(
 /// protocol. The caller must send `Metadata: true` and `api-version`, and
 /// may select the identity by one of `client_id`, `object_id` (or
 /// `principal_id`) and `msi_res_id` (or `mi_res_id`).
-pub async fn token(
-    State(surfaces): State<Arc<Surfaces>>,
-    headers: HeaderMap,
-    RawQuery(raw): RawQuery,
+pub async fn token(State(surfaces): State<Arc<Surfaces>>, request: Request) -> Response {
+    answer(&surfaces, request.headers(), request.uri().query()).await
+}
+
+/// [`token`] for the request's headers and query, read where they are.
+pub(crate) async fn answer(
+    surfaces: &Surfaces,
+    headers: &HeaderMap,
+    query: Option<&str>,
 ) -> Response {
-    if is_forwarded(&headers) {
+    if is_forwarded(headers) {
         return bad_request(FORWARDED_REFUSAL);
     }
     let metadata = headers
@@ -239,7 +244,7 @@ pub async fn token(
     if !metadata {
         return bad_request("Required metadata header not specified");
     }
-    let query = Query::parse(raw.as_deref());
+    let query = Query::parse(query);
     if let Some(dup) = query.duplicated() {
         return bad_request(format!(
             "Query parameter '{dup}' is specified more than once"
@@ -249,7 +254,7 @@ pub async fn token(
         return bad_request("Required query variable 'api-version' is missing");
     }
     match token_request(&query, Surface::AzureImds) {
-        Ok(request) => issue(&surfaces, request, IMDS_FIELDS, render_error).await,
+        Ok(request) => issue(surfaces, request, IMDS_FIELDS, render_error).await,
         Err(msg) => bad_request(msg),
     }
 }

@@ -7,8 +7,8 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{RawQuery, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
@@ -118,13 +118,9 @@ fn listing(entries: &[&str]) -> Response {
 }
 
 /// Entry point for `/`, `/computeMetadata` and everything below it.
-pub async fn handle(
-    State(surfaces): State<Arc<Surfaces>>,
-    uri: Uri,
-    headers: HeaderMap,
-    RawQuery(raw): RawQuery,
-) -> Response {
-    if is_forwarded(&headers) {
+pub async fn handle(State(surfaces): State<Arc<Surfaces>>, request: Request) -> Response {
+    let (uri, headers) = (request.uri(), request.headers());
+    if is_forwarded(headers) {
         return text(StatusCode::FORBIDDEN, FORWARDED_REFUSAL);
     }
     let flavored = headers
@@ -136,7 +132,7 @@ pub async fn handle(
             "Missing required header \"Metadata-Flavor\": \"Google\"",
         );
     }
-    let query = Query::parse(raw.as_deref());
+    let query = Query::parse(uri.query());
     if let Some(dup) = query.duplicated() {
         return text(
             StatusCode::BAD_REQUEST,
@@ -151,7 +147,7 @@ pub async fn handle(
     // Root and version directories.
     match path {
         "/" => return listing(&["computeMetadata/"]),
-        "/computeMetadata" | "/computeMetadata/v1" => return redirect(&uri),
+        "/computeMetadata" | "/computeMetadata/v1" => return redirect(uri),
         "/computeMetadata/" => return listing(&["v1/"]),
         _ => {}
     }
@@ -224,13 +220,13 @@ pub async fn handle(
             }
         }
         (["instance", "service-accounts", account, rest @ ..], _) => {
-            service_account(surfaces, account, rest, is_dir, recursive, &query, &uri).await
+            service_account(surfaces, account, rest, is_dir, recursive, &query, uri).await
         }
         // Known directories asked for without their trailing slash.
         (
             [] | ["project"] | ["instance"] | ["universe"] | ["instance", "service-accounts"],
             false,
-        ) => redirect(&uri),
+        ) => redirect(uri),
         _ => not_found(),
     }
 }

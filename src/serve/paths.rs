@@ -12,8 +12,8 @@
 
 use std::sync::Arc;
 
-use axum::extract::{RawQuery, State};
-use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
@@ -128,23 +128,18 @@ fn app_service_error(status: StatusCode, message: &str) -> Response {
 /// Answers every request no exact route matched: the token paths as real
 /// clients spell them, and a not-found in the shape of the surface the
 /// path belongs to.
-pub(crate) async fn fallback(
-    State(surfaces): State<Arc<Surfaces>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    raw: RawQuery,
-) -> Response {
+pub(crate) async fn fallback(State(surfaces): State<Arc<Surfaces>>, request: Request) -> Response {
+    let (uri, headers) = (request.uri(), request.headers());
     let route = classify(uri.path());
-    let get = method == Method::GET;
+    let get = request.method() == Method::GET;
     match route {
         Route::ImdsToken | Route::AppServiceToken | Route::AwsContainer if !get => {
             method_not_allowed(route)
         }
-        Route::ImdsToken => azure_imds::token(State(surfaces), headers, raw).await,
-        Route::AppServiceToken => app_service::token(State(surfaces), headers, raw).await,
-        Route::AwsContainer => aws_container::credentials(State(surfaces), headers).await,
-        Route::AwsImdsRoles if get => aws_imds::list_roles(State(surfaces), headers).await,
+        Route::ImdsToken => azure_imds::answer(&surfaces, headers, uri.query()).await,
+        Route::AppServiceToken => app_service::answer(&surfaces, headers, uri.query()).await,
+        Route::AwsContainer => aws_container::answer(&surfaces, headers).await,
+        Route::AwsImdsRoles if get => aws_imds::roles(&surfaces, headers).await,
         // IMDS's newer managed-identity paths (MSAL's `getplatformmetadata`
         // and `issuecredential` probes) answer 404 where the feature is
         // absent, which tells MSAL to use the token endpoint.

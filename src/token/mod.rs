@@ -151,7 +151,7 @@ impl VerifyError {
 /// and audience, for at most five minutes and never past the token's
 /// expiry), so a pod asking again with the same projected token costs a
 /// hash instead of a signature check; requests with one token that arrive
-/// together wait for one verification ([`memo`]).
+/// together wait for one verification of it.
 pub struct Verifier {
     issuer: String,
     /// `None` for a standalone sidecar reading its own pod's token files:
