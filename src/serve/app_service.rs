@@ -18,7 +18,7 @@
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
@@ -105,15 +105,7 @@ fn token_request_2017(query: &Query) -> Result<TokenRequest, String> {
 /// give `api-version` and `resource`; the token is rendered as App Service
 /// does.
 pub async fn token(State(surfaces): State<Arc<Surfaces>>, request: Request) -> Response {
-    answer(&surfaces, request.headers(), request.uri().query()).await
-}
-
-/// [`token`] for the request's headers and query, read where they are.
-pub(crate) async fn answer(
-    surfaces: &Surfaces,
-    headers: &HeaderMap,
-    query: Option<&str>,
-) -> Response {
+    let (headers, query) = (request.headers(), request.uri().query());
     if is_forwarded(headers) {
         return error(StatusCode::BAD_REQUEST, FORWARDED_REFUSAL);
     }
@@ -159,7 +151,7 @@ pub(crate) async fn answer(
         false => (token_request(&query, Surface::AppService), FIELDS),
     };
     match request {
-        Ok(request) => issue(surfaces, request, fields, render_error).await,
+        Ok(request) => issue(&surfaces, request, fields, render_error).await,
         Err(msg) => error(StatusCode::BAD_REQUEST, msg),
     }
 }

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
@@ -121,11 +121,7 @@ fn body(c: &AwsCredentials) -> Result<Response, BrokerError> {
 /// rotation replaced accepted briefly: see [`super::container_token`]);
 /// 404 when no token file is configured.
 pub async fn credentials(State(surfaces): State<Arc<Surfaces>>, request: Request) -> Response {
-    answer(&surfaces, request.headers()).await
-}
-
-/// [`credentials`] for the request's headers, read where they are.
-pub(crate) async fn answer(surfaces: &Surfaces, headers: &HeaderMap) -> Response {
+    let headers = request.headers();
     if is_forwarded(headers) {
         return error(StatusCode::BAD_REQUEST, "InvalidRequest", FORWARDED_REFUSAL);
     }
@@ -160,7 +156,7 @@ pub(crate) async fn answer(surfaces: &Surfaces, headers: &HeaderMap) -> Response
     }
     let request = TokenRequest::new(Cloud::Aws, Kind::AwsCredentials, Surface::AwsContainer);
     let result = async {
-        let subject = subject(surfaces, Cloud::Aws).await?;
+        let subject = subject(&surfaces, Cloud::Aws).await?;
         let grant = surfaces.broker.request(&subject, &request).await?;
         body(aws_credentials(&grant)?)
     }

@@ -170,15 +170,10 @@ async fn ask(surfaces: &Surfaces, kind: Kind, role: Option<String>) -> Result<Gr
 /// `GET /latest/meta-data/iam/security-credentials/`: the name of the role
 /// bound to the caller, as IMDS lists an instance profile's role.
 pub async fn list_roles(State(surfaces): State<Arc<Surfaces>>, request: Request) -> Response {
-    roles(&surfaces, request.headers()).await
-}
-
-/// [`list_roles`] for the request's headers, read where they are.
-pub(crate) async fn roles(surfaces: &Surfaces, headers: &HeaderMap) -> Response {
-    if let Some(refused) = check(surfaces, headers) {
+    if let Some(refused) = check(&surfaces, request.headers()) {
         return refused;
     }
-    match ask(surfaces, Kind::Identity, None).await {
+    match ask(&surfaces, Kind::Identity, None).await {
         Ok(grant) => plain(StatusCode::OK, grant.identity.short_name().to_string()),
         Err(e) => render_error(&e),
     }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
@@ -225,15 +225,7 @@ pub(crate) async fn issue(
 /// may select the identity by one of `client_id`, `object_id` (or
 /// `principal_id`) and `msi_res_id` (or `mi_res_id`).
 pub async fn token(State(surfaces): State<Arc<Surfaces>>, request: Request) -> Response {
-    answer(&surfaces, request.headers(), request.uri().query()).await
-}
-
-/// [`token`] for the request's headers and query, read where they are.
-pub(crate) async fn answer(
-    surfaces: &Surfaces,
-    headers: &HeaderMap,
-    query: Option<&str>,
-) -> Response {
+    let (headers, query) = (request.headers(), request.uri().query());
     if is_forwarded(headers) {
         return bad_request(FORWARDED_REFUSAL);
     }
@@ -254,7 +246,7 @@ pub(crate) async fn answer(
         return bad_request("Required query variable 'api-version' is missing");
     }
     match token_request(&query, Surface::AzureImds) {
-        Ok(request) => issue(surfaces, request, IMDS_FIELDS, render_error).await,
+        Ok(request) => issue(&surfaces, request, IMDS_FIELDS, render_error).await,
         Err(msg) => bad_request(msg),
     }
 }

@@ -129,17 +129,17 @@ fn app_service_error(status: StatusCode, message: &str) -> Response {
 /// clients spell them, and a not-found in the shape of the surface the
 /// path belongs to.
 pub(crate) async fn fallback(State(surfaces): State<Arc<Surfaces>>, request: Request) -> Response {
-    let (uri, headers) = (request.uri(), request.headers());
+    let uri = request.uri();
     let route = classify(uri.path());
     let get = request.method() == Method::GET;
     match route {
         Route::ImdsToken | Route::AppServiceToken | Route::AwsContainer if !get => {
             method_not_allowed(route)
         }
-        Route::ImdsToken => azure_imds::answer(&surfaces, headers, uri.query()).await,
-        Route::AppServiceToken => app_service::answer(&surfaces, headers, uri.query()).await,
-        Route::AwsContainer => aws_container::answer(&surfaces, headers).await,
-        Route::AwsImdsRoles if get => aws_imds::roles(&surfaces, headers).await,
+        Route::ImdsToken => azure_imds::token(State(surfaces), request).await,
+        Route::AppServiceToken => app_service::token(State(surfaces), request).await,
+        Route::AwsContainer => aws_container::credentials(State(surfaces), request).await,
+        Route::AwsImdsRoles if get => aws_imds::list_roles(State(surfaces), request).await,
         // IMDS's newer managed-identity paths (MSAL's `getplatformmetadata`
         // and `issuecredential` probes) answer 404 where the feature is
         // absent, which tells MSAL to use the token endpoint.
