@@ -5,9 +5,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use tokio::sync::Mutex;
+use std::time::Duration;
 
 use crate::broker::assemble::{self, Parts};
 use crate::cloud::Cloud;
@@ -25,6 +23,7 @@ use crate::http::{
 use crate::secret::{random_token, SecretString};
 use crate::serve::container_token::ContainerToken;
 use crate::serve::sdk_env::{AwsEnv, AzureEnv, SdkEnv};
+use crate::serve::token_shelf::TokenShelf;
 use crate::serve::{self, SubjectTokens, Surfaces};
 use crate::telemetry::Readiness;
 use crate::token::{KeySet, KeySource, Verifier};
@@ -36,7 +35,7 @@ pub struct MintedTokens {
     pod: PodIdentity,
     lifetime: Duration,
     audiences: Vec<(Cloud, String)>,
-    current: Mutex<Vec<(Cloud, SecretString, Instant)>>,
+    shelf: TokenShelf,
 }
 
 impl MintedTokens {
@@ -54,35 +53,32 @@ impl MintedTokens {
             pod,
             lifetime,
             audiences,
-            current: Mutex::new(Vec::new()),
+            shelf: TokenShelf::new(lifetime.mul_f64(0.8)),
         }
     }
-}
 
-#[async_trait::async_trait]
-impl SubjectTokens for MintedTokens {
-    async fn token(&self, cloud: Cloud) -> Result<SecretString, String> {
-        let rotate_after = self.lifetime.mul_f64(0.8);
-        let mut current = self.current.lock().await;
-        if let Some((_, token, minted)) = current.iter().find(|(c, _, _)| *c == cloud) {
-            if minted.elapsed() < rotate_after {
-                return Ok(token.clone());
-            }
-        }
+    /// Mints `cloud`'s token afresh.
+    fn mint(&self, cloud: Cloud) -> Result<SecretString, String> {
         let audience = self
             .audiences
             .iter()
             .find(|(c, _)| *c == cloud)
             .map(|(_, a)| a.as_str())
             .ok_or_else(|| format!("no projected token audience configured for {cloud}"))?;
-        let token = SecretString::from(
-            self.issuer
-                .mint(&self.pod, &[audience], self.lifetime)
-                .map_err(|e| format!("minting the dev projected token failed: {e}"))?,
-        );
-        current.retain(|(c, _, _)| *c != cloud);
-        current.push((cloud, token.clone(), Instant::now()));
-        Ok(token)
+        let token = self
+            .issuer
+            .mint(&self.pod, &[audience], self.lifetime)
+            .map_err(|e| format!("minting the dev projected token failed: {e}"))?;
+        Ok(SecretString::from(token))
+    }
+}
+
+#[async_trait::async_trait]
+impl SubjectTokens for MintedTokens {
+    async fn token(&self, cloud: Cloud) -> Result<Arc<SecretString>, String> {
+        self.shelf
+            .get(cloud, || std::future::ready(self.mint(cloud)))
+            .await
     }
 }
 

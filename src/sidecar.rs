@@ -6,11 +6,10 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::http::StatusCode;
 use axum::routing::get;
-use tokio::sync::Mutex;
 
 use crate::broker::remote::RemoteBroker;
 use crate::broker::reuse::ReusingBroker;
@@ -21,6 +20,7 @@ use crate::http::{
 };
 use crate::secret::{random_token, SecretString};
 use crate::serve::container_token::ContainerToken;
+use crate::serve::token_shelf::TokenShelf;
 use crate::serve::{self, SubjectTokens, Surfaces};
 
 /// Connections the SDK endpoints keep open at once: one pod's SDK clients,
@@ -45,7 +45,7 @@ pub fn token_file(dir: &Path, cloud: Cloud) -> PathBuf {
 /// Projected tokens from files, re-read as the kubelet rotates them.
 pub struct FileTokens {
     dir: PathBuf,
-    cached: Mutex<Vec<(Cloud, SecretString, Instant)>>,
+    shelf: TokenShelf,
 }
 
 impl FileTokens {
@@ -55,7 +55,7 @@ impl FileTokens {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         FileTokens {
             dir: dir.into(),
-            cached: Mutex::new(Vec::new()),
+            shelf: TokenShelf::new(REREAD_AFTER),
         }
     }
 
@@ -71,17 +71,9 @@ impl FileTokens {
         }
         false
     }
-}
 
-#[async_trait::async_trait]
-impl SubjectTokens for FileTokens {
-    async fn token(&self, cloud: Cloud) -> Result<SecretString, String> {
-        let mut cached = self.cached.lock().await;
-        if let Some((_, token, read)) = cached.iter().find(|(c, _, _)| *c == cloud) {
-            if read.elapsed() < REREAD_AFTER {
-                return Ok(token.clone());
-            }
-        }
+    /// Reads `cloud`'s token file.
+    async fn read(&self, cloud: Cloud) -> Result<SecretString, String> {
         let path = token_file(&self.dir, cloud);
         let contents = tokio::fs::read_to_string(&path).await.map_err(|e| {
             format!(
@@ -96,10 +88,14 @@ impl SubjectTokens for FileTokens {
                 path.display()
             ));
         }
-        let token = SecretString::from(token.to_string());
-        cached.retain(|(c, _, _)| *c != cloud);
-        cached.push((cloud, token.clone(), Instant::now()));
-        Ok(token)
+        Ok(SecretString::from(token.to_string()))
+    }
+}
+
+#[async_trait::async_trait]
+impl SubjectTokens for FileTokens {
+    async fn token(&self, cloud: Cloud) -> Result<Arc<SecretString>, String> {
+        self.shelf.get(cloud, || self.read(cloud)).await
     }
 }
 

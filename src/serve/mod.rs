@@ -12,6 +12,7 @@ pub mod gce;
 mod paths;
 mod query;
 pub mod sdk_env;
+pub mod token_shelf;
 
 use std::sync::Arc;
 
@@ -38,8 +39,9 @@ pub const AWS_CONTAINER_PATH: &str = "/v1/credentials";
 /// (sidecar), or the built-in issuer (dev).
 #[async_trait::async_trait]
 pub trait SubjectTokens: Send + Sync {
-    /// The current projected token for `cloud`'s audience.
-    async fn token(&self, cloud: Cloud) -> Result<SecretString, String>;
+    /// The current projected token for `cloud`'s audience, shared (it is
+    /// read on every request).
+    async fn token(&self, cloud: Cloud) -> Result<Arc<SecretString>, String>;
 }
 
 /// What every surface handler needs.
@@ -129,7 +131,7 @@ pub(crate) fn is_forwarded(headers: &HeaderMap) -> bool {
 pub(crate) async fn subject(
     surfaces: &Surfaces,
     cloud: Cloud,
-) -> Result<SecretString, BrokerError> {
+) -> Result<Arc<SecretString>, BrokerError> {
     surfaces.subjects.token(cloud).await.map_err(|e| {
         tracing::warn!(%cloud, error = %e, "no projected token");
         BrokerError::Unavailable(

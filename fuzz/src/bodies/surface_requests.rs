@@ -309,8 +309,8 @@ struct Subjects;
 
 #[async_trait::async_trait]
 impl SubjectTokens for Subjects {
-    async fn token(&self, _: Cloud) -> Result<SecretString, String> {
-        Ok(SecretString::from(subject().clone()))
+    async fn token(&self, _: Cloud) -> Result<Arc<SecretString>, String> {
+        Ok(Arc::new(SecretString::from(subject().clone())))
     }
 }
 
