@@ -5,8 +5,6 @@
 use std::borrow::Cow;
 use std::collections::HashSet;
 
-use percent_encoding::percent_decode_str;
-
 /// Up to this many parameters, a repeat is found by comparing names; past
 /// it, by a set (a caller's query of thousands of parameters stays linear).
 const SCAN_LIMIT: usize = 16;
@@ -84,11 +82,46 @@ fn decode(text: &str) -> Cow<'_, str> {
     if !text.bytes().any(|b| b == b'%' || b == b'+') {
         return Cow::Borrowed(text);
     }
-    if text.contains('+') {
-        let spaced = text.replace('+', " ");
-        return Cow::Owned(percent_decode_str(&spaced).decode_utf8_lossy().into_owned());
+    // One pass, `+` and `%XX` together: a `+` never joins a `%` escape
+    // (`%2+` is `%2 `), so this is the same as replacing `+` first. An
+    // escape that is not two hex digits stays as written.
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        let escaped = match (b, bytes.get(i + 1), bytes.get(i + 2)) {
+            (b'%', Some(&hi), Some(&lo)) => hex(hi).zip(hex(lo)).map(|(h, l)| h << 4 | l),
+            _ => None,
+        };
+        match (b, escaped) {
+            (_, Some(decoded)) => {
+                out.push(decoded);
+                i += 3;
+            }
+            (b'+', None) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (other, None) => {
+                out.push(other);
+                i += 1;
+            }
+        }
     }
-    percent_decode_str(text).decode_utf8_lossy()
+    match String::from_utf8(out) {
+        Ok(decoded) => Cow::Owned(decoded),
+        Err(e) => Cow::Owned(String::from_utf8_lossy(e.as_bytes()).into_owned()),
+    }
+}
+
+/// The value of an ASCII hex digit.
+fn hex(digit: u8) -> Option<u8> {
+    match digit {
+        b'0'..=b'9' => Some(digit - b'0'),
+        b'a'..=b'f' => Some(digit - b'a' + 10),
+        b'A'..=b'F' => Some(digit - b'A' + 10),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
