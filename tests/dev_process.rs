@@ -137,6 +137,20 @@ async fn dev_prints_exports_serves_tokens_and_stops_cleanly_without_logging_secr
         "{log}"
     );
     assert!(log.contains("credential issued"), "audit records present");
+    // Latencies are written to the microsecond, as in the JSON record,
+    // not with a float's every digit.
+    for line in log.lines().filter(|l| l.contains("credential issued")) {
+        let latency = line
+            .split("latency_ms=")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no latency_ms in {line}"));
+        let decimals = latency.split('.').nth(1).map_or(0, str::len);
+        assert!(
+            latency.parse::<f64>().is_ok() && decimals <= 3,
+            "latency_ms={latency} in {line}"
+        );
+    }
     assert!(
         log.contains("token_fingerprint"),
         "audit carries fingerprints"

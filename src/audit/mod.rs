@@ -341,7 +341,7 @@ impl AuditSink for LogSink {
         // Written straight into the line, not joined into a string first.
         let resource = tracing::field::debug(Joined(e.audience.unwrap_or(e.scopes), " "));
         let cache = e.cache.map_or("", CacheOutcome::name);
-        let latency_ms = e.latency.as_secs_f64() * 1000.0;
+        let latency_ms = record::millis(e.latency);
         let (cloud, kind, surface) = (e.cloud.name(), e.kind.name(), e.surface.name());
         let policies = tracing::field::debug(JoinedStrs(e.policies, ","));
         match e.verdict {

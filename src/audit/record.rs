@@ -277,8 +277,9 @@ struct Upstream<'a> {
     request_id: Option<&'a str>,
 }
 
-/// Milliseconds with microsecond precision.
-fn millis(d: std::time::Duration) -> f64 {
+/// Milliseconds with microsecond precision, as the record and the log
+/// line write latencies.
+pub(crate) fn millis(d: std::time::Duration) -> f64 {
     (d.as_secs_f64() * 1e6).round() / 1e3
 }
 
