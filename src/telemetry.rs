@@ -94,11 +94,25 @@ where
         .with_ansi(ansi)
         .with_timer(timestamp::Timestamp)
         .with_writer(writer);
-    match format {
+    let installed = match format {
         LogFormat::Text => builder.fmt_fields(text_fields::TextFields).try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     }
-    .is_ok()
+    .is_ok();
+    if installed && format == LogFormat::Text && !ansi {
+        PLAIN_TEXT_LOG.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    installed
+}
+
+/// Set once the global log is plain text without colours.
+static PLAIN_TEXT_LOG: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the process logs plain text without colours, the text whose
+/// lines the audit record may put together itself (`audit::log_line`);
+/// false before [`init`] and under another subscriber (tests).
+pub fn plain_text_log() -> bool {
+    PLAIN_TEXT_LOG.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// The admin endpoints: `/metrics` (Prometheus text), `/healthz` (the

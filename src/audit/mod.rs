@@ -16,6 +16,7 @@ pub mod chain;
 pub mod export;
 pub mod file;
 pub mod http_export;
+mod log_line;
 pub mod record;
 pub mod sinks;
 pub mod syslog;
@@ -328,46 +329,8 @@ impl AuditSink for LogSink {
             }
             _ => tracing::enabled!(target: "lanyard::audit", tracing::Level::WARN),
         };
-        if !enabled {
-            return Ok(());
-        }
-        let caller = e.caller;
-        let namespace = caller.map_or("", |c| c.namespace.as_str());
-        let service_account = caller.map_or("", |c| c.service_account.as_str());
-        let pod = caller
-            .and_then(|c| c.pod.as_ref())
-            .map_or("", |p| p.name.as_str());
-        let identity = e.identity.unwrap_or("");
-        // Written straight into the line, not joined into a string first.
-        let resource = tracing::field::debug(Joined(e.audience.unwrap_or(e.scopes), " "));
-        let cache = e.cache.map_or("", CacheOutcome::name);
-        let latency_ms = record::millis(e.latency);
-        let (cloud, kind, surface) = (e.cloud.name(), e.kind.name(), e.surface.name());
-        let policies = tracing::field::debug(JoinedStrs(e.policies, ","));
-        match e.verdict {
-            Verdict::Allow => {
-                let expires_at = e.credential.as_ref().map_or(0, |c| c.expires_at);
-                let credential_fingerprint = e.credential.as_ref().map_or("", |c| &*c.fingerprint);
-                tracing::info!(
-                    target: "lanyard::audit",
-                    decision = "allow",
-                    cloud, kind, surface, namespace, service_account, pod, identity, resource,
-                    cache, policies, credential_fingerprint, expires_at,
-                    token_fingerprint = %e.token_fingerprint, latency_ms,
-                    "credential issued"
-                )
-            }
-            Verdict::Deny => tracing::warn!(
-                target: "lanyard::audit",
-                decision = "deny",
-                cloud, kind, surface, namespace, service_account, pod, identity, resource,
-                cache, policies,
-                reason = e.reason.unwrap_or(""),
-                code = e.code.unwrap_or(""),
-                error = e.message.as_deref().unwrap_or(""),
-                token_fingerprint = %e.token_fingerprint, latency_ms,
-                "credential refused"
-            ),
+        if enabled {
+            log_line::emit(e, crate::telemetry::plain_text_log());
         }
         Ok(())
     }
