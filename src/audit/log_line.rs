@@ -152,74 +152,28 @@ fn render(e: &AuditEvent<'_>, f: &Fields<'_>, out: &mut String) -> fmt::Result {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
     use std::time::{Duration, SystemTime};
-
-    use tracing_subscriber::fmt::MakeWriter;
 
     use super::*;
     use crate::audit::{CallerText, IssuedCredential};
     use crate::cloud::{Cloud, Kind, Surface};
-    use crate::telemetry::text_fields::TextFields;
-    use crate::token::{Caller, ObjectRef};
-
-    #[derive(Clone, Default)]
-    struct Buffer(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Buffer {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl<'a> MakeWriter<'a> for Buffer {
-        type Writer = Buffer;
-        fn make_writer(&'a self) -> Buffer {
-            self.clone()
-        }
-    }
+    use crate::telemetry::text_fields::{capture, TextFields};
+    use crate::token::Caller;
 
     /// The text log of `events`, each written one way or the other.
     fn log(events: &[AuditEvent<'_>], prerendered: bool) -> String {
-        let out = Buffer::default();
-        let subscriber = tracing_subscriber::fmt()
-            .without_time()
-            .with_ansi(false)
-            .fmt_fields(TextFields)
-            .with_writer(out.clone())
-            .finish();
-        tracing::subscriber::with_default(subscriber, || {
+        capture::text_log(TextFields, false, || {
             let span = tracing::info_span!("request", surface = "gce");
             let _entered = span.enter();
             for e in events {
                 emit(e, prerendered);
             }
-        });
-        let bytes = out.0.lock().unwrap().clone();
-        String::from_utf8(bytes).unwrap()
+        })
     }
 
     #[test]
     fn prerendered_lines_are_the_structured_lines() {
-        let caller = Caller {
-            namespace: "ray".into(),
-            service_account: "ray-worker".into(),
-            service_account_uid: "sa-uid".into(),
-            pod: Some(ObjectRef {
-                name: "ray-worker-0".into(),
-                uid: "pod-uid".into(),
-            }),
-            node: Some(ObjectRef {
-                name: "node-1".into(),
-                uid: "node-uid".into(),
-            }),
-            token_expires_at: 0,
-            token_fingerprint: "sha256:7f6967114fdd".into(),
-        };
+        let caller = Caller::example();
         let texts: Vec<String> = [
             "https://storage.azure.com/",
             "a \"quoted\" 'scope'",

@@ -10,24 +10,10 @@ use super::load::LoadError;
 use super::{Decision, Policy, PolicyInput};
 use crate::cloud::{Cloud, Identity, Kind, Surface, TokenRequest};
 use crate::directory::{Attributes, Metadata};
-use crate::token::{Caller, ObjectRef};
+use crate::token::Caller;
 
 fn caller() -> Caller {
-    Caller {
-        namespace: "team-a".into(),
-        service_account: "ray-worker".into(),
-        service_account_uid: "sa-uid".into(),
-        pod: Some(ObjectRef {
-            name: "ray-worker-0".into(),
-            uid: "pod-uid".into(),
-        }),
-        node: Some(ObjectRef {
-            name: "node-1".into(),
-            uid: "node-uid".into(),
-        }),
-        token_expires_at: 0,
-        token_fingerprint: "sha256:x".into(),
-    }
+    Caller::example()
 }
 
 fn identity() -> Identity {

@@ -265,11 +265,12 @@ impl fmt::Write for Escaping<'_, '_> {
     }
 }
 
+/// What a text log writes, captured for tests.
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(crate) mod capture {
     use std::sync::{Arc, Mutex};
-    use tracing_subscriber::fmt::MakeWriter;
+
+    use tracing_subscriber::fmt::{FormatFields, MakeWriter};
 
     #[derive(Clone, Default)]
     struct Buffer(Arc<Mutex<Vec<u8>>>);
@@ -290,6 +291,30 @@ mod tests {
             self.clone()
         }
     }
+
+    /// The lines `emit` logs (debug and up, no time) through a text
+    /// subscriber with `fields` as its field formatter.
+    pub(crate) fn text_log<N>(fields: N, ansi: bool, emit: impl FnOnce()) -> String
+    where
+        N: for<'w> FormatFields<'w> + Send + Sync + 'static,
+    {
+        let out = Buffer::default();
+        let subscriber = tracing_subscriber::fmt()
+            .without_time()
+            .with_ansi(ansi)
+            .with_max_level(tracing::Level::DEBUG)
+            .fmt_fields(fields)
+            .with_writer(out.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, emit);
+        let bytes = out.0.lock().unwrap().clone();
+        String::from_utf8(bytes).unwrap()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
 
     #[derive(Debug)]
     struct Outer(Inner);
@@ -366,17 +391,7 @@ mod tests {
     where
         N: for<'w> FormatFields<'w> + Send + Sync + 'static,
     {
-        let out = Buffer::default();
-        let subscriber = tracing_subscriber::fmt()
-            .without_time()
-            .with_ansi(ansi)
-            .with_max_level(tracing::Level::DEBUG)
-            .fmt_fields(fields)
-            .with_writer(out.clone())
-            .finish();
-        tracing::subscriber::with_default(subscriber, emit);
-        let bytes = out.0.lock().unwrap().clone();
-        String::from_utf8(bytes).unwrap()
+        capture::text_log(fields, ansi, emit)
     }
 
     #[test]

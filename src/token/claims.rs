@@ -104,6 +104,29 @@ pub struct Caller {
     pub token_fingerprint: String,
 }
 
+#[cfg(test)]
+impl Caller {
+    /// A caller for tests: pod `ray-worker-0` of `team-a/ray-worker` on
+    /// `node-1`.
+    pub(crate) fn example() -> Caller {
+        Caller {
+            namespace: "team-a".into(),
+            service_account: "ray-worker".into(),
+            service_account_uid: "sa-uid".into(),
+            pod: Some(ObjectRef {
+                name: "ray-worker-0".into(),
+                uid: "pod-uid".into(),
+            }),
+            node: Some(ObjectRef {
+                name: "node-1".into(),
+                uid: "node-uid".into(),
+            }),
+            token_expires_at: 0,
+            token_fingerprint: "sha256:x".into(),
+        }
+    }
+}
+
 /// Splits `system:serviceaccount:NS:SA` into its namespace and name.
 pub fn parse_subject(sub: &str) -> Option<(&str, &str)> {
     let rest = sub.strip_prefix("system:serviceaccount:")?;
