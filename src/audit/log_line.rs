@@ -56,16 +56,33 @@ impl<'a> Fields<'a> {
 pub(super) fn emit(e: &AuditEvent<'_>, prerendered: bool) {
     let f = Fields::of(e);
     if prerendered {
-        let mut line = String::with_capacity(512);
-        if render(e, &f, &mut line).is_ok() {
+        let written = LINE.with(|line| {
+            // Held only while this line is written: nothing below logs an
+            // audit record, so the borrow is never taken twice.
+            let Ok(mut line) = line.try_borrow_mut() else {
+                return false;
+            };
+            line.clear();
+            if render(e, &f, &mut line).is_err() {
+                return false;
+            }
             match e.verdict {
                 Verdict::Allow => tracing::info!(target: "lanyard::audit", "{line}"),
                 Verdict::Deny => tracing::warn!(target: "lanyard::audit", "{line}"),
             }
+            true
+        });
+        if written {
             return;
         }
     }
     emit_structured(e, &f);
+}
+
+thread_local! {
+    /// Each thread's line, reused: writing an audit line allocates nothing
+    /// once the thread has written its longest (caller text is bounded).
+    static LINE: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
 }
 
 fn emit_structured(e: &AuditEvent<'_>, f: &Fields<'_>) {
