@@ -19,12 +19,7 @@ pub fn fingerprint(secret: &str) -> String {
 /// [`fingerprint`] of bytes (a certificate file, say).
 pub fn fingerprint_bytes(bytes: &[u8]) -> String {
     let digest = Sha256::digest(bytes);
-    let mut out = String::with_capacity(15);
-    out.push_str("sha256:");
-    for byte in &digest[..6] {
-        out.push_str(&format!("{byte:02x}"));
-    }
-    out
+    format!("sha256:{}", hex::encode(&digest[..6]))
 }
 
 /// Compares two byte strings in time that depends only on their lengths,

@@ -39,13 +39,20 @@ pub fn append(record: &[u8], prev: Option<&Link>, out: &mut Vec<u8>) -> Link {
     if body.len() > 1 {
         out.push(b',');
     }
-    out.extend_from_slice(format!("\"seq\":{seq},\"prev\":\"{prev_hash}\"}}").as_bytes());
-    let hash = hex(&Sha256::digest(&out[start..]));
+    out.extend_from_slice(b"\"seq\":");
+    out.extend_from_slice(itoa::Buffer::new().format(seq).as_bytes());
+    out.extend_from_slice(b",\"prev\":\"");
+    out.extend_from_slice(prev_hash.as_bytes());
+    out.extend_from_slice(b"\"}");
+    let hash = hex_digest(Sha256::digest(&out[start..]));
     out.pop();
     out.extend_from_slice(HASH_KEY);
-    out.extend_from_slice(hash.as_bytes());
+    out.extend_from_slice(&hash);
     out.extend_from_slice(b"\"}\n");
-    Link { seq, hash }
+    Link {
+        seq,
+        hash: String::from_utf8_lossy(&hash).into_owned(),
+    }
 }
 
 /// What is wrong with a line.
@@ -92,8 +99,8 @@ pub fn read(line: &[u8]) -> Result<Read, LineError> {
     let mut hasher = Sha256::new();
     hasher.update(&line[..cut]);
     hasher.update(b"}");
-    let computed = hex(&hasher.finalize());
-    if computed.as_bytes() != hash {
+    let computed = hex_digest(hasher.finalize());
+    if computed != hash {
         return Err(LineError::Altered);
     }
     #[derive(serde::Deserialize)]
@@ -110,7 +117,7 @@ pub fn read(line: &[u8]) -> Result<Read, LineError> {
     Ok(Read {
         link: Link {
             seq: fields.seq,
-            hash: computed,
+            hash: String::from_utf8_lossy(&computed).into_owned(),
         },
         prev: fields.prev,
         kind: fields.kind,
@@ -118,12 +125,12 @@ pub fn read(line: &[u8]) -> Result<Read, LineError> {
     })
 }
 
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes.iter().fold(String::with_capacity(64), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+/// A SHA-256 in lowercase hex, on the stack.
+fn hex_digest(digest: impl AsRef<[u8]>) -> [u8; 64] {
+    let mut hex = [0u8; 64];
+    // A SHA-256 is 32 bytes: its 64 digits fill the buffer exactly.
+    let _ = hex::encode_to_slice(digest, &mut hex);
+    hex
 }
 
 #[cfg(test)]

@@ -73,6 +73,9 @@ enum Job {
 const QUEUE: usize = 16 * 1024;
 /// Most records in one write and sync.
 const BATCH: usize = 4096;
+/// A batch buffer this large is kept for the next batch; a larger one (a
+/// burst of thousands of records) is given back.
+const KEEP_BATCH_BUFFER: usize = 1024 * 1024;
 
 /// The file sink's handle: cheap to share and to clone.
 #[derive(Clone)]
@@ -103,6 +106,7 @@ impl FileSink {
             link: None,
             failure: None,
             written: written.clone(),
+            batch: Vec::new(),
         };
         writer.ensure_open().map_err(|error| FileError::Io {
             path: writer.options.path.clone(),
@@ -194,6 +198,8 @@ struct Writer {
     written: Arc<tokio::sync::Notify>,
     /// Shared with [`FileSink::next_seq`].
     next_seq: Arc<std::sync::atomic::AtomicU64>,
+    /// The last batch's buffer, reused by the next.
+    batch: Vec<u8>,
 }
 
 impl Writer {
@@ -284,7 +290,10 @@ impl Writer {
         if self.rotation_due() {
             self.rotate()?;
         }
-        let mut buf = Vec::new();
+        // The batch's bytes go into the buffer the last batch used, so a
+        // steady stream of batches allocates nothing here.
+        let mut buf = std::mem::take(&mut self.batch);
+        buf.clear();
         let mut link = self.link.clone();
         if let Some(failure) = &self.failure {
             let mut rec = Vec::new();
@@ -295,6 +304,9 @@ impl Writer {
             link = Some(chain::append(r, link.as_ref(), &mut buf));
         }
         let result = self.append(&buf);
+        if buf.capacity() <= KEEP_BATCH_BUFFER {
+            self.batch = buf;
+        }
         match result {
             Ok(()) => {
                 if let Some(f) = self.failure.take() {

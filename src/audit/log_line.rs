@@ -169,13 +169,9 @@ fn render(e: &AuditEvent<'_>, f: &Fields<'_>, out: &mut String) -> fmt::Result {
 
 #[cfg(test)]
 mod tests {
-    use std::time::{Duration, SystemTime};
-
     use super::*;
-    use crate::audit::{CallerText, IssuedCredential};
-    use crate::cloud::{Cloud, Kind, Surface};
+    use crate::audit::examples::Examples;
     use crate::telemetry::text_fields::{capture, TextFields};
-    use crate::token::Caller;
 
     /// The text log of `events`, each written one way or the other.
     fn log(events: &[AuditEvent<'_>], prerendered: bool) -> String {
@@ -190,71 +186,8 @@ mod tests {
 
     #[test]
     fn prerendered_lines_are_the_structured_lines() {
-        let caller = Caller::example();
-        let texts: Vec<String> = [
-            "https://storage.azure.com/",
-            "a \"quoted\" 'scope'",
-            "back\\slash\ttab\nline",
-            "\x1b[2J\x07\x7f\0",
-            "caf\u{e9} \u{1f512} \u{85}c1 \u{a2} \u{301}mark",
-            &"long-scope-".repeat(40),
-        ]
-        .map(String::from)
-        .to_vec();
-        let policies = vec!["allow-bound".to_string(), "team's \"one\"".to_string()];
-        let base = AuditEvent {
-            time: SystemTime::now(),
-            caller: Some(&caller),
-            token_fingerprint: "sha256:7f6967114fdd",
-            cloud: Cloud::Azure,
-            kind: Kind::AccessToken,
-            surface: Surface::AzureImds,
-            identity: Some("5f2c9e1a-8d4b-4c7e-9a13-0d6e2b7f4c21"),
-            scopes: CallerText::new(&texts[..1]),
-            audience: None,
-            lifetime: None,
-            verdict: Verdict::Allow,
-            reason: None,
-            code: None,
-            message: None,
-            policies: &policies,
-            cache: Some(CacheOutcome::Hit),
-            upstream: None,
-            credential: Some(IssuedCredential {
-                fingerprint: "sha256:52486c204bfb".into(),
-                expires_at: 1_796_284_056,
-            }),
-            latency: Duration::from_nanos(203_694),
-        };
-        let mut events = vec![base.clone()];
-        for text in &texts {
-            events.push(AuditEvent {
-                scopes: CallerText::one(text),
-                identity: Some(text),
-                ..base.clone()
-            });
-            events.push(AuditEvent {
-                verdict: Verdict::Deny,
-                reason: Some("policy_denied"),
-                code: Some(text),
-                message: Some(format!("Denied: {text}")),
-                credential: None,
-                cache: None,
-                audience: Some(CallerText::one(text)),
-                ..base.clone()
-            });
-        }
-        events.push(AuditEvent {
-            caller: None,
-            scopes: CallerText::new(&texts),
-            identity: None,
-            policies: &[],
-            credential: None,
-            verdict: Verdict::Deny,
-            reason: Some("bad_request"),
-            latency: Duration::ZERO,
-            ..base.clone()
-        });
+        let examples = Examples::new();
+        let events = examples.events();
         let prerendered = log(&events, true);
         let structured = log(&events, false);
         assert_eq!(prerendered.matches("lanyard::audit").count(), events.len());

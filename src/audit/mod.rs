@@ -13,6 +13,9 @@
 //! ([`verify`]) checks. `docs/audit.md` documents the record.
 
 pub mod chain;
+mod credential_record;
+#[cfg(test)]
+mod examples;
 pub mod export;
 pub mod file;
 pub mod http_export;

@@ -106,23 +106,43 @@ pub struct SinkFailure {
 /// RFC 3339, UTC, with microseconds (the precision RFC 5424 syslog
 /// timestamps allow, so every sink shows the same time).
 pub fn rfc3339(t: SystemTime) -> String {
+    with_rfc3339(t, str::to_owned)
+}
+
+/// Calls `f` with `t` as [`rfc3339`] puts it, formatted on the stack: a
+/// record's times cost no heap string.
+pub(super) fn with_rfc3339<R>(t: SystemTime, f: impl FnOnce(&str) -> R) -> R {
     const FORMAT: &[time::format_description::BorrowedFormatItem<'_>] = time::macros::format_description!(
         "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:6]Z"
     );
-    time::OffsetDateTime::from(t)
-        .format(FORMAT)
-        .unwrap_or_default()
+    // `2026-12-04T23:30:27.426941Z` is 27 bytes; years past 9999 do not
+    // format (as before, an empty time).
+    let mut buf = [0u8; 32];
+    let mut rest = &mut buf[..];
+    let len = time::OffsetDateTime::from(t)
+        .format_into(&mut rest, FORMAT)
+        .unwrap_or(0);
+    f(std::str::from_utf8(&buf[..len]).unwrap_or_default())
 }
 
-fn unix_rfc3339(unix: u64) -> String {
-    rfc3339(SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(unix))
+/// A record's time, serialized as [`rfc3339`] without a heap string.
+struct Rfc3339(SystemTime);
+
+impl Serialize for Rfc3339 {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        with_rfc3339(self.0, |s| serializer.serialize_str(s))
+    }
+}
+
+pub(super) fn unix_time(unix: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(unix)
 }
 
 #[derive(Serialize)]
 struct Record<'a> {
     schema: &'static str,
-    id: String,
-    time: String,
+    id: uuid::Uuid,
+    time: Rfc3339,
     #[serde(rename = "type")]
     kind: &'static str,
     #[serde(flatten)]
@@ -137,17 +157,6 @@ struct Record<'a> {
 #[derive(Serialize)]
 #[serde(untagged)]
 enum Body<'a> {
-    Credential {
-        caller: Caller<'a>,
-        request: Request<'a>,
-        decision: Decision<'a>,
-        outcome: Outcome<'a>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        credential: Option<Credential<'a>>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        upstream: Option<Upstream<'a>>,
-        latency_ms: f64,
-    },
     PolicyReload {
         dir: &'a str,
         result: &'static str,
@@ -210,80 +219,13 @@ struct AdmittedPod<'a> {
     service_account: &'a str,
 }
 
-#[derive(Serialize)]
-struct Caller<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    namespace: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    service_account: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pod: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pod_uid: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    node: Option<&'a str>,
-    token: &'a str,
-}
-
-#[derive(Serialize)]
-struct Request<'a> {
-    cloud: &'static str,
-    kind: &'static str,
-    surface: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    identity: Option<&'a str>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    scopes: Vec<std::borrow::Cow<'a, str>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    audience: Option<std::borrow::Cow<'a, str>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    lifetime_seconds: Option<u64>,
-}
-
-#[derive(Serialize)]
-struct Decision<'a> {
-    verdict: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    reason: Option<&'static str>,
-    #[serde(skip_serializing_if = "<[String]>::is_empty")]
-    policies: &'a [String],
-}
-
-#[derive(Serialize)]
-struct Outcome<'a> {
-    /// `issued` (an exchange made for this request), `cached` (served from
-    /// the cache), `refused` (Lanyard said no), `upstream_error` (the cloud
-    /// said no or failed).
-    result: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cache: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    code: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    message: Option<&'a str>,
-}
-
-#[derive(Serialize)]
-struct Credential<'a> {
-    fingerprint: &'a str,
-    expires_at: String,
-}
-
-/// The upstream exchange a request waited on.
-#[derive(Serialize)]
-struct Upstream<'a> {
-    latency_ms: f64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    request_id: Option<&'a str>,
-}
-
 /// Milliseconds with microsecond precision, as the record and the log
 /// line write latencies.
 pub(crate) fn millis(d: std::time::Duration) -> f64 {
     (d.as_secs_f64() * 1e6).round() / 1e3
 }
 
-fn outcome_of(e: &AuditEvent<'_>) -> &'static str {
+pub(super) fn outcome_of(e: &AuditEvent<'_>) -> &'static str {
     match (e.verdict, e.cache) {
         (Verdict::Allow, Some(CacheOutcome::Hit)) => "cached",
         (Verdict::Allow, _) => "issued",
@@ -301,53 +243,8 @@ fn outcome_of(e: &AuditEvent<'_>) -> &'static str {
 pub fn write(origin: &Origin, subject: Subject<'_>, out: &mut Vec<u8>) {
     let (time, kind, body) = match subject {
         Subject::Credential(e) => {
-            let caller = e.caller;
-            let pod = caller.and_then(|c| c.pod.as_ref());
-            (
-                e.time,
-                "credential",
-                Body::Credential {
-                    caller: Caller {
-                        namespace: caller.map(|c| c.namespace.as_str()),
-                        service_account: caller.map(|c| c.service_account.as_str()),
-                        pod: pod.map(|p| p.name.as_str()),
-                        pod_uid: pod.map(|p| p.uid.as_str()),
-                        node: caller
-                            .and_then(|c| c.node.as_ref())
-                            .map(|n| n.name.as_str()),
-                        token: e.token_fingerprint,
-                    },
-                    request: Request {
-                        cloud: e.cloud.name(),
-                        kind: e.kind.name(),
-                        surface: e.surface.name(),
-                        identity: e.identity,
-                        scopes: e.scopes.iter().collect(),
-                        audience: e.audience.and_then(|a| a.iter().next()),
-                        lifetime_seconds: e.lifetime.map(|l| l.as_secs()),
-                    },
-                    decision: Decision {
-                        verdict: e.verdict.name(),
-                        reason: e.reason,
-                        policies: e.policies,
-                    },
-                    outcome: Outcome {
-                        result: outcome_of(e),
-                        cache: e.cache.map(CacheOutcome::name),
-                        code: e.code,
-                        message: e.message.as_deref(),
-                    },
-                    credential: e.credential.as_ref().map(|c| Credential {
-                        fingerprint: &c.fingerprint,
-                        expires_at: unix_rfc3339(c.expires_at),
-                    }),
-                    upstream: e.upstream.map(|u| Upstream {
-                        latency_ms: millis(u.latency),
-                        request_id: u.request_id.as_deref(),
-                    }),
-                    latency_ms: millis(e.latency),
-                },
-            )
+            super::credential_record::write(origin, e, uuid::Uuid::now_v7(), out);
+            return;
         }
         Subject::PolicyReload(r) => {
             let body = match &r.outcome {
@@ -437,8 +334,8 @@ pub fn write(origin: &Origin, subject: Subject<'_>, out: &mut Vec<u8>) {
     };
     let record = Record {
         schema: SCHEMA,
-        id: uuid::Uuid::now_v7().to_string(),
-        time: rfc3339(time),
+        id: uuid::Uuid::now_v7(),
+        time: Rfc3339(time),
         kind,
         origin,
         body,
