@@ -267,7 +267,7 @@ impl Core {
             let caller = trail.caller.insert(caller).clone();
             let caller = &*caller;
             let binding = cloud
-                .bind(&bindings?, caller)
+                .bind(&*bindings?, caller)
                 .map_err(|e| refusal(e, request.cloud, caller))?;
             let identity = cloud.identity(&binding);
             let issued = async {
@@ -489,7 +489,7 @@ impl Core {
     }
 
     /// The caller's ServiceAccount's bindings (none when it is unknown).
-    async fn bindings(&self, caller: &Caller) -> Result<Bindings, BrokerError> {
+    async fn bindings(&self, caller: &Caller) -> Result<Arc<Bindings>, BrokerError> {
         let live = self
             .directory
             .service_account_uid(&caller.namespace, &caller.service_account)
@@ -503,7 +503,7 @@ impl Core {
             .lookup(&caller.namespace, &caller.service_account)
             .await
             .map_err(|e| BrokerError::Unavailable(e.to_string()))?
-            .unwrap_or_default())
+            .unwrap_or_else(Bindings::none))
     }
 
     /// The labels and annotations a policy may look at.

@@ -270,7 +270,7 @@ fn standalone_broker(config: &Config) -> anyhow::Result<crate::broker::Broker> {
         config,
         "sidecar",
         crate::token::Verifier::local_files(),
-        Arc::new(crate::directory::file::FixedDirectory(bindings)),
+        Arc::new(crate::directory::file::FixedDirectory(Arc::new(bindings))),
     )?;
     crate::broker::assemble::broker(config, parts, crate::http::client())
 }

@@ -58,7 +58,11 @@ struct LateDirectory {
 
 #[async_trait::async_trait]
 impl Directory for LateDirectory {
-    async fn lookup(&self, ns: &str, name: &str) -> Result<Option<Bindings>, DirectoryError> {
+    async fn lookup(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> Result<Option<std::sync::Arc<Bindings>>, DirectoryError> {
         if tokio::time::Instant::now() < self.visible_after {
             return Ok(None);
         }
@@ -331,7 +335,11 @@ struct BrokenDirectory;
 
 #[async_trait::async_trait]
 impl Directory for BrokenDirectory {
-    async fn lookup(&self, _: &str, _: &str) -> Result<Option<Bindings>, DirectoryError> {
+    async fn lookup(
+        &self,
+        _: &str,
+        _: &str,
+    ) -> Result<Option<std::sync::Arc<Bindings>>, DirectoryError> {
         Err(DirectoryError("API server unreachable".into()))
     }
 }

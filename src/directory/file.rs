@@ -2,6 +2,7 @@
 //! configuration, in the same shape as in a cluster.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -37,7 +38,7 @@ pub struct NamespaceEntry {
 
 /// What is kept of one configured ServiceAccount.
 struct Account {
-    bindings: Bindings,
+    bindings: Arc<Bindings>,
     labels: Metadata,
     annotations: Metadata,
 }
@@ -58,7 +59,7 @@ impl StaticDirectory {
             map.entry(e.namespace.clone()).or_default().insert(
                 e.name.clone(),
                 Account {
-                    bindings: Bindings::from_annotations(&e.annotations),
+                    bindings: Arc::new(Bindings::from_annotations(&e.annotations)),
                     labels: Metadata::from(&e.labels),
                     annotations: Metadata::from(&e.annotations),
                 },
@@ -86,7 +87,7 @@ impl Directory for StaticDirectory {
         &self,
         namespace: &str,
         name: &str,
-    ) -> Result<Option<Bindings>, DirectoryError> {
+    ) -> Result<Option<Arc<Bindings>>, DirectoryError> {
         Ok(self
             .entries
             .get(namespace)
@@ -118,7 +119,7 @@ impl Directory for StaticDirectory {
 
 /// The same bindings for every caller: a standalone sidecar serves only its
 /// own pod, whose bindings it is given.
-pub struct FixedDirectory(pub Bindings);
+pub struct FixedDirectory(pub Arc<Bindings>);
 
 #[async_trait::async_trait]
 impl Directory for FixedDirectory {
@@ -126,7 +127,7 @@ impl Directory for FixedDirectory {
         &self,
         _namespace: &str,
         _name: &str,
-    ) -> Result<Option<Bindings>, DirectoryError> {
+    ) -> Result<Option<Arc<Bindings>>, DirectoryError> {
         Ok(Some(self.0.clone()))
     }
 }

@@ -334,9 +334,9 @@ impl Directory for KubeDirectory {
         &self,
         namespace: &str,
         name: &str,
-    ) -> Result<Option<Bindings>, DirectoryError> {
+    ) -> Result<Option<Arc<Bindings>>, DirectoryError> {
         let sa = self.service_account(namespace, name).await?;
-        Ok(sa.map(|sa| Bindings::from_annotations(sa.annotations())))
+        Ok(sa.map(|sa| Arc::new(Bindings::from_annotations(sa.annotations()))))
     }
 
     async fn service_account_uid(

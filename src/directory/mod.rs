@@ -9,6 +9,7 @@ mod metadata;
 pub use metadata::Metadata;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// ServiceAccount annotations Lanyard reads, compatible with the clouds'
 /// own workload-identity webhooks.
@@ -87,6 +88,13 @@ impl Bindings {
     pub fn is_empty(&self) -> bool {
         self.azure.is_none() && self.gcp_service_account.is_none() && self.aws_role_arn.is_none()
     }
+
+    /// No bindings, shared: what an unknown ServiceAccount has.
+    pub fn none() -> Arc<Bindings> {
+        static NONE: std::sync::LazyLock<Arc<Bindings>> =
+            std::sync::LazyLock::new(|| Arc::new(Bindings::default()));
+        NONE.clone()
+    }
 }
 
 /// What a policy may know about a caller beyond its token: its
@@ -135,9 +143,14 @@ pub enum PodCheck {
 /// A source of bindings keyed by namespace and ServiceAccount name.
 #[async_trait::async_trait]
 pub trait Directory: Send + Sync {
-    /// `Ok(None)` when the ServiceAccount is unknown.
-    async fn lookup(&self, namespace: &str, name: &str)
-        -> Result<Option<Bindings>, DirectoryError>;
+    /// `Ok(None)` when the ServiceAccount is unknown. Shared, not copied:
+    /// every request asks, and the bindings change only with the
+    /// ServiceAccount.
+    async fn lookup(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<Bindings>>, DirectoryError>;
 
     /// Where the pod `namespace/name` with `uid` is, as the live objects
     /// say: [`PodCheck::Unknown`] when this directory does not track pods.

@@ -194,7 +194,7 @@ async fn lookup(
     directory: &dyn Directory,
     namespace: &str,
     name: &str,
-) -> Result<Option<Bindings>, String> {
+) -> Result<Option<std::sync::Arc<Bindings>>, String> {
     let mut last_error = None;
     for attempt in 0..=LOOKUP_RETRIES {
         match directory.lookup(namespace, name).await {

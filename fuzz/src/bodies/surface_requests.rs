@@ -329,25 +329,28 @@ fn broker() -> lanyard::broker::Broker {
         gcp_service_account: Some(GCP_EMAIL.into()),
         aws_role_arn: Some(AWS_ROLE.into()),
     };
-    lanyard::broker::Broker::new(Verifier::local_files(), Arc::new(FixedDirectory(bindings)))
-        .with_cloud(Offline(AzureCloud {
-            exchanger: AzureExchanger::new(http.clone(), PUBLIC_CLOUD),
-            default_tenant: Some(AZURE_TENANT.into()),
-            audience: FEDERATION_AUDIENCE.into(),
-        }))
-        .with_cloud(Offline(GcpCloud {
-            exchanger: GcpExchanger::new(http.clone(), STS_ENDPOINT, IAMCREDENTIALS_ENDPOINT),
-            provider: GCP_PROVIDER.into(),
-            audience: GCP_PROVIDER.into(),
-            project_id: "team-a".into(),
-            project_number: "123456789012".into(),
-            token_lifetime: Duration::from_secs(3600),
-        }))
-        .with_cloud(Offline(AwsCloud {
-            exchanger: AwsExchanger::new(http.clone(), "https://sts.us-east-1.amazonaws.com"),
-            audience: "sts.amazonaws.com".into(),
-            session_duration: Duration::from_secs(3600),
-        }))
+    lanyard::broker::Broker::new(
+        Verifier::local_files(),
+        Arc::new(FixedDirectory(Arc::new(bindings))),
+    )
+    .with_cloud(Offline(AzureCloud {
+        exchanger: AzureExchanger::new(http.clone(), PUBLIC_CLOUD),
+        default_tenant: Some(AZURE_TENANT.into()),
+        audience: FEDERATION_AUDIENCE.into(),
+    }))
+    .with_cloud(Offline(GcpCloud {
+        exchanger: GcpExchanger::new(http.clone(), STS_ENDPOINT, IAMCREDENTIALS_ENDPOINT),
+        provider: GCP_PROVIDER.into(),
+        audience: GCP_PROVIDER.into(),
+        project_id: "team-a".into(),
+        project_number: "123456789012".into(),
+        token_lifetime: Duration::from_secs(3600),
+    }))
+    .with_cloud(Offline(AwsCloud {
+        exchanger: AwsExchanger::new(http.clone(), "https://sts.us-east-1.amazonaws.com"),
+        audience: "sts.amazonaws.com".into(),
+        session_duration: Duration::from_secs(3600),
+    }))
 }
 
 /// Checks that each request the surfaces make survives the JSON wire
