@@ -79,6 +79,9 @@ pub(super) fn write(origin: &Origin, e: &AuditEvent<'_>, id: uuid::Uuid, out: &m
     }
     o.close();
 
+    // `result`: `issued` (an exchange made for this request), `cached`
+    // (served from the cache), `refused` (Lanyard said no),
+    // `upstream_error` (the cloud said no or failed).
     let mut o = Object::open(out, b",\"outcome\":{");
     o.str(b"result", record::outcome_of(e));
     o.some(b"cache", e.cache.map(CacheOutcome::name));

@@ -8,6 +8,10 @@
 //! at-least-once delivery. It holds no token, assertion or key: tokens
 //! appear as short SHA-256 fingerprints, and caller-supplied text only
 //! bounded ([`super::CallerText`]).
+//!
+//! The `credential` record, the one every request writes, is put straight
+//! into its line by [`super::credential_record`]; the rarer types below
+//! are derived.
 
 use std::time::SystemTime;
 
@@ -151,9 +155,6 @@ struct Record<'a> {
     body: Body<'a>,
 }
 
-// Built on the stack once per record and serialized at once: boxing the
-// large variant would allocate on the cache-hit path for nothing.
-#[allow(clippy::large_enum_variant)]
 #[derive(Serialize)]
 #[serde(untagged)]
 enum Body<'a> {
