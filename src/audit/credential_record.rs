@@ -6,9 +6,10 @@
 //! of some thirty fields went through the map serializer, its constant key
 //! was escaped afresh, and the times and the id were formatted into heap
 //! strings first. Here the keys are constants, the times and the id are
-//! formatted on the stack, and each string value and number is written
-//! by `serde_json`'s own serializer: the bytes are those `serde_json` writes for
-//! the same record, byte for byte (a test compares them over awkward
+//! formatted on the stack, strings with nothing to escape are copied
+//! whole, and every other string and each number is written by
+//! `serde_json`'s own serializer: the bytes are those `serde_json` writes
+//! for the same record, byte for byte (a test compares them over awkward
 //! caller text). The other, rarer record types keep the derived path in
 //! [`super::record`].
 
@@ -75,7 +76,7 @@ pub(super) fn write(origin: &Origin, e: &AuditEvent<'_>, id: uuid::Uuid, out: &m
     o.some(b"reason", e.reason);
     if !e.policies.is_empty() {
         o.key(b"policies");
-        array(o.out, e.policies.iter().map(String::as_str));
+        array(o.out, e.policies.iter());
     }
     o.close();
 
@@ -152,27 +153,19 @@ impl<'o> Object<'o> {
 /// `key: [texts]`, each bounded; left out when there are none.
 fn texts(o: &mut Object<'_>, key: &[u8], texts: CallerText<'_>) {
     let mut texts = texts.iter().peekable();
-    if texts.peek().is_none() {
-        return;
+    if texts.peek().is_some() {
+        o.key(key);
+        array(o.out, texts);
     }
-    o.key(key);
-    o.out.push(b'[');
-    for (i, text) in texts.enumerate() {
-        if i > 0 {
-            o.out.push(b',');
-        }
-        string(o.out, &text);
-    }
-    o.out.push(b']');
 }
 
-fn array<'s>(out: &mut Vec<u8>, items: impl Iterator<Item = &'s str>) {
+fn array<S: AsRef<str>>(out: &mut Vec<u8>, items: impl Iterator<Item = S>) {
     out.push(b'[');
     for (i, item) in items.enumerate() {
         if i > 0 {
             out.push(b',');
         }
-        string(out, item);
+        string(out, item.as_ref());
     }
     out.push(b']');
 }
