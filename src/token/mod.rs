@@ -150,7 +150,7 @@ impl VerifyError {
 /// Successful verifications are remembered (keyed by a SHA-256 of token
 /// and audience, for at most five minutes and never past the token's
 /// expiry), so a pod asking again with the same projected token costs a
-/// hash instead of a signature check; requests with one token that arrive
+/// comparison (or a hash) instead of a signature check; requests with one token that arrive
 /// together wait for one verification of it.
 pub struct Verifier {
     issuer: String,
@@ -248,13 +248,7 @@ impl Verifier {
     /// Verifies `token` for `audience` and returns who is calling, shared:
     /// a token seen recently is answered from memory without copying.
     pub async fn verify(&self, token: &str, audience: &str) -> Result<Arc<Caller>, VerifyError> {
-        use sha2::{Digest, Sha256};
-        let key: memo::Key = Sha256::new()
-            .chain_update(token.as_bytes())
-            .chain_update([0u8])
-            .chain_update(audience.as_bytes())
-            .finalize()
-            .into();
+        let key = self.memo.key(token, audience);
         let now = jsonwebtoken::get_current_timestamp();
         if let Some(caller) = self.memo.remembered(&key, now) {
             return Ok(caller);
