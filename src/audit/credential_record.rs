@@ -7,8 +7,9 @@
 //! was escaped afresh, and the times and the id were formatted into heap
 //! strings first. Here the keys are constants, the times and the id are
 //! formatted on the stack, strings with nothing to escape are copied
-//! whole, and every other string and each number is written by
-//! `serde_json`'s own serializer: the bytes are those `serde_json` writes
+//! whole, every other string is written by `serde_json`'s own serializer,
+//! and the latencies from their integer microseconds
+//! ([`record::with_millis`]): the bytes are those `serde_json` writes
 //! for the same record, byte for byte (a test compares them over awkward
 //! caller text). The other, rarer record types keep the derived path in
 //! [`super::record`].
@@ -100,12 +101,12 @@ pub(super) fn write(origin: &Origin, e: &AuditEvent<'_>, id: uuid::Uuid, out: &m
     if let Some(u) = e.upstream {
         let mut o = Object::open(out, b",\"upstream\":{");
         o.key(b"latency_ms");
-        number(o.out, record::millis(u.latency));
+        record::with_millis(u.latency, |t| o.out.extend_from_slice(t.as_bytes()));
         o.some(b"request_id", u.request_id.as_deref());
         o.close();
     }
     out.extend_from_slice(b",\"latency_ms\":");
-    number(out, record::millis(e.latency));
+    record::with_millis(e.latency, |t| out.extend_from_slice(t.as_bytes()));
     out.push(b'}');
 }
 
@@ -188,11 +189,6 @@ fn string(out: &mut Vec<u8>, value: &str) {
     }
     // Writing into a Vec cannot fail.
     let _ = serde::Serializer::serialize_str(&mut serde_json::Serializer::new(out), value);
-}
-
-/// A number as `serde_json` writes an `f64` (`null` unless finite).
-fn number(out: &mut Vec<u8>, value: f64) {
-    let _ = serde::Serializer::serialize_f64(&mut serde_json::Serializer::new(out), value);
 }
 
 #[cfg(test)]

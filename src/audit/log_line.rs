@@ -164,7 +164,9 @@ fn render(e: &AuditEvent<'_>, f: &Fields<'_>, out: &mut String) -> fmt::Result {
     }
     out.push_str(" token_fingerprint=");
     out.push_str(e.token_fingerprint);
-    write!(out, " latency_ms={:?}", f.latency_ms)
+    out.push_str(" latency_ms=");
+    super::record::with_millis(e.latency, |text| out.push_str(text));
+    Ok(())
 }
 
 #[cfg(test)]

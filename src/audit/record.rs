@@ -226,6 +226,39 @@ pub(crate) fn millis(d: std::time::Duration) -> f64 {
     (d.as_secs_f64() * 1e6).round() / 1e3
 }
 
+/// Calls `f` with [`millis`]`(d)` as its `Debug` (and JSON) text writes it,
+/// formatted from its integer microseconds: every audit line has a latency,
+/// and float formatting cost more than the rest of the number's field.
+pub(crate) fn with_millis<R>(d: std::time::Duration, f: impl FnOnce(&str) -> R) -> R {
+    let micros = (d.as_secs_f64() * 1e6).round();
+    // Beyond 2^53 µs (285 years) a value is no longer a whole number of
+    // microseconds: the float's own text then.
+    if !(0.0..9.0e15).contains(&micros) {
+        return f(&format!("{:?}", millis(d)));
+    }
+    // INVARIANT: `micros / 1e3` is the double nearest to the decimal
+    // `whole.frac`, and no shorter decimal is nearer to it, so the shortest
+    // text that reads back as that double (what `Debug` writes) is that
+    // decimal, trailing zeros dropped, ".0" when whole.
+    let micros = micros as u64;
+    let (whole, frac) = (micros / 1000, micros % 1000);
+    let mut itoa = itoa::Buffer::new();
+    let whole = itoa.format(whole).as_bytes();
+    let fraction = [frac / 100, frac / 10 % 10, frac % 10].map(|d| b'0' + d as u8);
+    let kept = match fraction {
+        [_, b'0', b'0'] => 1,
+        [_, _, b'0'] => 2,
+        _ => 3,
+    };
+    // At most 16 digits, a point and 3 digits.
+    let mut buf = [0u8; 24];
+    let len = whole.len() + 1 + kept;
+    buf[..whole.len()].copy_from_slice(whole);
+    buf[whole.len()] = b'.';
+    buf[whole.len() + 1..len].copy_from_slice(&fraction[..kept]);
+    f(std::str::from_utf8(&buf[..len]).unwrap_or_default())
+}
+
 pub(super) fn outcome_of(e: &AuditEvent<'_>) -> &'static str {
     match (e.verdict, e.cache) {
         (Verdict::Allow, Some(CacheOutcome::Hit)) => "cached",
@@ -346,5 +379,60 @@ pub fn write(origin: &Origin, subject: Subject<'_>, out: &mut Vec<u8>) {
     // sink's chain and every line-based reader rely on.
     if serde_json::to_writer(&mut *out, &record).is_err() {
         out.extend_from_slice(b"{}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{millis, with_millis};
+
+    #[test]
+    fn millis_text_is_the_floats_debug_text() {
+        let mut cases: Vec<Duration> = [
+            0,
+            1,
+            9,
+            10,
+            99,
+            100,
+            204,
+            999,
+            1_000,
+            1_001,
+            1_010,
+            1_500,
+            12_345,
+            999_999,
+            1_000_000,
+            86_400_000_000,
+            4_503_599_627_370_495,
+        ]
+        .map(Duration::from_micros)
+        .into();
+        cases.extend([
+            Duration::from_nanos(499),
+            Duration::from_nanos(500),
+            Duration::from_nanos(1_499_501),
+        ]);
+        // A spread of latencies, nanoseconds included (rounded to µs).
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            cases.push(Duration::from_nanos(x % 100_000_000_000));
+        }
+        for d in cases {
+            let expected = format!("{:?}", millis(d));
+            with_millis(d, |text| assert_eq!(text, expected, "{d:?}"));
+            // And as JSON writes the number (the durable record's form).
+            assert_eq!(
+                serde_json::to_string(&millis(d)).unwrap(),
+                expected,
+                "{d:?}"
+            );
+        }
     }
 }
