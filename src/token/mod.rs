@@ -257,7 +257,10 @@ impl Verifier {
             match self.memo.turn(key, now) {
                 memo::Turn::Remembered(caller) => return Ok(caller),
                 memo::Turn::Lead(leader) => {
-                    let answer = self.verify_afresh(token, audience).await;
+                    // Boxed: the first sight of a token (a key fetch, a
+                    // TokenReview) is the rare path, and inline its state
+                    // would make every remembered request's future larger.
+                    let answer = Box::pin(self.verify_afresh(token, audience)).await;
                     leader.land(&answer);
                     return answer;
                 }
