@@ -130,12 +130,7 @@ impl Memo {
                 return recent.key;
             }
         }
-        let key: Key = Sha256::new()
-            .chain_update(token.as_bytes())
-            .chain_update([0u8])
-            .chain_update(audience.as_bytes())
-            .finalize()
-            .into();
+        let key = hashed(token, audience);
         slot.store(Some(Arc::new(Recent {
             token: token.into(),
             audience: audience.into(),
@@ -215,6 +210,16 @@ impl Follower {
     }
 }
 
+/// The [`Key`] of `token` for `audience`.
+fn hashed(token: &str, audience: &str) -> Key {
+    Sha256::new()
+        .chain_update(token.as_bytes())
+        .chain_update([0u8])
+        .chain_update(audience.as_bytes())
+        .finalize()
+        .into()
+}
+
 /// The slot of [`Memo::recent`] for `token`: from its last eight bytes,
 /// which for a signed token are its signature's (base64url text).
 fn slot_of(token: &str) -> usize {
@@ -253,15 +258,6 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn hashed(token: &str, audience: &str) -> Key {
-        Sha256::new()
-            .chain_update(token.as_bytes())
-            .chain_update([0u8])
-            .chain_update(audience.as_bytes())
-            .finalize()
-            .into()
-    }
 
     #[test]
     fn a_token_presented_again_has_the_key_it_hashes_to() {
