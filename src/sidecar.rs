@@ -199,7 +199,7 @@ impl Sidecar {
                     }
                 }),
             );
-        let router = serve::router(surfaces).merge(probes.clone());
+        let router = serve::router(surfaces).with_probes(probes.clone());
         let (trigger, shutdown) = Shutdown::new();
         let listener = bind(config.listen, "sidecar SDK endpoints").await?;
         let addr = listener.local_addr()?;

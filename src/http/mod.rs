@@ -9,7 +9,7 @@ pub mod server;
 
 use std::time::Duration;
 
-pub use server::Limits;
+pub use server::{Limits, Respond};
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -127,7 +127,7 @@ pub async fn bind(addr: std::net::SocketAddr, what: &str) -> anyhow::Result<TcpL
 /// ([`Limits::default`]).
 pub fn spawn_server(
     listener: TcpListener,
-    router: axum::Router,
+    router: impl Respond,
     shutdown: Shutdown,
 ) -> tokio::task::JoinHandle<std::io::Result<()>> {
     spawn_server_with(listener, router, shutdown, Limits::default())
@@ -136,7 +136,7 @@ pub fn spawn_server(
 /// As [`spawn_server`], within `limits` (see [`server`]).
 pub fn spawn_server_with(
     listener: TcpListener,
-    router: axum::Router,
+    router: impl Respond,
     shutdown: Shutdown,
     limits: Limits,
 ) -> tokio::task::JoinHandle<std::io::Result<()>> {

@@ -21,6 +21,8 @@
 //!   cut.
 
 use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -32,6 +34,36 @@ use tokio::sync::Notify;
 use tower::ServiceExt;
 
 use super::Shutdown;
+
+/// What a listener answers each request with.
+///
+/// An axum [`axum::Router`] is one. The SDK surfaces have their own
+/// ([`crate::serve::SurfaceRouter`]): their handful of fixed paths are
+/// matched in place, and the request's future is held in its connection's
+/// task rather than boxed for every request as a router's is.
+pub trait Respond: Clone + Send + Sync + 'static {
+    /// The answer to `request`; the caller clones the responder for each
+    /// request (an `Arc` or two), so the future owns what it needs.
+    fn respond(
+        self,
+        request: hyper::Request<Incoming>,
+    ) -> impl Future<Output = axum::response::Response> + Send + 'static;
+}
+
+impl Respond for axum::Router {
+    fn respond(
+        self,
+        request: hyper::Request<Incoming>,
+    ) -> impl Future<Output = axum::response::Response> + Send + 'static {
+        let answered = self.oneshot(request);
+        async move {
+            match answered.await {
+                Ok(response) => response,
+                Err(never) => match never {},
+            }
+        }
+    }
+}
 
 /// Bounds applied to every connection of one listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,7 +204,7 @@ impl Tracker {
 /// at once, in-flight requests finish.
 pub async fn serve(
     listener: TcpListener,
-    router: axum::Router,
+    router: impl Respond,
     shutdown: Shutdown,
     limits: Limits,
 ) -> std::io::Result<()> {
@@ -215,11 +247,11 @@ pub async fn serve(
                 Ordering::Relaxed,
             );
             let guard = InFlight(state.clone());
-            let router = router.clone();
+            let answered = router.clone().respond(req);
             async move {
-                let response = router.oneshot(req).await;
+                let response = answered.await;
                 drop(guard);
-                response
+                Ok::<_, Infallible>(response)
             }
         });
         let conn = http.serve_connection(TokioIo::new(stream), service);

@@ -15,9 +15,7 @@
 //! Machine Learning as Unix seconds; every SDK that speaks it tries a
 //! number first, and MSAL accepts nothing else, so it is Unix seconds here.
 
-use std::sync::Arc;
-
-use axum::extract::{Request, State};
+use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -104,8 +102,8 @@ fn token_request_2017(query: &Query) -> Result<TokenRequest, String> {
 /// `X-IDENTITY-HEADER`, or in `secret` with `api-version=2017-09-01`, and
 /// give `api-version` and `resource`; the token is rendered as App Service
 /// does.
-pub async fn token(State(surfaces): State<Arc<Surfaces>>, request: Request) -> Response {
-    let (headers, query) = (request.headers(), request.uri().query());
+pub async fn token(surfaces: &Surfaces, request: &Parts) -> Response {
+    let (headers, query) = (&request.headers, request.uri.query());
     if is_forwarded(headers) {
         return error(StatusCode::BAD_REQUEST, FORWARDED_REFUSAL);
     }
@@ -151,7 +149,7 @@ pub async fn token(State(surfaces): State<Arc<Surfaces>>, request: Request) -> R
         false => (token_request(&query, Surface::AppService), FIELDS),
     };
     match request {
-        Ok(request) => issue(&surfaces, request, fields, render_error).await,
+        Ok(request) => issue(surfaces, request, fields, render_error).await,
         Err(msg) => error(StatusCode::BAD_REQUEST, msg),
     }
 }

@@ -5,9 +5,7 @@
 //! The file is re-read on every request, so a rotated token takes effect
 //! at once (and the one it replaced is honoured for a short grace).
 
-use std::sync::Arc;
-
-use axum::extract::{Request, State};
+use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -120,8 +118,8 @@ fn body(c: &AwsCredentials) -> Result<Response, BrokerError> {
 /// in constant time, the file re-read on every request, the token a
 /// rotation replaced accepted briefly: see [`super::container_token`]);
 /// 404 when no token file is configured.
-pub async fn credentials(State(surfaces): State<Arc<Surfaces>>, request: Request) -> Response {
-    let headers = request.headers();
+pub async fn credentials(surfaces: &Surfaces, request: &Parts) -> Response {
+    let headers = &request.headers;
     if is_forwarded(headers) {
         return error(StatusCode::BAD_REQUEST, "InvalidRequest", FORWARDED_REFUSAL);
     }
@@ -156,7 +154,7 @@ pub async fn credentials(State(surfaces): State<Arc<Surfaces>>, request: Request
     }
     let request = TokenRequest::new(Cloud::Aws, Kind::AwsCredentials, Surface::AwsContainer);
     let result = async {
-        let subject = subject(&surfaces, Cloud::Aws).await?;
+        let subject = subject(surfaces, Cloud::Aws).await?;
         let grant = surfaces.broker.request(&subject, &request).await?;
         body(aws_credentials(&grant)?)
     }

@@ -8,10 +8,8 @@
 //! that lives only in this process, so nothing is stored per token and a
 //! token cannot be stretched past its TTL.
 
-use std::sync::Arc;
-
 use aws_lc_rs::hmac;
-use axum::extract::{Path, Request, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -89,8 +87,9 @@ fn unauthorized() -> Response {
 /// `PUT /latest/api/token`: a session token for the TTL the
 /// `X-aws-ec2-metadata-token-ttl-seconds` header asks (1–21600 seconds;
 /// 400 otherwise).
-pub async fn put_token(State(surfaces): State<Arc<Surfaces>>, headers: HeaderMap) -> Response {
-    if is_forwarded(&headers) {
+pub async fn put_token(surfaces: &Surfaces, request: &Parts) -> Response {
+    let headers = &request.headers;
+    if is_forwarded(headers) {
         return plain(StatusCode::FORBIDDEN, "Forbidden");
     }
     let ttl = headers
@@ -169,11 +168,11 @@ async fn ask(surfaces: &Surfaces, kind: Kind, role: Option<String>) -> Result<Gr
 
 /// `GET /latest/meta-data/iam/security-credentials/`: the name of the role
 /// bound to the caller, as IMDS lists an instance profile's role.
-pub async fn list_roles(State(surfaces): State<Arc<Surfaces>>, request: Request) -> Response {
-    if let Some(refused) = check(&surfaces, request.headers()) {
+pub async fn list_roles(surfaces: &Surfaces, request: &Parts) -> Response {
+    if let Some(refused) = check(surfaces, &request.headers) {
         return refused;
     }
-    match ask(&surfaces, Kind::Identity, None).await {
+    match ask(surfaces, Kind::Identity, None).await {
         Ok(grant) => plain(StatusCode::OK, grant.identity.short_name().to_string()),
         Err(e) => render_error(&e),
     }
@@ -182,16 +181,12 @@ pub async fn list_roles(State(surfaces): State<Arc<Surfaces>>, request: Request)
 /// `GET /latest/meta-data/iam/security-credentials/ROLE`: session
 /// credentials for `ROLE`, which must be the caller's bound role (404
 /// otherwise), in IMDS's JSON shape.
-pub async fn role_credentials(
-    State(surfaces): State<Arc<Surfaces>>,
-    Path(role): Path<String>,
-    request: Request,
-) -> Response {
-    if let Some(refused) = check(&surfaces, request.headers()) {
+pub async fn role_credentials(surfaces: &Surfaces, role: String, request: &Parts) -> Response {
+    if let Some(refused) = check(surfaces, &request.headers) {
         return refused;
     }
     let result = async {
-        let grant = ask(&surfaces, Kind::AwsCredentials, Some(role)).await?;
+        let grant = ask(surfaces, Kind::AwsCredentials, Some(role)).await?;
         let c = aws_credentials(&grant)?;
         // Rendered once per credential: nothing in it changes.
         let key = BodyKey::fixed(Surface::AwsImds, 0);
@@ -213,8 +208,8 @@ pub async fn role_credentials(
 }
 
 /// `placement/region`, which the SDKs read for a default region.
-pub async fn region(State(surfaces): State<Arc<Surfaces>>, headers: HeaderMap) -> Response {
-    if let Some(refused) = check(&surfaces, &headers) {
+pub async fn region(surfaces: &Surfaces, request: &Parts) -> Response {
+    if let Some(refused) = check(surfaces, &request.headers) {
         return refused;
     }
     match &surfaces.aws_region {

@@ -3,9 +3,7 @@
 //! with `Metadata: true`. Success bodies carry every field as a string, as
 //! IMDS does; errors are `{error, error_description}`.
 
-use std::sync::Arc;
-
-use axum::extract::{Request, State};
+use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -224,8 +222,8 @@ pub(crate) async fn issue(
 /// protocol. The caller must send `Metadata: true` and `api-version`, and
 /// may select the identity by one of `client_id`, `object_id` (or
 /// `principal_id`) and `msi_res_id` (or `mi_res_id`).
-pub async fn token(State(surfaces): State<Arc<Surfaces>>, request: Request) -> Response {
-    let (headers, query) = (request.headers(), request.uri().query());
+pub async fn token(surfaces: &Surfaces, request: &Parts) -> Response {
+    let (headers, query) = (&request.headers, request.uri.query());
     if is_forwarded(headers) {
         return bad_request(FORWARDED_REFUSAL);
     }
@@ -246,7 +244,7 @@ pub async fn token(State(surfaces): State<Arc<Surfaces>>, request: Request) -> R
         return bad_request("Required query variable 'api-version' is missing");
     }
     match token_request(&query, Surface::AzureImds) {
-        Ok(request) => issue(&surfaces, request, IMDS_FIELDS, render_error).await,
+        Ok(request) => issue(surfaces, request, IMDS_FIELDS, render_error).await,
         Err(msg) => bad_request(msg),
     }
 }

@@ -4,10 +4,8 @@
 //! listings with `?recursive=true`, trailing-slash redirects, service
 //! account email/scopes/token/identity, and project ids.
 
-use std::sync::Arc;
-
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
@@ -37,7 +35,7 @@ fn with_flavor(mut resp: Response) -> Response {
     resp
 }
 
-fn text(status: StatusCode, body: impl Into<Body>) -> Response {
+pub(crate) fn text(status: StatusCode, body: impl Into<Body>) -> Response {
     with_flavor((status, [("content-type", "application/text")], body.into()).into_response())
 }
 
@@ -118,8 +116,8 @@ fn listing(entries: &[&str]) -> Response {
 }
 
 /// Entry point for `/`, `/computeMetadata` and everything below it.
-pub async fn handle(State(surfaces): State<Arc<Surfaces>>, request: Request) -> Response {
-    let (uri, headers) = (request.uri(), request.headers());
+pub async fn handle(surfaces: &Surfaces, request: &Parts) -> Response {
+    let (uri, headers) = (&request.uri, &request.headers);
     if is_forwarded(headers) {
         return text(StatusCode::FORBIDDEN, FORWARDED_REFUSAL);
     }
@@ -165,7 +163,7 @@ pub async fn handle(State(surfaces): State<Arc<Surfaces>>, request: Request) -> 
     match (segments.as_slice(), is_dir) {
         ([], true) => {
             if recursive {
-                return match identity_for_account(&surfaces, "default").await {
+                return match identity_for_account(surfaces, "default").await {
                     Ok(id) => json_body(json!({
                         "instance": { "serviceAccounts": accounts_json(&id) },
                         "project": { "numericProjectId": number(id.account_number.as_deref().unwrap_or_default()), "projectId": id.account },
@@ -184,7 +182,7 @@ pub async fn handle(State(surfaces): State<Arc<Surfaces>>, request: Request) -> 
             }
         }
         (["universe", "universe-domain"], false) => text(StatusCode::OK, UNIVERSE_DOMAIN),
-        (["project"], true) => match identity_for_account(&surfaces, "default").await {
+        (["project"], true) => match identity_for_account(surfaces, "default").await {
             Ok(id) if recursive => json_body(json!({
                 "numericProjectId": number(id.account_number.as_deref().unwrap_or_default()),
                 "projectId": id.account,
@@ -193,24 +191,24 @@ pub async fn handle(State(surfaces): State<Arc<Surfaces>>, request: Request) -> 
             Err(e) => render_error(&e),
         },
         (["project", "project-id"], false) => {
-            match identity_for_account(&surfaces, "default").await {
+            match identity_for_account(surfaces, "default").await {
                 Ok(id) => text(StatusCode::OK, id.account),
                 Err(e) => render_error(&e),
             }
         }
         (["project", "numeric-project-id"], false) => {
-            match identity_for_account(&surfaces, "default").await {
+            match identity_for_account(surfaces, "default").await {
                 Ok(id) => text(StatusCode::OK, id.account_number.unwrap_or_default()),
                 Err(e) => render_error(&e),
             }
         }
-        (["instance"], true) => match identity_for_account(&surfaces, "default").await {
+        (["instance"], true) => match identity_for_account(surfaces, "default").await {
             Ok(id) if recursive => json_body(json!({ "serviceAccounts": accounts_json(&id) })),
             Ok(_) => listing(&["service-accounts/"]),
             Err(e) => render_error(&e),
         },
         (["instance", "service-accounts"], true) => {
-            match identity_for_account(&surfaces, "default").await {
+            match identity_for_account(surfaces, "default").await {
                 Ok(id) if recursive => json_body(accounts_json(&id)),
                 Ok(id) => {
                     let email_dir = format!("{}/", id.id);
@@ -267,7 +265,7 @@ async fn with_bearer(
 
 #[allow(clippy::too_many_arguments)]
 async fn service_account(
-    surfaces: Arc<Surfaces>,
+    surfaces: &Surfaces,
     account: &str,
     rest: &[&str],
     is_dir: bool,
@@ -291,7 +289,7 @@ async fn service_account(
                 })
                 .unwrap_or_default();
             let request = request(Kind::AccessToken).with_scopes(scopes);
-            let rendered = with_bearer(&surfaces, request, |token| {
+            let rendered = with_bearer(surfaces, request, |token| {
                 let now = now_unix();
                 let key = BodyKey {
                     surface: Surface::Gce,
@@ -333,7 +331,7 @@ async fn service_account(
             let mut req = request(Kind::IdToken);
             req.audience = Some(audience.to_string());
             req.include_email = include_email;
-            with_bearer(&surfaces, req, |token| {
+            with_bearer(surfaces, req, |token| {
                 // The ID token is the whole body, so it never changes.
                 let key = BodyKey::fixed(Surface::Gce, ID_TOKEN_BODY);
                 let body = token.rendered.get_or_render(key, || {
@@ -345,7 +343,7 @@ async fn service_account(
             .unwrap_or_else(|e| render_error(&e))
         }
         _ => {
-            let id = match identity_for_account(&surfaces, account).await {
+            let id = match identity_for_account(surfaces, account).await {
                 Ok(id) => id,
                 Err(e) => return render_error(&e),
             };

@@ -11,6 +11,7 @@ pub mod container_token;
 pub mod gce;
 mod paths;
 mod query;
+mod routes;
 pub mod sdk_env;
 pub mod token_shelf;
 
@@ -20,13 +21,13 @@ use axum::body::Bytes;
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use axum::Router;
 
 use crate::broker::{BrokerError, TokenBroker};
 use crate::cloud::Cloud;
 use crate::secret::SecretString;
 
 pub use query::Query;
+pub use routes::SurfaceRouter;
 
 /// Path of the Azure IMDS token endpoint.
 pub const IMDS_TOKEN_PATH: &str = "/metadata/identity/oauth2/token";
@@ -63,36 +64,14 @@ pub struct Surfaces {
     pub aws_region: Option<String>,
 }
 
-/// All SDK-facing routes on one listener.
-pub fn router(surfaces: Arc<Surfaces>) -> Router {
-    Router::new()
-        .route(IMDS_TOKEN_PATH, axum::routing::get(azure_imds::token))
-        .route(APP_SERVICE_PATH, axum::routing::get(app_service::token))
-        .route("/", axum::routing::get(gce::handle))
-        .route("/computeMetadata", axum::routing::get(gce::handle))
-        .route("/computeMetadata/", axum::routing::get(gce::handle))
-        .route("/computeMetadata/{*rest}", axum::routing::get(gce::handle))
-        .route(
-            AWS_CONTAINER_PATH,
-            axum::routing::get(aws_container::credentials),
-        )
-        .route("/latest/api/token", axum::routing::put(aws_imds::put_token))
-        .route(
-            "/latest/meta-data/iam/security-credentials/",
-            axum::routing::get(aws_imds::list_roles),
-        )
-        .route(
-            "/latest/meta-data/iam/security-credentials/{role}",
-            axum::routing::get(aws_imds::role_credentials),
-        )
-        .route(
-            "/latest/meta-data/placement/region",
-            axum::routing::get(aws_imds::region),
-        )
-        // Other spellings of these paths, and not-found answers in each
-        // surface's own shape.
-        .fallback(paths::fallback)
-        .with_state(surfaces)
+/// All SDK-facing routes on one listener: Azure IMDS
+/// ([`IMDS_TOKEN_PATH`]), App Service ([`APP_SERVICE_PATH`]), GCE metadata
+/// (`/computeMetadata/v1/`), AWS container credentials
+/// ([`AWS_CONTAINER_PATH`]) and AWS IMDSv2 (`/latest/`), with other
+/// spellings of these paths, and not-found and wrong-method answers in
+/// each surface's own shape.
+pub fn router(surfaces: Arc<Surfaces>) -> SurfaceRouter {
+    SurfaceRouter::new(surfaces)
 }
 
 /// Headers that proxies add to what they relay (nginx, Envoy, HAProxy,

@@ -1,48 +1,78 @@
-//! Paths as real clients spell them, and a not-found in each surface's own
-//! shape for every path no surface serves.
+//! Paths as real clients spell them, and an error in each surface's own
+//! shape for every path or method no surface serves.
 //!
-//! The exact routes in [`super::router`] are the documented paths; this
-//! fallback takes what real clients send beside them. msal-node (and so
-//! Node.js `@azure/identity`) lower-cases the IMDS URL and appends a `/`
+//! [`classify`] places every request path: the documented paths, and
+//! what real clients send beside them. msal-node (and so Node.js
+//! `@azure/identity`) lower-cases the IMDS URL and appends a `/`
 //! (`/metadata/identity/oauth2/token/`); aad-pod-identity's NMI, the server
 //! `AZURE_POD_IDENTITY_AUTHORITY_HOST` was made for, matches `metadata`
 //! case-insensitively. A plain-text 404 on such a path makes an SDK retry
 //! for many seconds and then report a network error, so every not-found
 //! here answers in the surface's JSON error shape and says what is served.
 
-use std::sync::Arc;
-
-use axum::extract::{Request, State};
-use axum::http::{Method, StatusCode};
+use axum::http::header::ALLOW;
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use super::{
-    app_service, aws_container, aws_imds, azure_imds, Surfaces, APP_SERVICE_PATH,
-    AWS_CONTAINER_PATH, IMDS_TOKEN_PATH,
-};
+use super::{aws_container, gce, APP_SERVICE_PATH, AWS_CONTAINER_PATH, IMDS_TOKEN_PATH};
 
-/// Where a path that no exact route matched belongs.
+/// Where IMDSv2 lists the instance's role; a role's credentials are below.
+pub(crate) const AWS_ROLES_PATH: &str = "/latest/meta-data/iam/security-credentials/";
+
+/// Where a request path belongs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Route {
-    /// Azure IMDS's token endpoint, spelled another way.
+    /// Azure IMDS's token endpoint, as documented or spelled another way.
     ImdsToken,
     /// Anything else under `/metadata/`: IMDS paths Lanyard does not serve
     /// (instance metadata, MSAL's newer credential probes).
     ImdsOther,
-    /// The App Service endpoint with a trailing slash.
+    /// The App Service endpoint, with or without a trailing slash.
     AppServiceToken,
     /// Anything else under `/msi/`.
     AppServiceOther,
-    /// The AWS container endpoint with a trailing slash.
+    /// GCE metadata: `/`, `/computeMetadata` and everything below it (the
+    /// surface answers its own not-founds).
+    Gce,
+    /// The AWS container endpoint, with or without a trailing slash.
     AwsContainer,
-    /// AWS IMDS's role listing without its trailing slash.
+    /// IMDSv2's session token, `/latest/api/token`.
+    AwsImdsSession,
+    /// AWS IMDS's role listing, with or without its trailing slash.
     AwsImdsRoles,
+    /// One role's credentials: one segment below [`AWS_ROLES_PATH`].
+    AwsImdsRole,
+    /// `/latest/meta-data/placement/region`.
+    AwsImdsRegion,
     /// Anything else under `/latest/`.
     AwsImdsOther,
+    /// `/healthz` and `/readyz`: the sidecar's probes, where it has them.
+    Probe,
     /// No surface's path.
     Unknown,
+}
+
+impl Route {
+    /// The methods the route answers, for a `405`'s `Allow`; `None` for a
+    /// not-found route, which answers every method alike.
+    pub(crate) fn allowed(self) -> Option<&'static str> {
+        match self {
+            Route::ImdsToken
+            | Route::AppServiceToken
+            | Route::Gce
+            | Route::AwsContainer
+            | Route::AwsImdsRoles
+            | Route::AwsImdsRole
+            | Route::AwsImdsRegion
+            | Route::Probe => Some("GET,HEAD"),
+            Route::AwsImdsSession => Some("PUT"),
+            Route::ImdsOther | Route::AppServiceOther | Route::AwsImdsOther | Route::Unknown => {
+                None
+            }
+        }
+    }
 }
 
 /// `path` without one trailing `/` (the root stays `/`).
@@ -59,7 +89,8 @@ fn starts_with_ignore_case(path: &str, prefix: &str) -> bool {
         && path[..prefix.len()].eq_ignore_ascii_case(prefix)
 }
 
-/// Classifies a path no exact route matched.
+/// Classifies a request path. Runs on every request: the commonest
+/// paths are tried first, each by one comparison.
 pub(crate) fn classify(path: &str) -> Route {
     let t = trimmed(path);
     if t.eq_ignore_ascii_case(IMDS_TOKEN_PATH) {
@@ -70,14 +101,34 @@ pub(crate) fn classify(path: &str) -> Route {
         Route::AppServiceToken
     } else if starts_with_ignore_case(path, "/msi/") {
         Route::AppServiceOther
+    } else if path == "/" || path == "/computeMetadata" || path.starts_with("/computeMetadata/") {
+        Route::Gce
     } else if t == AWS_CONTAINER_PATH {
         Route::AwsContainer
-    } else if t == "/latest/meta-data/iam/security-credentials" {
-        Route::AwsImdsRoles
-    } else if path.starts_with("/latest/") {
-        Route::AwsImdsOther
+    } else if let Some(below) = path.strip_prefix("/latest/") {
+        classify_latest(path, below)
+    } else if path == "/healthz" || path == "/readyz" {
+        Route::Probe
     } else {
         Route::Unknown
+    }
+}
+
+/// Classifies a path under `/latest/` (`below` is the rest of it).
+fn classify_latest(path: &str, below: &str) -> Route {
+    if below == "api/token" {
+        Route::AwsImdsSession
+    } else if below == "meta-data/placement/region" {
+        Route::AwsImdsRegion
+    } else if trimmed(path) == trimmed(AWS_ROLES_PATH) {
+        Route::AwsImdsRoles
+    } else if path
+        .strip_prefix(AWS_ROLES_PATH)
+        .is_some_and(|role| !role.contains('/'))
+    {
+        Route::AwsImdsRole
+    } else {
+        Route::AwsImdsOther
     }
 }
 
@@ -98,19 +149,30 @@ fn shown(path: &str) -> String {
     format!("{}…", &path[..cut])
 }
 
-fn method_not_allowed(route: Route) -> Response {
-    let message = "Only GET is allowed on this path";
-    match route {
+/// A method the path's surface does not answer: `405` with `Allow`, in the
+/// surface's own shape.
+pub(crate) fn method_not_allowed(route: Route) -> Response {
+    let allowed = route.allowed().unwrap_or("GET,HEAD");
+    let message = format!("Only {allowed} is allowed on this path");
+    let mut response = match route {
         Route::ImdsToken => (
             StatusCode::METHOD_NOT_ALLOWED,
             Json(json!({ "error": "invalid_request", "error_description": message })),
         )
             .into_response(),
+        Route::AppServiceToken => app_service_error(StatusCode::METHOD_NOT_ALLOWED, &message),
         Route::AwsContainer => {
             aws_container::error(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", message)
         }
-        _ => app_service_error(StatusCode::METHOD_NOT_ALLOWED, message),
-    }
+        Route::Gce => gce::text(StatusCode::METHOD_NOT_ALLOWED, message),
+        // EC2's metadata service answers a wrong method with a bare 405,
+        // which the SDKs read as "no IMDSv2 here".
+        _ => StatusCode::METHOD_NOT_ALLOWED.into_response(),
+    };
+    response
+        .headers_mut()
+        .insert(ALLOW, HeaderValue::from_static(allowed));
+    response
 }
 
 fn app_service_error(status: StatusCode, message: &str) -> Response {
@@ -125,21 +187,11 @@ fn app_service_error(status: StatusCode, message: &str) -> Response {
         .into_response()
 }
 
-/// Answers every request no exact route matched: the token paths as real
-/// clients spell them, and a not-found in the shape of the surface the
-/// path belongs to.
-pub(crate) async fn fallback(State(surfaces): State<Arc<Surfaces>>, request: Request) -> Response {
-    let uri = request.uri();
-    let route = classify(uri.path());
-    let get = request.method() == Method::GET;
+/// The answer to a path no surface serves (a route with nothing to
+/// serve, or the probes where there are none), in the shape of the
+/// surface the path belongs to.
+pub(crate) fn not_found(route: Route, path: &str) -> Response {
     match route {
-        Route::ImdsToken | Route::AppServiceToken | Route::AwsContainer if !get => {
-            method_not_allowed(route)
-        }
-        Route::ImdsToken => azure_imds::token(State(surfaces), request).await,
-        Route::AppServiceToken => app_service::token(State(surfaces), request).await,
-        Route::AwsContainer => aws_container::credentials(State(surfaces), request).await,
-        Route::AwsImdsRoles if get => aws_imds::list_roles(State(surfaces), request).await,
         // IMDS's newer managed-identity paths (MSAL's `getplatformmetadata`
         // and `issuecredential` probes) answer 404 where the feature is
         // absent, which tells MSAL to use the token endpoint.
@@ -149,7 +201,7 @@ pub(crate) async fn fallback(State(surfaces): State<Arc<Surfaces>>, request: Req
                 "error": "not_found",
                 "error_description": format!(
                     "{} is not served here; the managed identity token endpoint is {IMDS_TOKEN_PATH}",
-                    shown(uri.path())
+                    shown(path)
                 ),
             })),
         )
@@ -158,18 +210,16 @@ pub(crate) async fn fallback(State(surfaces): State<Arc<Surfaces>>, request: Req
             StatusCode::NOT_FOUND,
             &format!(
                 "{} is not served here; the managed identity endpoint is {APP_SERVICE_PATH}",
-                shown(uri.path())
+                shown(path)
             ),
         ),
         // EC2's metadata service answers unknown paths with a bare 404.
-        Route::AwsImdsRoles | Route::AwsImdsOther => {
-            (StatusCode::NOT_FOUND, "Not Found").into_response()
-        }
-        Route::Unknown => (
+        Route::AwsImdsOther => (StatusCode::NOT_FOUND, "Not Found").into_response(),
+        _ => (
             StatusCode::NOT_FOUND,
             Json(json!({
                 "error": "not_found",
-                "error_description": format!("{} is not served here. {SERVED}", shown(uri.path())),
+                "error_description": format!("{} is not served here. {SERVED}", shown(path)),
             })),
         )
             .into_response(),
@@ -198,6 +248,38 @@ mod tests {
     }
 
     #[test]
+    fn documented_paths_are_their_surfaces() {
+        for (path, route) in [
+            (IMDS_TOKEN_PATH, Route::ImdsToken),
+            (APP_SERVICE_PATH, Route::AppServiceToken),
+            ("/", Route::Gce),
+            ("/computeMetadata", Route::Gce),
+            ("/computeMetadata/", Route::Gce),
+            (
+                "/computeMetadata/v1/instance/service-accounts/default/token",
+                Route::Gce,
+            ),
+            (AWS_CONTAINER_PATH, Route::AwsContainer),
+            ("/latest/api/token", Route::AwsImdsSession),
+            (AWS_ROLES_PATH, Route::AwsImdsRoles),
+            (
+                "/latest/meta-data/iam/security-credentials/ray-data",
+                Route::AwsImdsRole,
+            ),
+            (
+                "/latest/meta-data/iam/security-credentials/a%2Fb",
+                Route::AwsImdsRole,
+            ),
+            ("/latest/meta-data/placement/region", Route::AwsImdsRegion),
+            ("/healthz", Route::Probe),
+            ("/readyz", Route::Probe),
+        ] {
+            assert_eq!(classify(path), route, "{path}");
+            assert!(route.allowed().is_some(), "{path} answers some method");
+        }
+    }
+
+    #[test]
     fn other_paths_belong_to_their_surface_or_none() {
         for (path, route) in [
             ("/metadata/identity/getplatformmetadata", Route::ImdsOther),
@@ -207,12 +289,21 @@ mod tests {
             ("/metadata/identity/oauth2/tokens", Route::ImdsOther),
             ("/msi/other", Route::AppServiceOther),
             ("/latest/user-data", Route::AwsImdsOther),
+            ("/latest/api/token/", Route::AwsImdsOther),
+            (
+                "/latest/meta-data/iam/security-credentials/a/b",
+                Route::AwsImdsOther,
+            ),
             ("/v1/credentialsx", Route::Unknown),
             ("/V1/credentials", Route::Unknown),
-            ("/", Route::Unknown),
+            ("/computeMetadataX", Route::Unknown),
+            ("/ComputeMetadata/v1/", Route::Unknown),
+            ("/healthz/", Route::Unknown),
+            ("", Route::Unknown),
             ("/é/metadata", Route::Unknown),
         ] {
             assert_eq!(classify(path), route, "{path}");
+            assert!(route.allowed().is_none(), "{path} is not served");
         }
     }
 

@@ -42,7 +42,7 @@ pub struct Upstreams {
     pub shutdown: Shutdown,
 }
 
-async fn serve(router: axum::Router, shutdown: &Shutdown) -> SocketAddr {
+async fn serve(router: impl lanyard::http::Respond, shutdown: &Shutdown) -> SocketAddr {
     let listener = bind("127.0.0.1:0".parse().unwrap(), "test server")
         .await
         .unwrap();

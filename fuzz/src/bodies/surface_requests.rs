@@ -122,9 +122,9 @@ pub fn run(data: &[u8]) {
                 && !forwarded(request.headers())
                 && matches!(*request.method(), Method::GET | Method::HEAD);
             let answer = lanyard::serve::router(surfaces.clone())
-                .oneshot(request)
+                .answer(request)
                 .await;
-            check(answer, guarded, "SDK surfaces").await;
+            check(Ok(answer), guarded, "SDK surfaces").await;
         }
         if let Some(request) = raw.build(&imds_token) {
             let guarded = request
