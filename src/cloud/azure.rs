@@ -43,13 +43,19 @@ pub fn authority_for_cloud(name: &str) -> Option<&'static str> {
 /// Converts an AAD v1 resource (what IMDS callers send) to a v2 scope.
 /// A trailing slash on the resource is not doubled.
 pub fn resource_to_scope(resource: &str) -> String {
-    if resource.ends_with("/.default") {
-        resource.to_string()
+    // Every cached hit asks this: concatenation, not `format!` (whose
+    // machinery cost about 700 instructions here).
+    let suffix = if resource.ends_with("/.default") {
+        ""
     } else if resource.ends_with('/') {
-        format!("{resource}.default")
+        ".default"
     } else {
-        format!("{resource}/.default")
-    }
+        "/.default"
+    };
+    let mut scope = String::with_capacity(resource.len() + suffix.len());
+    scope.push_str(resource);
+    scope.push_str(suffix);
+    scope
 }
 
 /// One exchange.

@@ -79,32 +79,45 @@ fn pairs(raw: &str) -> impl Iterator<Item = (Cow<'_, str>, Cow<'_, str>)> {
 }
 
 fn decode(text: &str) -> Cow<'_, str> {
-    if !text.bytes().any(|b| b == b'%' || b == b'+') {
+    let special = |b: &u8| *b == b'%' || *b == b'+';
+    let bytes = text.as_bytes();
+    let Some(first) = bytes.iter().position(special) else {
         return Cow::Borrowed(text);
-    }
+    };
     // One pass, `+` and `%XX` together: a `+` never joins a `%` escape
     // (`%2+` is `%2 `), so this is the same as replacing `+` first. An
-    // escape that is not two hex digits stays as written.
-    let bytes = text.as_bytes();
+    // escape that is not two hex digits stays as written. The text between
+    // escapes is copied a run at a time (this runs on every cache hit, and
+    // a byte-by-byte loop cost about 30 instructions a byte).
     let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while let Some(&b) = bytes.get(i) {
-        let escaped = match (b, bytes.get(i + 1), bytes.get(i + 2)) {
-            (b'%', Some(&hi), Some(&lo)) => hex(hi).zip(hex(lo)).map(|(h, l)| h << 4 | l),
-            _ => None,
-        };
-        match (b, escaped) {
-            (_, Some(decoded)) => {
-                out.push(decoded);
-                i += 3;
-            }
-            (b'+', None) => {
+    out.extend_from_slice(&bytes[..first]);
+    let mut rest = &bytes[first..];
+    while let Some((&b, tail)) = rest.split_first() {
+        match b {
+            b'+' => {
                 out.push(b' ');
-                i += 1;
+                rest = tail;
             }
-            (other, None) => {
-                out.push(other);
-                i += 1;
+            b'%' => {
+                let escaped = match tail {
+                    [hi, lo, after @ ..] => hex(*hi).zip(hex(*lo)).map(|e| (e, after)),
+                    _ => None,
+                };
+                match escaped {
+                    Some(((hi, lo), after)) => {
+                        out.push(hi << 4 | lo);
+                        rest = after;
+                    }
+                    None => {
+                        out.push(b'%');
+                        rest = tail;
+                    }
+                }
+            }
+            _ => {
+                let run = rest.iter().position(special).unwrap_or(rest.len());
+                out.extend_from_slice(&rest[..run]);
+                rest = &rest[run..];
             }
         }
     }
