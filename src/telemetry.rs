@@ -9,6 +9,7 @@
 //! fields are written by [`text_fields`], the same bytes as the default
 //! formatter's, faster.
 
+pub(crate) mod direct_line;
 pub mod log_writer;
 pub mod metrics;
 mod readiness;
@@ -65,6 +66,12 @@ pub fn init(format: LogFormat, level: &str, writes: LogWrites) -> LogGuard {
         Some((writer, _)) => install(format, filter, ansi, writer.clone()),
         None => install(format, filter, ansi, std::io::stderr),
     };
+    if installed && format == LogFormat::Text && !ansi {
+        direct_line::install(match &batched {
+            Some((writer, _)) => direct_line::Lines::Batched(writer.clone()),
+            None => direct_line::Lines::Stderr,
+        });
+    }
     let guard = match (batched, installed) {
         (Some((writer, guard)), true) => {
             // A panic's message goes straight to stderr: the lines before
@@ -94,25 +101,18 @@ where
         .with_ansi(ansi)
         .with_timer(timestamp::Timestamp)
         .with_writer(writer);
-    let installed = match format {
+    match format {
         LogFormat::Text => builder.fmt_fields(text_fields::TextFields).try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     }
-    .is_ok();
-    if installed && format == LogFormat::Text && !ansi {
-        PLAIN_TEXT_LOG.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-    installed
+    .is_ok()
 }
-
-/// Set once the global log is plain text without colours.
-static PLAIN_TEXT_LOG: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Whether the process logs plain text without colours, the text whose
 /// lines the audit record may put together itself (`audit::log_line`);
 /// false before [`init`] and under another subscriber (tests).
 pub fn plain_text_log() -> bool {
-    PLAIN_TEXT_LOG.load(std::sync::atomic::Ordering::Relaxed)
+    direct_line::installed()
 }
 
 /// The admin endpoints: `/metrics` (Prometheus text), `/healthz` (the

@@ -156,6 +156,12 @@ impl<W: Write + Send + 'static> BatchedWriter<W> {
     pub fn flush(&self) {
         self.shared.flush();
     }
+
+    /// Adds `line` (whole lines, newline included) to the buffer, as a
+    /// line the subscriber writes is added.
+    pub(crate) fn append(&self, line: &[u8]) {
+        self.shared.append(line);
+    }
 }
 
 impl<W: Write + Send + 'static> Drop for FlushGuard<W> {

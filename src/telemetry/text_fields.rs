@@ -180,7 +180,7 @@ fn escaped(b: u8) -> bool {
 /// BEL, BS, FF, DEL, or a C1 control (U+0080..U+009F: in UTF-8, 0xC2 then
 /// 0x80..0x9F; any 0xC2 counts). A whole audit line passes through this
 /// check: two vectorized scans (`memchr3`) instead of six compares a byte.
-fn has_terminal_controls(text: &str) -> bool {
+pub(crate) fn has_terminal_controls(text: &str) -> bool {
     let bytes = text.as_bytes();
     memchr::memchr3(0x1b, 0x07, 0x08, bytes).is_some()
         || memchr::memchr3(0x0c, 0x7f, 0xc2, bytes).is_some()

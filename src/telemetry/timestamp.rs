@@ -44,6 +44,27 @@ impl FormatTime for Timestamp {
     }
 }
 
+/// Writes the current time as [`Timestamp`] does into `out`; false (and
+/// nothing written) before 1970 or past 9999, whose shapes the default
+/// timer writes.
+pub(crate) fn write_now(out: &mut String) -> bool {
+    let Ok(since_epoch) = SystemTime::now().duration_since(UNIX_EPOCH) else {
+        return false;
+    };
+    let mut line = [0; LENGTH];
+    if !render(since_epoch, &mut line) {
+        return false;
+    }
+    // The bytes are ASCII digits and punctuation.
+    match std::str::from_utf8(&line) {
+        Ok(text) => {
+            out.push_str(text);
+            true
+        }
+        Err(_) => false,
+    }
+}
+
 /// Writes `since_epoch` into `line`; false for a year past 9999, which
 /// the default timer writes in another shape.
 fn render(since_epoch: Duration, line: &mut [u8; LENGTH]) -> bool {
