@@ -689,3 +689,43 @@ async fn a_caller_at_its_quota_or_filling_the_cache_evicts_only_its_own() {
         .unwrap();
     assert_eq!(up.calls(), calls + 1);
 }
+
+#[test]
+fn keys_hash_as_their_borrowed_form_and_apart_from_each_other() {
+    use std::hash::BuildHasher;
+    let hasher = std::hash::RandomState::new();
+    let base = key(Cloud::Azure, "ray", "https://storage.azure.com/.default");
+    let long_scope = "s".repeat(400);
+    let mut variants = vec![base.clone()];
+    let mut vary = |change: &dyn Fn(&mut CacheKey)| {
+        let mut k = base.clone();
+        change(&mut k);
+        variants.push(k);
+    };
+    vary(&|k| k.cloud = Cloud::Gcp);
+    vary(&|k| k.account.push('x'));
+    vary(&|k| k.identity.push('x'));
+    vary(&|k| k.scope.push('x'));
+    vary(&|k| k.namespace.push('x'));
+    vary(&|k| k.service_account.push('x'));
+    vary(&|k| k.pod_uid = Some(String::new()));
+    vary(&|k| k.pod_uid = Some("uid".into()));
+    // Text moved from one field to the next is another key.
+    vary(&|k| {
+        k.namespace = "defaul".into();
+        k.service_account = "tray".into();
+    });
+    // Past one write's room, hashed field by field.
+    vary(&|k| k.scope = long_scope.clone());
+    vary(&|k| {
+        k.scope = long_scope.clone();
+        k.namespace.push('x');
+    });
+    let mut seen = std::collections::HashSet::new();
+    for k in &variants {
+        let owned = hasher.hash_one(k);
+        assert_eq!(owned, hasher.hash_one(k.as_ref()), "{k:?}");
+        assert_eq!(owned, hasher.hash_one(k.clone()), "{k:?}");
+        assert!(seen.insert(owned), "{k:?} hashes as another key");
+    }
+}
