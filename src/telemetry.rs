@@ -14,7 +14,7 @@ pub mod log_writer;
 pub mod metrics;
 mod readiness;
 pub mod text_fields;
-mod timestamp;
+pub(crate) mod timestamp;
 
 pub use readiness::{Condition, Readiness, ReadinessBuilder};
 

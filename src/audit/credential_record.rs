@@ -17,6 +17,7 @@
 use super::record::{self, Origin};
 use super::{AuditEvent, CallerText};
 use crate::cache::CacheOutcome;
+use crate::telemetry::text_fields::{any_word, control_in, zero_in, ONES};
 
 /// Writes the `credential` record of `e` as one JSON object (no newline),
 /// with id `id`.
@@ -177,8 +178,10 @@ fn array<S: AsRef<str>>(out: &mut Vec<u8>, items: impl Iterator<Item = S>) {
 fn string(out: &mut Vec<u8>, value: &str) {
     // JSON escapes only `"`, `\` and the control characters below 0x20;
     // `serde_json` escapes exactly those.
-    let plain = !value.bytes().fold(false, |escape, b| {
-        escape | (b < 0x20) | (b == b'"') | (b == b'\\')
+    let plain = !any_word(value, |w| {
+        control_in(w)
+            | zero_in(w ^ (ONES * u64::from(b'"')))
+            | zero_in(w ^ (ONES * u64::from(b'\\')))
     });
     if plain {
         out.reserve(value.len() + 2);
@@ -339,6 +342,25 @@ mod tests {
             latency_ms: record::millis(e.latency),
         };
         serde_json::to_vec(&record).unwrap()
+    }
+
+    #[test]
+    fn strings_are_written_as_serde_json_writes_them() {
+        let odd: Vec<String> = (0u8..0x80)
+            .map(|b| char::from(b).to_string())
+            .chain(["\u{e9}", "\u{1f512}", "\u{85}", "\u{2028}"].map(String::from))
+            .collect();
+        for len in [1, 7, 8, 9, 16, 17] {
+            for at in 0..len {
+                for c in &odd {
+                    let mut text = "a".repeat(len);
+                    text.replace_range(at..=at, c);
+                    let mut ours = Vec::new();
+                    string(&mut ours, &text);
+                    assert_eq!(ours, serde_json::to_vec(&text).unwrap(), "{text:?}");
+                }
+            }
+        }
     }
 
     #[test]

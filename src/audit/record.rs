@@ -116,15 +116,39 @@ pub fn rfc3339(t: SystemTime) -> String {
 /// Calls `f` with `t` as [`rfc3339`] puts it, formatted on the stack: a
 /// record's times cost no heap string.
 pub(super) fn with_rfc3339<R>(t: SystemTime, f: impl FnOnce(&str) -> R) -> R {
+    // The log's timer writes the same text, with the date and time of day
+    // worked out once per second (the `time` crate's formatting cost about
+    // 750 instructions a time, two times a record).
+    if let Some(text) = crate::telemetry::timestamp::rfc3339_micros(t) {
+        if let Ok(text) = std::str::from_utf8(&text) {
+            return f(text);
+        }
+    }
+    with_formatted_rfc3339(t, f)
+}
+
+/// As [`with_rfc3339`], by the `time` crate's formatting: for times the
+/// log's timer does not write (before 1970, past 9999).
+fn with_formatted_rfc3339<R>(t: SystemTime, f: impl FnOnce(&str) -> R) -> R {
     const FORMAT: &[time::format_description::BorrowedFormatItem<'_>] = time::macros::format_description!(
         "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:6]Z"
     );
     // `2026-12-04T23:30:27.426941Z` is 27 bytes; years past 9999 do not
     // format (as before, an empty time).
+    // `OffsetDateTime::from(SystemTime)` panics outside the `time` crate's
+    // range (an upstream's absurd expiry): converted fallibly, such a time
+    // is written empty too.
+    let nanos = match t.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(after) => i128::try_from(after.as_nanos()).ok(),
+        Err(before) => i128::try_from(before.duration().as_nanos())
+            .ok()
+            .map(|n| -n),
+    };
     let mut buf = [0u8; 32];
     let mut rest = &mut buf[..];
-    let len = time::OffsetDateTime::from(t)
-        .format_into(&mut rest, FORMAT)
+    let len = nanos
+        .and_then(|n| time::OffsetDateTime::from_unix_timestamp_nanos(n).ok())
+        .and_then(|at| at.format_into(&mut rest, FORMAT).ok())
         .unwrap_or(0);
     f(std::str::from_utf8(&buf[..len]).unwrap_or_default())
 }
@@ -384,9 +408,44 @@ pub fn write(origin: &Origin, subject: Subject<'_>, out: &mut Vec<u8>) {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
+    use std::time::{Duration, SystemTime};
 
-    use super::{millis, with_millis};
+    use super::{millis, rfc3339, with_formatted_rfc3339, with_millis};
+
+    #[test]
+    fn times_are_written_as_the_time_crate_formats_them() {
+        let mut instants = vec![
+            SystemTime::UNIX_EPOCH - Duration::from_micros(1_500_000),
+            // Past 9999: neither writes it.
+            SystemTime::UNIX_EPOCH + Duration::from_secs(253_402_300_800),
+        ];
+        for second in [
+            0,
+            59,
+            951_782_400,
+            1_735_689_599,
+            1_796_280_456,
+            253_402_300_799,
+        ] {
+            for micros in [0, 1, 999_999, 123_456] {
+                instants.push(SystemTime::UNIX_EPOCH + Duration::new(second, micros * 1_000 + 789));
+            }
+        }
+        for t in instants {
+            assert_eq!(
+                rfc3339(t),
+                with_formatted_rfc3339(t, str::to_owned),
+                "{t:?}"
+            );
+        }
+        // Far outside any calendar the `time` crate knows: empty, no panic.
+        let far = SystemTime::UNIX_EPOCH + Duration::from_secs(1 << 50);
+        assert_eq!(rfc3339(far), "");
+        assert_eq!(
+            rfc3339(SystemTime::UNIX_EPOCH + Duration::new(1_796_280_456, 123_456_789)),
+            "2026-12-03T06:47:36.123456Z"
+        );
+    }
 
     #[test]
     fn millis_text_is_the_floats_debug_text() {

@@ -159,23 +159,44 @@ impl Visit for Visitor<'_> {
 /// unchanged: printable ASCII without `"`, `\` or `'`. Names, namespaces,
 /// resources and fingerprints are; the check lets them be copied whole.
 pub(crate) fn needs_no_escape(text: &str) -> bool {
-    // Eight bytes at a time as one word, the tail padded with a byte that
-    // needs no escape: the audit line checks a dozen short fields per
-    // request, where a byte loop cost about five instructions a byte.
+    !any_word(text, escaped_in)
+}
+
+/// Whether `test` is nonzero for a word of `text`: eight bytes at a time
+/// as one little-endian word, the tail padded with `a` (which no test
+/// flags). The audit line and record check a dozen short fields per
+/// request, where a byte loop cost about five instructions a byte.
+pub(crate) fn any_word(text: &str, test: impl Fn(u64) -> u64) -> bool {
     let mut words = text.as_bytes().chunks_exact(8);
     let mut found = 0;
     for word in &mut words {
         let mut bytes = [0; 8];
         bytes.copy_from_slice(word);
-        found |= escaped_in(u64::from_le_bytes(bytes));
+        found |= test(u64::from_le_bytes(bytes));
     }
     let tail = words.remainder();
     if !tail.is_empty() {
         let mut bytes = [b'a'; 8];
         bytes[..tail.len()].copy_from_slice(tail);
-        found |= escaped_in(u64::from_le_bytes(bytes));
+        found |= test(u64::from_le_bytes(bytes));
     }
-    found == 0
+    found != 0
+}
+
+/// Each byte of a word.
+pub(crate) const ONES: u64 = 0x0101_0101_0101_0101;
+/// Each byte's high bit.
+const HIGH: u64 = 0x8080_8080_8080_8080;
+
+/// Nonzero when a byte of `word` is zero (exact about whether one is,
+/// not about which).
+pub(crate) fn zero_in(word: u64) -> u64 {
+    word.wrapping_sub(ONES) & !word & HIGH
+}
+
+/// Nonzero when a byte of `word` is below `0x20`.
+pub(crate) fn control_in(word: u64) -> u64 {
+    word.wrapping_sub(ONES * 0x20) & !word & HIGH
 }
 
 /// Nonzero when a byte of `word` is one `Debug` or `escape_debug` writes
@@ -183,14 +204,10 @@ pub(crate) fn needs_no_escape(text: &str) -> bool {
 /// `'`. The usual word-at-a-time tests (each exact about whether such a
 /// byte exists, not about which byte it is).
 fn escaped_in(word: u64) -> u64 {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGH: u64 = 0x8080_8080_8080_8080;
-    let zero_in = |w: u64| w.wrapping_sub(ONES) & !w & HIGH;
-    let below_space = word.wrapping_sub(ONES * 0x20) & !word & HIGH;
     // A byte above 0x7e carries into its high bit when 1 is added (0x7f), or
     // has it set already.
     let above_tilde = (word.wrapping_add(ONES) | word) & HIGH;
-    below_space
+    control_in(word)
         | above_tilde
         | zero_in(word ^ (ONES * u64::from(b'"')))
         | zero_in(word ^ (ONES * u64::from(b'\\')))

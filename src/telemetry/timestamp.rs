@@ -65,6 +65,14 @@ pub(crate) fn write_now(out: &mut String) -> bool {
     }
 }
 
+/// `t` as the log writes times (`2026-12-04T12:31:54.317780Z`); `None`
+/// before 1970 or past 9999.
+pub(crate) fn rfc3339_micros(t: SystemTime) -> Option<[u8; LENGTH]> {
+    let since_epoch = t.duration_since(UNIX_EPOCH).ok()?;
+    let mut line = [0; LENGTH];
+    render(since_epoch, &mut line).then_some(line)
+}
+
 /// Writes `since_epoch` into `line`; false for a year past 9999, which
 /// the default timer writes in another shape.
 fn render(since_epoch: Duration, line: &mut [u8; LENGTH]) -> bool {
