@@ -303,6 +303,31 @@ impl fmt::Write for Escaping<'_, '_> {
     }
 }
 
+/// Texts for the word-at-a-time checks' tests: of each length in `lens`,
+/// `a`s with every ASCII byte and a few multi-byte characters (among them
+/// `extra`) at every position, so each byte lands in every lane of a word
+/// and in the padded tail.
+#[cfg(test)]
+pub(crate) fn texts_with_each_odd_char(lens: &[usize], extra: &str) -> Vec<String> {
+    let odd: Vec<String> = (0u8..0x80)
+        .map(|b| char::from(b).to_string())
+        .chain(["\u{e9}", "\u{1f512}", "\u{85}", extra].map(String::from))
+        .collect();
+    let mut texts = Vec::new();
+    for &len in lens {
+        for at in 0..len.max(1) {
+            for c in &odd {
+                let mut text = "a".repeat(len);
+                if len > 0 {
+                    text.replace_range(at..=at, c);
+                }
+                texts.push(text);
+            }
+        }
+    }
+    texts
+}
+
 /// What a text log writes, captured for tests.
 #[cfg(test)]
 pub(crate) mod capture {
@@ -450,31 +475,20 @@ mod tests {
     #[test]
     fn the_block_check_agrees_with_the_byte_check_everywhere() {
         // Every ASCII byte and a multi-byte character at every position of
-        // strings around the block size.
-        let odd: Vec<String> = (0u8..0x80)
-            .map(|b| char::from(b).to_string())
-            .chain(["\u{e9}", "\u{1f512}", "\u{85}", "\u{a2}"].map(String::from))
-            .collect();
-        for len in [0, 1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 40] {
-            for at in 0..len.max(1) {
-                for c in &odd {
-                    let mut text = "a".repeat(len);
-                    if len > 0 {
-                        text.replace_range(at..=at, c);
-                    }
-                    let bytewise = text
-                        .bytes()
-                        .all(|b| (0x20..0x7f).contains(&b) && !matches!(b, b'"' | b'\\' | b'\''));
-                    assert_eq!(needs_no_escape(&text), bytewise, "{text:?}");
-                    let controls = text
-                        .bytes()
-                        .any(|b| matches!(b, 0x1b | 0x07 | 0x08 | 0x0c | 0x7f | 0xc2));
-                    assert_eq!(has_terminal_controls(&text), controls, "{text:?}");
-                    if needs_no_escape(&text) {
-                        assert_eq!(text.escape_debug().to_string(), text);
-                        assert_eq!(format!("{text:?}"), format!("\"{text}\""));
-                    }
-                }
+        // strings around the word size.
+        let lens = [0, 1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 40];
+        for text in texts_with_each_odd_char(&lens, "\u{a2}") {
+            let bytewise = text
+                .bytes()
+                .all(|b| (0x20..0x7f).contains(&b) && !matches!(b, b'"' | b'\\' | b'\''));
+            assert_eq!(needs_no_escape(&text), bytewise, "{text:?}");
+            let controls = text
+                .bytes()
+                .any(|b| matches!(b, 0x1b | 0x07 | 0x08 | 0x0c | 0x7f | 0xc2));
+            assert_eq!(has_terminal_controls(&text), controls, "{text:?}");
+            if needs_no_escape(&text) {
+                assert_eq!(text.escape_debug().to_string(), text);
+                assert_eq!(format!("{text:?}"), format!("\"{text}\""));
             }
         }
     }
