@@ -58,16 +58,18 @@ impl<'a> Fields<'a> {
 /// (`telemetry::direct_line`), else as a structured event.
 pub(super) fn emit(e: &AuditEvent<'_>, prerendered: bool) {
     let f = Fields::of(e);
-    if prerendered {
-        let level = match e.verdict {
-            Verdict::Allow => tracing::Level::INFO,
-            Verdict::Deny => tracing::Level::WARN,
-        };
-        if direct_line::write(level, TARGET, |line| render(e, &f, line)) {
-            return;
-        }
+    if prerendered && direct_line::write(level(e.verdict), TARGET, |line| render(e, &f, line)) {
+        return;
     }
     emit_structured(e, &f);
+}
+
+/// The line's level: refusals are warnings.
+fn level(verdict: Verdict) -> tracing::Level {
+    match verdict {
+        Verdict::Allow => tracing::Level::INFO,
+        Verdict::Deny => tracing::Level::WARN,
+    }
 }
 
 /// The audit line's target (the structured event's, spelled out in its
@@ -173,15 +175,13 @@ mod tests {
     /// `e` as written straight to the log (no time); `None` where the
     /// subscriber would escape the line, and the event goes through it.
     fn direct(e: &AuditEvent<'_>) -> Option<String> {
-        let level = match e.verdict {
-            Verdict::Allow => tracing::Level::INFO,
-            Verdict::Deny => tracing::Level::WARN,
-        };
         let mut line = String::new();
         let f = Fields::of(e);
-        direct_line::lay_out(&mut line, level, TARGET, |out| render(e, &f, out))
-            .ok()
-            .map(|()| line)
+        direct_line::lay_out(&mut line, level(e.verdict), TARGET, |out| {
+            render(e, &f, out)
+        })
+        .ok()
+        .map(|()| line)
     }
 
     #[test]

@@ -43,9 +43,7 @@ impl SurfaceRouter {
         self.probes = Some(probes);
         self
     }
-}
 
-impl SurfaceRouter {
     /// The answer to `request`, from any body type (the listeners hand
     /// over hyper's; tests and the fuzzer build their own).
     pub async fn answer<B>(self, request: Request<B>) -> Response
