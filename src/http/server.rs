@@ -38,7 +38,7 @@ use super::Shutdown;
 /// What a listener answers each request with.
 ///
 /// An axum [`axum::Router`] is one. The SDK surfaces have their own
-/// ([`crate::serve::SurfaceRouter`]): their handful of fixed paths are
+/// (`serve::SurfaceRouter`): their handful of fixed paths are
 /// matched in place, and the request's future is held in its connection's
 /// task rather than boxed for every request as a router's is.
 pub trait Respond: Clone + Send + Sync + 'static {
