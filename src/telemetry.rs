@@ -9,6 +9,7 @@
 //! fields are written by [`text_fields`], the same bytes as the default
 //! formatter's, faster.
 
+pub(crate) mod ascii_words;
 pub(crate) mod direct_line;
 pub mod log_writer;
 pub mod metrics;

@@ -17,7 +17,7 @@
 use super::record::{self, Origin};
 use super::{AuditEvent, CallerText};
 use crate::cache::CacheOutcome;
-use crate::telemetry::text_fields::{any_word, control_in, zero_in, ONES};
+use crate::telemetry::ascii_words::{any_word, byte_in, control_in};
 
 /// Writes the `credential` record of `e` as one JSON object (no newline),
 /// with id `id`.
@@ -179,9 +179,7 @@ fn string(out: &mut Vec<u8>, value: &str) {
     // JSON escapes only `"`, `\` and the control characters below 0x20;
     // `serde_json` escapes exactly those.
     let plain = !any_word(value, |w| {
-        control_in(w)
-            | zero_in(w ^ (ONES * u64::from(b'"')))
-            | zero_in(w ^ (ONES * u64::from(b'\\')))
+        control_in(w) | byte_in(w, b'"') | byte_in(w, b'\\')
     });
     if plain {
         out.reserve(value.len() + 2);
@@ -204,7 +202,7 @@ mod tests {
     use super::*;
     use crate::audit::examples::Examples;
     use crate::audit::record::Subject;
-    use crate::telemetry::text_fields::texts_with_each_odd_char;
+    use crate::telemetry::ascii_words::texts_with_each_odd_char;
 
     #[derive(Serialize)]
     struct Record<'a> {

@@ -321,16 +321,11 @@ pub struct LogSink;
 #[async_trait::async_trait]
 impl AuditSink for LogSink {
     async fn record(&self, e: &AuditEvent<'_>) -> Result<(), AuditError> {
-        let level = match e.verdict {
-            Verdict::Allow => tracing::Level::INFO,
-            Verdict::Deny => tracing::Level::WARN,
-        };
-        // A filtered-out record costs nothing to format.
-        let enabled = match level {
-            tracing::Level::INFO => {
-                tracing::enabled!(target: "lanyard::audit", tracing::Level::INFO)
-            }
-            _ => tracing::enabled!(target: "lanyard::audit", tracing::Level::WARN),
+        // A filtered-out record costs nothing to format. (The levels are
+        // `log_line::level`'s; `enabled!` takes them as constants.)
+        let enabled = match e.verdict {
+            Verdict::Allow => tracing::enabled!(target: "lanyard::audit", tracing::Level::INFO),
+            Verdict::Deny => tracing::enabled!(target: "lanyard::audit", tracing::Level::WARN),
         };
         if enabled {
             log_line::emit(e, crate::telemetry::plain_text_log());

@@ -119,10 +119,8 @@ pub(super) fn with_rfc3339<R>(t: SystemTime, f: impl FnOnce(&str) -> R) -> R {
     // The log's timer writes the same text, with the date and time of day
     // worked out once per second (the `time` crate's formatting cost about
     // 750 instructions a time, two times a record).
-    if let Some(text) = crate::telemetry::timestamp::rfc3339_micros(t) {
-        if let Ok(text) = std::str::from_utf8(&text) {
-            return f(text);
-        }
+    if let Some(stamp) = crate::telemetry::timestamp::rfc3339_micros(t) {
+        return f(stamp.as_str());
     }
     with_formatted_rfc3339(t, f)
 }

@@ -24,6 +24,7 @@ use std::cell::RefCell;
 use std::fmt;
 use std::io::Write as _;
 use std::sync::OnceLock;
+use std::time::SystemTime;
 
 use tracing::Level;
 
@@ -80,9 +81,10 @@ pub(crate) fn write(
             return false;
         };
         line.clear();
-        if !timestamp::write_now(&mut line) {
+        let Some(stamp) = timestamp::rfc3339_micros(SystemTime::now()) else {
             return false;
-        }
+        };
+        line.push_str(stamp.as_str());
         line.push(' ');
         if lay_out(&mut line, level, target, fill).is_err() {
             return false;
@@ -188,8 +190,10 @@ mod tests {
 
     #[test]
     fn the_timestamp_is_the_log_timers() {
-        let mut line = String::new();
-        assert!(timestamp::write_now(&mut line));
+        let line = timestamp::rfc3339_micros(SystemTime::now())
+            .unwrap()
+            .as_str()
+            .to_string();
         let at = time::OffsetDateTime::parse(&line, &time::format_description::well_known::Rfc3339)
             .unwrap();
         let now = time::OffsetDateTime::now_utc();

@@ -14,6 +14,7 @@
 
 use std::fmt::{self, Write as _};
 
+use super::ascii_words::{above_tilde_in, any_word, byte_in, control_in};
 use tracing::field::{Field, Visit};
 use tracing_subscriber::field::RecordFields;
 use tracing_subscriber::fmt::format::{DefaultFields, Writer};
@@ -162,56 +163,16 @@ pub(crate) fn needs_no_escape(text: &str) -> bool {
     !any_word(text, escaped_in)
 }
 
-/// Whether `test` is nonzero for a word of `text`: eight bytes at a time
-/// as one little-endian word, the tail padded with `a` (which no test
-/// flags). The audit line and record check a dozen short fields per
-/// request, where a byte loop cost about five instructions a byte.
-pub(crate) fn any_word(text: &str, test: impl Fn(u64) -> u64) -> bool {
-    let mut words = text.as_bytes().chunks_exact(8);
-    let mut found = 0;
-    for word in &mut words {
-        let mut bytes = [0; 8];
-        bytes.copy_from_slice(word);
-        found |= test(u64::from_le_bytes(bytes));
-    }
-    let tail = words.remainder();
-    if !tail.is_empty() {
-        let mut bytes = [b'a'; 8];
-        bytes[..tail.len()].copy_from_slice(tail);
-        found |= test(u64::from_le_bytes(bytes));
-    }
-    found != 0
-}
-
-/// Each byte of a word.
-pub(crate) const ONES: u64 = 0x0101_0101_0101_0101;
-/// Each byte's high bit.
-const HIGH: u64 = 0x8080_8080_8080_8080;
-
-/// Nonzero when a byte of `word` is zero (exact about whether one is,
-/// not about which).
-pub(crate) fn zero_in(word: u64) -> u64 {
-    word.wrapping_sub(ONES) & !word & HIGH
-}
-
-/// Nonzero when a byte of `word` is below `0x20`.
-pub(crate) fn control_in(word: u64) -> u64 {
-    word.wrapping_sub(ONES * 0x20) & !word & HIGH
-}
-
 /// Nonzero when a byte of `word` is one `Debug` or `escape_debug` writes
 /// as anything but itself: below `0x20`, above `0x7e`, or `"`, `\` or
 /// `'`. The usual word-at-a-time tests (each exact about whether such a
 /// byte exists, not about which byte it is).
 fn escaped_in(word: u64) -> u64 {
-    // A byte above 0x7e carries into its high bit when 1 is added (0x7f), or
-    // has it set already.
-    let above_tilde = (word.wrapping_add(ONES) | word) & HIGH;
     control_in(word)
-        | above_tilde
-        | zero_in(word ^ (ONES * u64::from(b'"')))
-        | zero_in(word ^ (ONES * u64::from(b'\\')))
-        | zero_in(word ^ (ONES * u64::from(b'\'')))
+        | above_tilde_in(word)
+        | byte_in(word, b'"')
+        | byte_in(word, b'\\')
+        | byte_in(word, b'\'')
 }
 
 /// Whether `text` may hold a control character a terminal acts on: ESC,
@@ -303,31 +264,6 @@ impl fmt::Write for Escaping<'_, '_> {
     }
 }
 
-/// Texts for the word-at-a-time checks' tests: of each length in `lens`,
-/// `a`s with every ASCII byte and a few multi-byte characters (among them
-/// `extra`) at every position, so each byte lands in every lane of a word
-/// and in the padded tail.
-#[cfg(test)]
-pub(crate) fn texts_with_each_odd_char(lens: &[usize], extra: &str) -> Vec<String> {
-    let odd: Vec<String> = (0u8..0x80)
-        .map(|b| char::from(b).to_string())
-        .chain(["\u{e9}", "\u{1f512}", "\u{85}", extra].map(String::from))
-        .collect();
-    let mut texts = Vec::new();
-    for &len in lens {
-        for at in 0..len.max(1) {
-            for c in &odd {
-                let mut text = "a".repeat(len);
-                if len > 0 {
-                    text.replace_range(at..=at, c);
-                }
-                texts.push(text);
-            }
-        }
-    }
-    texts
-}
-
 /// What a text log writes, captured for tests.
 #[cfg(test)]
 pub(crate) mod capture {
@@ -378,6 +314,7 @@ pub(crate) mod capture {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::telemetry::ascii_words::texts_with_each_odd_char;
 
     #[derive(Debug)]
     struct Outer(Inner);

@@ -31,46 +31,31 @@ thread_local! {
 
 impl FormatTime for Timestamp {
     fn format_time(&self, w: &mut Writer<'_>) -> fmt::Result {
-        let Ok(since_epoch) = SystemTime::now().duration_since(UNIX_EPOCH) else {
-            // Before 1970: as the default timer writes it.
-            return tracing_subscriber::fmt::time::SystemTime.format_time(w);
-        };
-        let mut line = [0; LENGTH];
-        if !render(since_epoch, &mut line) {
-            return tracing_subscriber::fmt::time::SystemTime.format_time(w);
+        match rfc3339_micros(SystemTime::now()) {
+            Some(stamp) => w.write_str(stamp.as_str()),
+            // Before 1970 or past 9999: as the default timer writes it.
+            None => tracing_subscriber::fmt::time::SystemTime.format_time(w),
         }
-        // The bytes are ASCII digits and punctuation.
-        w.write_str(std::str::from_utf8(&line).map_err(|_| fmt::Error)?)
     }
 }
 
-/// Writes the current time as [`Timestamp`] does into `out`; false (and
-/// nothing written) before 1970 or past 9999, whose shapes the default
-/// timer writes.
-pub(crate) fn write_now(out: &mut String) -> bool {
-    let Ok(since_epoch) = SystemTime::now().duration_since(UNIX_EPOCH) else {
-        return false;
-    };
-    let mut line = [0; LENGTH];
-    if !render(since_epoch, &mut line) {
-        return false;
-    }
-    // The bytes are ASCII digits and punctuation.
-    match std::str::from_utf8(&line) {
-        Ok(text) => {
-            out.push_str(text);
-            true
-        }
-        Err(_) => false,
+/// A time as the log writes it, on the stack.
+pub(crate) struct Stamp([u8; LENGTH]);
+
+impl Stamp {
+    /// The text (ASCII digits and punctuation).
+    pub(crate) fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).unwrap_or_default()
     }
 }
 
 /// `t` as the log writes times (`2026-12-04T12:31:54.317780Z`); `None`
-/// before 1970 or past 9999.
-pub(crate) fn rfc3339_micros(t: SystemTime) -> Option<[u8; LENGTH]> {
+/// before 1970 or past 9999, which the default timer writes in other
+/// shapes.
+pub(crate) fn rfc3339_micros(t: SystemTime) -> Option<Stamp> {
     let since_epoch = t.duration_since(UNIX_EPOCH).ok()?;
     let mut line = [0; LENGTH];
-    render(since_epoch, &mut line).then_some(line)
+    render(since_epoch, &mut line).then_some(Stamp(line))
 }
 
 /// Writes `since_epoch` into `line`; false for a year past 9999, which
