@@ -2,12 +2,13 @@
 //! to the one before it ([`super::chain`]), across rotations and restarts;
 //! durable before the credential leaves.
 //!
-//! One writer thread owns the file. Requests queue their records; the
-//! writer takes every record waiting, writes them in one `write` and makes
-//! them durable with one `fdatasync` before answering each (group commit:
-//! concurrent requests share one sync, and the more requests wait, the
-//! more each sync carries). A failed batch is cut back off the file, so
-//! the file never holds a record whose request was told it failed.
+//! One writer thread owns the file. Requests queue their records
+//! ([`super::group_commit`]); the writer takes every record waiting,
+//! writes them in one `write` and makes them durable with one `fdatasync`
+//! before answering each (group commit: concurrent requests share one
+//! sync, and the more requests wait, the more each sync carries). A
+//! failed batch is cut back off the file, so the file never holds a record
+//! whose request was told it failed.
 //!
 //! The file rotates by size and age: the active file is renamed with a
 //! UTC timestamp, the oldest rotated files beyond `keep` are removed (by a
@@ -24,9 +25,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use tokio::sync::{mpsc, oneshot};
-
 use super::chain::{self, Link};
+use super::group_commit::{Queue, StopOnDrop, Taken};
 use super::record::{self, Origin, SinkFailure, Subject};
 use crate::telemetry::metrics::Metrics;
 
@@ -62,18 +62,6 @@ pub enum FileError {
     },
 }
 
-/// Where a record's writer answers.
-type Done = oneshot::Sender<Result<(), String>>;
-
-enum Job {
-    Write { line: Vec<u8>, done: Done },
-    Reopen,
-}
-
-/// Records waiting for the writer; a full queue makes requests wait.
-const QUEUE: usize = 16 * 1024;
-/// Most records in one write and sync.
-const BATCH: usize = 4096;
 /// A batch buffer this large is kept for the next batch; a larger one (a
 /// burst of thousands of records) is given back.
 const KEEP_BATCH_BUFFER: usize = 1024 * 1024;
@@ -81,11 +69,21 @@ const KEEP_BATCH_BUFFER: usize = 1024 * 1024;
 /// The file sink's handle: cheap to share and to clone.
 #[derive(Clone)]
 pub struct FileSink {
-    jobs: mpsc::Sender<Job>,
+    queue: Arc<Handle>,
     written: Arc<tokio::sync::Notify>,
     /// One more than the sequence number of the last record written (0:
     /// none yet).
     next_seq: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// The requests' side of the writer's queue: when the last handle goes,
+/// the writer writes what waits and ends.
+struct Handle(Arc<Queue>);
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.0.close();
+    }
 }
 
 impl FileSink {
@@ -121,16 +119,17 @@ impl FileSink {
             error,
         })?;
         writer.publish_seq();
-        let (jobs, rx) = mpsc::channel(QUEUE);
+        let queue = Queue::new();
+        let writer_queue = queue.clone();
         std::thread::Builder::new()
             .name("lanyard-audit-file".into())
-            .spawn(move || writer.run(rx))
+            .spawn(move || writer.run(writer_queue))
             .map_err(|error| FileError::Io {
                 path: PathBuf::new(),
                 error,
             })?;
         Ok(FileSink {
-            jobs,
+            queue: Arc::new(Handle(queue)),
             written,
             next_seq,
         })
@@ -149,20 +148,13 @@ impl FileSink {
     }
 
     /// Appends `record` (one JSON object) and returns once it is on disk.
-    pub async fn write(&self, record: Vec<u8>) -> Result<(), String> {
-        let (done, answer) = oneshot::channel();
-        self.jobs
-            .send(Job::Write { line: record, done })
-            .await
-            .map_err(|_| "the audit file writer has stopped".to_string())?;
-        answer
-            .await
-            .map_err(|_| "the audit file writer has stopped".to_string())?
+    pub async fn write(&self, record: &[u8]) -> Result<(), String> {
+        self.queue.0.write(record).await
     }
 
     /// Reopens the path (SIGHUP): an outside tool moved the file away.
     pub fn reopen(&self) {
-        let _ = self.jobs.try_send(Job::Reopen);
+        self.queue.0.reopen();
     }
 }
 
@@ -170,26 +162,93 @@ struct Open {
     file: File,
     size: u64,
     opened: Instant,
+    /// Tells whether the directory changed since the path was last looked
+    /// up; `None` until the first look, or where inotify is unavailable.
+    watch: Option<DirWatch>,
+    /// When the path was last looked up.
+    looked: Instant,
 }
+
+/// Look the path up at least this often, even when the directory's watch
+/// saw nothing: a directory above it renamed is not an event in it.
+const LOOK_AT_LEAST_EVERY: Duration = Duration::from_secs(1);
 
 impl Open {
     fn new(file: File, size: u64) -> Open {
+        let now = Instant::now();
         Open {
             file,
             size,
-            opened: Instant::now(),
+            opened: now,
+            watch: None,
+            looked: now,
         }
     }
 
     /// Whether `path` still names this file: a file removed or replaced
     /// (its directory deleted, a rotator that moved it without SIGHUP)
     /// would swallow records no reader will see.
+    ///
+    /// Looking the path up costs two `statx` calls. While the directory's
+    /// inotify watch has seen nothing (one `read` that finds no event) and
+    /// the last look is recent, nothing can have changed what the path
+    /// names, so the look is skipped. Any event (ours too: a rotation, the
+    /// retention thread's removals, an exporter's cursor) means a look.
+    fn still_at(&mut self, path: &Path, now: Instant) -> bool {
+        let quiet = self.watch.as_ref().is_some_and(DirWatch::quiet);
+        if quiet && now.duration_since(self.looked) < LOOK_AT_LEAST_EVERY {
+            return true;
+        }
+        // INVARIANT: the new watch is in place before the look, so a change
+        // between the look and the next batch is an event on it.
+        self.watch = path.parent().and_then(DirWatch::new);
+        self.looked = now;
+        self.is_at(path)
+    }
+
     fn is_at(&self, path: &Path) -> bool {
         use std::os::unix::fs::MetadataExt;
         match (self.file.metadata(), std::fs::metadata(path)) {
             (Ok(open), Ok(named)) => open.ino() == named.ino() && open.dev() == named.dev(),
             _ => false,
         }
+    }
+}
+
+/// An inotify watch on the audit file's directory for the events that can
+/// change what a name in it refers to.
+struct DirWatch {
+    inotify: std::os::fd::OwnedFd,
+}
+
+impl DirWatch {
+    /// `None` when inotify cannot be had (its limits reached): the path is
+    /// then looked up before every batch.
+    fn new(dir: &Path) -> Option<DirWatch> {
+        use rustix::fs::inotify::{self, CreateFlags, WatchFlags};
+        let dir = match dir.as_os_str().is_empty() {
+            true => Path::new("."),
+            false => dir,
+        };
+        let inotify = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK).ok()?;
+        let events = WatchFlags::CREATE
+            | WatchFlags::DELETE
+            | WatchFlags::MOVED_FROM
+            | WatchFlags::MOVED_TO
+            | WatchFlags::DELETE_SELF
+            | WatchFlags::MOVE_SELF
+            | WatchFlags::ONLYDIR;
+        inotify::add_watch(&inotify, dir, events).ok()?;
+        Some(DirWatch { inotify })
+    }
+
+    /// No event since the watch began (a read that would block).
+    fn quiet(&self) -> bool {
+        let mut buf = [0u8; 1024];
+        matches!(
+            rustix::io::read(&self.inotify, &mut buf),
+            Err(rustix::io::Errno::AGAIN)
+        )
     }
 }
 
@@ -261,29 +320,20 @@ fn remove_beyond(path: &Path, keep: usize) {
 }
 
 impl Writer {
-    fn run(mut self, mut rx: mpsc::Receiver<Job>) {
-        let mut lines: Vec<(Vec<u8>, Done)> = Vec::new();
-        while let Some(job) = rx.blocking_recv() {
-            let mut reopen = false;
-            let mut next = Some(job);
-            while let Some(job) = next.take() {
-                match job {
-                    Job::Write { line, done } => lines.push((line, done)),
-                    Job::Reopen => reopen = true,
-                }
-                if lines.len() < BATCH {
-                    next = rx.try_recv().ok();
-                }
-            }
-            if reopen {
+    fn run(mut self, queue: Arc<Queue>) {
+        let _stop = StopOnDrop(queue.clone());
+        let mut taken = Taken::new();
+        while queue.take(&mut taken) {
+            if taken.reopen {
                 self.file = None;
                 tracing::info!(path = %self.options.path.display(), "reopening the audit file");
             }
-            if lines.is_empty() {
+            if taken.len() == 0 {
+                taken.answer(Ok(()), KEEP_BATCH_BUFFER);
                 continue;
             }
-            let result = self.write_batch(lines.iter().map(|(l, _)| l.as_slice()));
-            let count = lines.len() as u64;
+            let result = self.write_batch(taken.records());
+            let count = taken.len() as u64;
             let answer = match result {
                 Ok(()) => {
                     self.count("written", count);
@@ -311,9 +361,7 @@ impl Writer {
                     Err(error)
                 }
             };
-            for (_, done) in lines.drain(..) {
-                let _ = done.send(answer.clone());
-            }
+            taken.answer(answer, KEEP_BATCH_BUFFER);
         }
     }
 
@@ -336,10 +384,11 @@ impl Writer {
     /// Writes `records` as one batch, synced; on failure the file is cut
     /// back to where the batch began and will be reopened.
     fn write_batch<'a>(&mut self, records: impl Iterator<Item = &'a [u8]>) -> std::io::Result<()> {
+        let now = Instant::now();
         if self
             .file
-            .as_ref()
-            .is_some_and(|o| !o.is_at(&self.options.path))
+            .as_mut()
+            .is_some_and(|o| !o.still_at(&self.options.path, now))
         {
             tracing::warn!(path = %self.options.path.display(), "the audit file was removed or replaced; reopening it");
             self.file = None;
@@ -700,7 +749,7 @@ mod tests {
     async fn three_records_then(path: &Path, tail: &[u8]) {
         let s = sink(options(path));
         for i in 0..3 {
-            s.write(record(i)).await.unwrap();
+            s.write(&record(i)).await.unwrap();
         }
         drop(s);
         OpenOptions::new()
@@ -731,7 +780,7 @@ mod tests {
         let writes: Vec<_> = (0..200)
             .map(|i| {
                 let s = s.clone();
-                tokio::spawn(async move { s.write(record(i)).await })
+                tokio::spawn(async move { s.write(&record(i)).await })
             })
             .collect();
         for w in writes {
@@ -740,7 +789,7 @@ mod tests {
         drop(s);
         // A restart continues the chain (no rotation record: the same file).
         let s = sink(options(&path));
-        s.write(record(200)).await.unwrap();
+        s.write(&record(200)).await.unwrap();
         let v = verify::verify(std::slice::from_ref(&path)).unwrap();
         assert_eq!(v.records, 201);
         assert!(v.from_genesis);
@@ -753,7 +802,7 @@ mod tests {
         three_records_then(&path, b"{\"type\":\"credential\",\"n\":3,\"se").await;
         assert!(verify::verify(std::slice::from_ref(&path)).is_err(), "torn");
         let s = sink(options(&path));
-        s.write(record(4)).await.unwrap();
+        s.write(&record(4)).await.unwrap();
         assert_eq!(
             verify::verify(std::slice::from_ref(&path)).unwrap().records,
             4
@@ -769,7 +818,7 @@ mod tests {
         o.keep = 3;
         let s = sink(o);
         for i in 0..30 {
-            s.write(record(i)).await.unwrap();
+            s.write(&record(i)).await.unwrap();
         }
         // Old files are removed on the retention thread, after the
         // rotation that made them excess.
@@ -805,7 +854,7 @@ mod tests {
         let path = dir.path().join("audit.jsonl");
         three_records_then(&path, b"edited by hand\n").await;
         let s = sink(options(&path));
-        s.write(record(3)).await.unwrap();
+        s.write(&record(3)).await.unwrap();
         let aside: Vec<PathBuf> = std::fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().path())
@@ -826,22 +875,72 @@ mod tests {
         );
     }
 
+    /// The `n` of each record in `path`, in order.
+    fn numbers_in(path: &Path) -> Vec<u64> {
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["n"].as_u64())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_file_moved_or_replaced_without_sighup_is_noticed_at_the_next_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let moved = dir.path().join("moved.jsonl");
+        let s = sink(options(&path));
+        s.write(&record(0)).await.unwrap();
+        s.write(&record(1)).await.unwrap();
+        // Moved away, as a rotator that sends no SIGHUP does: the very next
+        // record goes to a new file at the path.
+        std::fs::rename(&path, &moved).unwrap();
+        s.write(&record(2)).await.unwrap();
+        assert_eq!(numbers_in(&moved), [0, 1]);
+        assert_eq!(numbers_in(&path), [2]);
+        // Replaced by another file renamed over it: the next record goes to
+        // the file the path now names.
+        let other = dir.path().join("other.tmp");
+        std::fs::write(&other, b"").unwrap();
+        std::fs::rename(&other, &path).unwrap();
+        s.write(&record(3)).await.unwrap();
+        assert_eq!(numbers_in(&path), [3]);
+        // Records written with nothing changed stay where they are.
+        s.write(&record(4)).await.unwrap();
+        assert_eq!(numbers_in(&path), [3, 4]);
+    }
+
+    #[tokio::test]
+    async fn a_directory_above_moved_is_noticed_within_a_second() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a").join("b").join("audit.jsonl");
+        let s = sink(options(&path));
+        s.write(&record(0)).await.unwrap();
+        // A rename two levels up is no event in the file's own directory;
+        // the path is still looked up at least once a second.
+        std::fs::rename(dir.path().join("a"), dir.path().join("a2")).unwrap();
+        tokio::time::sleep(LOOK_AT_LEAST_EVERY + Duration::from_millis(100)).await;
+        s.write(&record(1)).await.unwrap();
+        assert_eq!(numbers_in(&path), [1]);
+        assert_eq!(numbers_in(&dir.path().join("a2/b/audit.jsonl")), [0]);
+    }
+
     #[tokio::test]
     async fn a_removed_directory_fails_then_recovers_and_records_the_outage() {
         let dir = tempfile::tempdir().unwrap();
         let logs = dir.path().join("logs");
         let path = logs.join("audit.jsonl");
         let s = sink(options(&path));
-        s.write(record(0)).await.unwrap();
+        s.write(&record(0)).await.unwrap();
         // The directory is removed and a file put in its place: nothing can
         // be written, and the writer says so rather than losing records.
         std::fs::remove_dir_all(&logs).unwrap();
         std::fs::write(&logs, b"not a directory").unwrap();
-        let err = s.write(record(1)).await.unwrap_err();
+        let err = s.write(&record(1)).await.unwrap_err();
         assert!(err.contains("audit file"), "{err}");
-        assert!(s.write(record(2)).await.is_err());
+        assert!(s.write(&record(2)).await.is_err());
         std::fs::remove_file(&logs).unwrap();
-        s.write(record(3)).await.unwrap();
+        s.write(&record(3)).await.unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         let types: Vec<String> = text
             .lines()

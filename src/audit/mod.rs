@@ -18,6 +18,7 @@ mod credential_record;
 mod examples;
 pub mod export;
 pub mod file;
+mod group_commit;
 pub mod http_export;
 mod log_line;
 pub mod record;

@@ -193,25 +193,22 @@ impl Sinks {
         if !self.stdout && self.file.is_none() {
             return Ok(());
         }
-        let mut line = Vec::with_capacity(768);
+        // A credential record is about 900 bytes; room for one without
+        // growing.
+        let mut line = Vec::with_capacity(1024);
         record::write(&self.origin, subject, &mut line);
         if let Some(file) = &self.file {
             if let Some(over) = self.check_backlog(file)? {
                 let mut rec = Vec::new();
                 record::write(&self.origin, Subject::Export(&over), &mut rec);
-                file.write(rec).await.map_err(AuditError::Unavailable)?;
+                file.write(&rec).await.map_err(AuditError::Unavailable)?;
             }
-            let copy = match self.stdout {
-                true => Some(line.clone()),
-                false => None,
-            };
-            if let Err(e) = file.write(line).await {
+            if let Err(e) = file.write(&line).await {
                 match self.on_failure {
                     OnFailure::Deny => return Err(AuditError::Unavailable(e)),
                     OnFailure::Allow => self.count("file", "lost"),
                 }
             }
-            line = copy.unwrap_or_default();
         }
         if self.stdout {
             line.push(b'\n');

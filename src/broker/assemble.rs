@@ -125,7 +125,7 @@ pub fn audit(config: &Config, role: &'static str, metrics: Arc<Metrics>) -> anyh
                 record::write(&origin, Subject::Export(&incident), &mut rec);
                 let recorder = recorder.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = recorder.write(rec).await {
+                    if let Err(e) = recorder.write(&rec).await {
                         tracing::error!(error = %e, "the export loss could not be recorded");
                     }
                 });
