@@ -58,7 +58,31 @@ bench_measure() {
     wrk -t2 -c64 -d2s -H 'Metadata: true' "http://$host$imds_path" >/dev/null
     wrk --latency -t2 -c64 -d"$duration" -H 'Metadata: true' "http://$host$imds_path" |
         awk '/Requests\/sec/ {rps=$2} /^ +99%/ {p99=$2} /Non-2xx/ {bad=$4} END {print rps, p99, (bad ? "non-2xx:" bad : "")}'
+    bench_file_sink_stats "$1" "$out"
     bench_stop
+}
+
+# bench_file_sink_stats CONFIG DEV_OUT: when the run wrote an audit file,
+# appends "CONFIG batches records write_seconds" (the file sink's batches,
+# records written and the time spent writing and syncing them, from
+# /metrics, warm-up included) to $work/file-sink.stats.
+bench_file_sink_stats() {
+    local admin
+    admin=$(sed -n 's/^# lanyard admin //p' "$2")
+    [ -n "$admin" ] || return 0
+    curl -s "$admin/metrics" | awk -v c="$1" '
+        /^lanyard_audit_write_seconds_count/ {n=$2}
+        /^lanyard_audit_write_seconds_sum/ {s=$2}
+        /^lanyard_audit_records_total\{sink="file",result="written"\}/ {r=$2}
+        END {if (n > 0) print c, n, r, s}' >>"$work/file-sink.stats"
+}
+
+# bench_file_sink_summary CONFIG: the runs of CONFIG in $work/file-sink.stats
+# in one line: records per batch and the mean time to write and sync one.
+bench_file_sink_summary() {
+    awk -v c="$1" '$1 == c {n+=$2; r+=$3; s+=$4}
+        END {if (n > 0) printf "file sink: %d batches, %.1f records per batch, %.0f µs to write and sync a batch (mean)\n", n, r / n, s / n * 1e6}' \
+        "$work/file-sink.stats" 2>/dev/null
 }
 
 # bench_abba NAME_A CONFIG_A NAME_B CONFIG_B : A B B A, BENCH_ABBA_ROUNDS
