@@ -2,15 +2,14 @@
 //!
 //! Requests append their records to the open batch (one buffer, under a
 //! short lock) and wait on that batch; the writer takes the whole batch at
-//! once, writes and syncs it, and answers every record in it with one
-//! wake-up round. Per record that is one copy and one waiter registration.
+//! once, writes and syncs it, and answers every record in it at once (one
+//! outcome, set once, and every waiting request woken in one pass). Per
+//! record that is one copy and one waiter registration.
 //!
 //! Why not a channel of records, each with its own reply channel (what
 //! this replaced): every record then cost two allocations made on a
 //! request's thread and freed on the writer's (glibc's arena lock taken
-//! across threads), a queue slot and a reply channel of its own. With the
-//! disk's sync free (a tmpfs) the durable file cost +8 µs of CPU per
-//! request against audit off, most of it hand-off.
+//! across threads), and a queue slot and a reply channel of its own.
 
 use std::pin::pin;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
