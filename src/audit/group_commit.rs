@@ -24,7 +24,7 @@ const STOPPED: &str = "the audit file writer has stopped";
 
 /// Most records waiting at once (one batch's worth): past it, requests wait
 /// for the writer to take the batch.
-pub(super) const MAX_RECORDS: usize = 4096;
+const MAX_RECORDS: usize = 4096;
 
 /// One batch's outcome, shared by the requests whose records it holds.
 struct Batch {
@@ -202,11 +202,7 @@ impl Queue {
         let end = w.bytes.len();
         w.ends.push(end);
         let batch = w.batch.clone();
-        let wake = std::mem::take(&mut w.writer_asleep);
-        drop(w);
-        if wake {
-            self.records_waiting.notify_one();
-        }
+        self.wake_writer(w);
         Ok(Some(batch))
     }
 
@@ -214,6 +210,12 @@ impl Queue {
     pub(super) fn reopen(&self) {
         let mut w = self.lock();
         w.reopen = true;
+        self.wake_writer(w);
+    }
+
+    /// Unlocks `w` and wakes the writer if it sleeps: a writer at work
+    /// looks for more before it sleeps, so it needs no system call.
+    fn wake_writer(&self, mut w: MutexGuard<'_, Waiting>) {
         let wake = std::mem::take(&mut w.writer_asleep);
         drop(w);
         if wake {
