@@ -14,7 +14,7 @@ use crate::directory::file::StaticDirectory;
 use crate::directory::kube::{Invalidate, KubeDirectory, Watch};
 use crate::directory::Directory;
 use crate::http::{
-    bind, drain, spawn_server, spawn_server_with, wait_for_signal, Limits, Shutdown, DRAIN_TIMEOUT,
+    bind, drain, per_thread, spawn_server, wait_for_signal, Limits, Shutdown, DRAIN_TIMEOUT,
 };
 use crate::pod_events::Explained;
 use crate::telemetry::metrics::Metrics;
@@ -157,8 +157,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         shutdown.clone(),
     );
     let broker = Arc::new(broker(&config, metrics).await?);
-    let api = bind(config.listen, "agent API").await?;
-    let api_addr = api.local_addr()?;
+    let api = per_thread::bind(config.listen, "agent API", per_thread::default_threads()).await?;
+    let api_addr = api.local_addr();
     let node = config.cluster.node_name.clone();
     // The broker keeps what it needs of the configuration; the rest (with
     // static bindings, every listed ServiceAccount's labels and
@@ -166,7 +166,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     drop(config);
     let servers = [
         // Every sidecar on the node keeps a few pooled connections.
-        spawn_server_with(
+        per_thread::spawn(
             api,
             crate::serve::agent_api::router(broker),
             shutdown,

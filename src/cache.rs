@@ -327,6 +327,12 @@ struct Inner {
     // way round: the refresh task releases it before refreshing.
     refreshes: Refreshes,
     metrics: Arc<Metrics>,
+    /// The runtime the cache was made on, where its exchanges and refresh
+    /// task run. Requests may be served on other runtimes (one per serving
+    /// thread, `http::per_thread`); an exchange started there would wait
+    /// behind that thread's queue of requests (a herd's), and the refresh
+    /// task would stop with that thread's runtime.
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl Drop for Inner {
@@ -359,9 +365,10 @@ impl Cache {
             refreshes: Refreshes::new(),
             config,
             metrics,
+            runtime: tokio::runtime::Handle::try_current().ok(),
         });
-        if tokio::runtime::Handle::try_current().is_ok() {
-            tokio::spawn(sweep(Arc::downgrade(&inner)));
+        if let Some(runtime) = &inner.runtime {
+            runtime.spawn(sweep(Arc::downgrade(&inner)));
         }
         Cache { inner }
     }
@@ -573,7 +580,7 @@ fn start_fetch(
     let inner = inner.clone();
     let key = key.clone();
     let this = rx.clone();
-    tokio::spawn(async move {
+    inner.clone().spawn(async move {
         let (result, upstream) = if subject_until <= Instant::now() {
             // Never send an expired subject token upstream.
             let expired = CloudError::Rejected {
@@ -597,6 +604,15 @@ fn start_fetch(
 }
 
 impl Inner {
+    /// Starts `task` on the cache's runtime (see [`Inner::runtime`]), or on
+    /// the caller's for a cache made outside one.
+    fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        match &self.runtime {
+            Some(runtime) => drop(runtime.spawn(task)),
+            None => drop(tokio::spawn(task)),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Entries> {
         // A panic while holding the lock leaves plain data behind; keep going.
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
@@ -880,7 +896,7 @@ impl Inner {
 fn schedule_refresh(inner: &Arc<Inner>, key: Arc<CacheKey>, generation: u64, at: Instant) {
     inner.refreshes.schedule(at, key, generation);
     if inner.refreshes.start() {
-        tokio::spawn(run_refreshes(
+        inner.spawn(run_refreshes(
             Arc::downgrade(inner),
             inner.refreshes.waker(),
         ));

@@ -17,7 +17,7 @@ use crate::emulator::entra::{App, Entra, FederatedCredential};
 use crate::emulator::gcp::{Gcp, GcpEmulatorConfig, GcpServiceAccount, WorkloadIdentityProvider};
 use crate::emulator::{Issuer, PodIdentity, SigningKey};
 use crate::http::{
-    bind, drain, spawn_server, spawn_server_with, wait_for_signal, Shutdown, ShutdownTrigger,
+    bind, drain, per_thread, spawn_server, wait_for_signal, Shutdown, ShutdownTrigger,
     DRAIN_TIMEOUT,
 };
 use crate::secret::{random_token, SecretString};
@@ -350,11 +350,12 @@ impl DevStack {
             imds_sessions: serve::aws_imds::SessionTokens::new(),
             aws_region: Some(config.aws.region.clone()),
         });
-        let listener = bind(config.listen, "SDK surfaces").await?;
-        let surfaces_addr = listener.local_addr()?;
+        let listeners =
+            per_thread::bind(config.listen, "SDK surfaces", per_thread::default_threads()).await?;
+        let surfaces_addr = listeners.local_addr();
         // The benchmarks' herds open 10,000 connections at once.
-        servers.push(spawn_server_with(
-            listener,
+        servers.push(per_thread::spawn(
+            listeners,
             serve::router(surfaces),
             shutdown.clone(),
             crate::http::Limits::api(65_536),

@@ -729,3 +729,48 @@ fn keys_hash_as_their_borrowed_form_and_apart_from_each_other() {
         assert!(seen.insert(owned), "{k:?} hashes as another key");
     }
 }
+
+/// Requests served on another runtime (a serving thread's, as
+/// `http::per_thread` runs them) start their exchange on the cache's own:
+/// the upstream call neither waits behind that thread's queue nor ends
+/// with its runtime.
+#[test]
+fn exchanges_run_on_the_runtime_the_cache_was_made_on() {
+    let home = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("cache-home")
+        .enable_all()
+        .build()
+        .unwrap();
+    let cache = home.block_on(async { cache(CacheConfig::default()) });
+    let ran_on = Arc::new(StdMutex::new(Vec::new()));
+    let fetcher = {
+        let ran_on = ran_on.clone();
+        let up = Upstream::new(3600).fetcher();
+        Arc::new(move |subject: SecretString| {
+            let name = std::thread::current().name().map(str::to_string);
+            ran_on.lock().unwrap().push(name);
+            up(subject)
+        }) as Fetcher
+    };
+    let k = key(Cloud::Azure, "sa", "scope");
+    let served = std::thread::Builder::new()
+        .name("serving".into())
+        .spawn(move || {
+            let serving = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            serving.block_on(async {
+                cache
+                    .get(k.as_ref(), &subject("s"), far(), || fetcher)
+                    .await
+                    .map(|c| token_of(&c))
+            })
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    assert_eq!(served.unwrap(), "token-1");
+    assert_eq!(*ran_on.lock().unwrap(), [Some("cache-home".to_string())]);
+}

@@ -5,6 +5,7 @@
 //! one role so that each role can be built without the others (`dev`, for
 //! one, is meant to become an optional feature).
 
+pub mod per_thread;
 pub mod server;
 
 use std::time::Duration;
