@@ -2,14 +2,18 @@
 //! single-threaded runtime and a listener of its own.
 //!
 //! Why: a cached credential costs a few microseconds of CPU to serve, and
-//! on the multi-threaded runtime much of the rest went to the runtime
-//! itself. Its workers share one pool of tasks: one that finds work wakes
-//! another to steal some, and each wake-up of a thread on another CPU is an
-//! inter-processor interrupt and a context switch (a virtual machine's exit,
-//! on most nodes). Under `wrk` on two CPUs, the same binary with one worker
-//! used 5 % less CPU per request than with two, and up to 15 % less while
-//! the host made cross-CPU traffic dear. nginx avoids this by design: each
-//! worker process accepts its own connections and never wakes another.
+//! on the multi-threaded runtime a good part of the rest went to the
+//! runtime itself. Its workers share one pool of tasks: one that finds
+//! work wakes another to steal some, and each wake-up of a thread on
+//! another CPU is an inter-processor interrupt and a context switch (a
+//! virtual machine's exit, on most nodes). Under `wrk` on two CPUs, the
+//! same binary with one worker used 5 % less CPU per request than with two
+//! (but one CPU caps it), and `perf` put the difference in the scheduler's
+//! context switches. nginx avoids this by design: each worker process
+//! accepts its own connections and never wakes another. Served this way,
+//! `lanyard dev` answered 1.16 times the cached hits per second of the
+//! multi-threaded runtime, at 0.85 times the CPU per request (ABBA, six
+//! rounds each).
 //!
 //! Here each thread owns a listener of one `SO_REUSEPORT` group on the same
 //! address, and the kernel spreads new connections over the group; a
@@ -21,12 +25,15 @@
 //! thread stuck in a slow step (none is expected: exchanges and key fetches
 //! wait on the network, not on the CPU) delays its own connections, not
 //! every connection. Connection bounds apply per thread: each gets its share
-//! of [`Limits::max_connections`]. Tasks a request starts (an upstream
-//! exchange, the cache's refresh task) run on that request's thread.
+//! of [`Limits::max_connections`]. Tasks a request starts run on its
+//! thread, except the cache's exchanges and refresh task, which run on the
+//! runtime the cache was made on (`cache.rs`): a herd's one exchange would
+//! otherwise wait behind that thread's queue of the herd's requests.
 //!
-//! `SO_REUSEPORT` lets another socket of the same user join the group, and
-//! the kernel would then hand it connections. Only this process's user can,
-//! and the group is formed at once, when the first listener binds.
+//! `SO_REUSEPORT` lets another socket of the same user on the same address
+//! join the group, and the kernel would hand it connections. Lanyard's
+//! listeners are in its own pod's network namespace (the chart uses no
+//! `hostNetwork`), where no other process binds them.
 
 use std::net::SocketAddr;
 
