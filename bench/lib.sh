@@ -5,8 +5,8 @@
 # scratch directory the caller removes), $duration (wrk's -d).
 
 # Lanyard runs with the image's environment (Containerfile): glibc malloc
-# limited to one arena.
-export MALLOC_ARENA_MAX=${MALLOC_ARENA_MAX:-1}
+# limited to two arenas.
+export MALLOC_ARENA_MAX=${MALLOC_ARENA_MAX:-2}
 
 imds_path='/metadata/identity/oauth2/token?api-version=2018-02-01&resource=https%3A%2F%2Fstorage.azure.com%2F'
 bench_pid=""

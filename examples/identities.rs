@@ -65,7 +65,7 @@ use lanyard::emulator::entra::{App, Entra, FederatedCredential, FEDERATION_AUDIE
 use lanyard::emulator::faults::Fault;
 use lanyard::emulator::gcp::{Gcp, GcpEmulatorConfig, WorkloadIdentityProvider};
 use lanyard::emulator::{Issuer, PodIdentity, SigningKey};
-use lanyard::http::{bind, spawn_server, spawn_server_with, Limits, Shutdown, ShutdownTrigger};
+use lanyard::http::{bind, per_thread, spawn_server, Limits, Shutdown, ShutdownTrigger};
 use lanyard::secret::{ExposeSecret, SecretString};
 use lanyard::telemetry::metrics::{cloud_label, Metrics, UpstreamLabel};
 use lanyard::telemetry::LogFormat;
@@ -846,9 +846,15 @@ fn agent_child(args: &Args) -> Result<()> {
                 async move { metrics.render() }
             }),
         );
-        let listener = bind(([127, 0, 0, 1], 0).into(), "agent API").await?;
-        let addr = listener.local_addr()?;
-        spawn_server_with(listener, router, shutdown, Limits::api(AGENT_CONNECTIONS));
+        // As `lanyard agent` serves its API: a thread per CPU.
+        let listeners = per_thread::bind(
+            ([127, 0, 0, 1], 0).into(),
+            "agent API",
+            per_thread::default_threads(),
+        )
+        .await?;
+        let addr = listeners.local_addr();
+        per_thread::spawn(listeners, router, shutdown, Limits::api(AGENT_CONNECTIONS));
         println!("READY http://{addr} {} {}", start.rss, configured.rss);
         // Until the parent closes our stdin (or exits).
         tokio::task::spawn_blocking(|| {
