@@ -141,6 +141,7 @@ pub fn spawn(
             // The listener went with the closure: its connections are
             // refused, and the error ends the server once the others stop.
             Err(e) => {
+                tracing::error!(error = %e, "cannot start a serving thread");
                 let (tx, rx) = tokio::sync::oneshot::channel();
                 let _ = tx.send(Err(e));
                 done.push(rx);
