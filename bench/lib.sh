@@ -44,16 +44,30 @@ bench_stop() {
 
 # bench_measure CONFIG|- : starts `lanyard dev` (with --config CONFIG unless
 # -), warms it, prints "requests/s p99 [non-2xx:N]" of a wrk run, stops it.
+# Call it in a command substitution, `line=$(bench_measure ...)`, never a
+# process substitution: the caller must wait until this run's server has
+# stopped before it starts the next one.
 bench_measure() {
     local out=$work/dev.out args=()
     [ "$1" != - ] && args=(--config "$1")
+    # INVARIANT: the output file is removed before the server starts, so the
+    # readiness wait below can only read what this server printed.
+    rm -f "$out"
     "$lanyard" "${args[@]}" dev --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 >"$out" 2>"$work/dev.err" &
     bench_pid=$!
-    for _ in $(seq 100); do grep -q "lanyard dev ready" "$out" && break; sleep 0.1; done
+    local ready=0
+    for _ in $(seq 100); do
+        if grep -q "lanyard dev ready" "$out" 2>/dev/null; then ready=1; break; fi
+        kill -0 "$bench_pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    if [ "$ready" = 0 ]; then
+        echo "$(basename "$0"): lanyard dev exited or was not ready within 10 s" >&2; cat "$work/dev.err" >&2; bench_stop; exit 1
+    fi
     local host; host=$(sed -n 's/^export GCE_METADATA_HOST=//p' "$out")
-    local code; code=$(curl -s -o /dev/null -w '%{http_code}' -H Metadata:true "http://$host$imds_path")
+    local code; code=$(curl -s -o /dev/null -w '%{http_code}' -H Metadata:true "http://$host$imds_path") || true
     if [ "$code" != 200 ]; then
-        echo "$(basename "$0"): lanyard dev answered $code" >&2; cat "$work/dev.err" >&2; exit 1
+        echo "$(basename "$0"): lanyard dev at $host answered ${code:-nothing}" >&2; cat "$work/dev.err" >&2; bench_stop; exit 1
     fi
     wrk -t2 -c64 -d2s -H 'Metadata: true' "http://$host$imds_path" >/dev/null
     wrk --latency -t2 -c64 -d"$duration" -H 'Metadata: true' "http://$host$imds_path" |
@@ -91,11 +105,12 @@ bench_abba() {
     local -A config=(["$1"]=$2 ["$3"]=$4) sum=(["$1"]=0 ["$3"]=0)
     echo "| run | configuration | requests/s | p99 |"
     echo "|---|---|---:|---:|"
-    local n=0 which rps p99 bad order=() round
+    local n=0 which line rps p99 bad order=() round
     for round in $(seq "${BENCH_ABBA_ROUNDS:-2}"); do order+=("$1" "$3" "$3" "$1"); done
     for which in "${order[@]}"; do
         n=$((n + 1))
-        read -r rps p99 bad < <(bench_measure "${config[$which]}")
+        line=$(bench_measure "${config[$which]}")
+        read -r rps p99 bad <<<"$line"
         echo "| $n | $which | $rps | $p99 $bad |"
         sum[$which]=$(awk -v a="${sum[$which]}" -v b="$rps" 'BEGIN {print a + b}')
     done
