@@ -10,6 +10,7 @@ export MALLOC_ARENA_MAX=${MALLOC_ARENA_MAX:-2}
 
 imds_path='/metadata/identity/oauth2/token?api-version=2018-02-01&resource=https%3A%2F%2Fstorage.azure.com%2F'
 bench_pid=""
+bench_host=""
 
 bench_need() { # TOOL... : installs missing Debian packages when root
     local missing=()
@@ -42,12 +43,11 @@ bench_stop() {
     bench_pid=""
 }
 
-# bench_measure CONFIG|- : starts `lanyard dev` (with --config CONFIG unless
-# -), warms it, prints "requests/s p99 [non-2xx:N]" of a wrk run, stops it.
-# Call it in a command substitution, `line=$(bench_measure ...)`, never a
-# process substitution: the caller must wait until this run's server has
-# stopped before it starts the next one.
-bench_measure() {
+# bench_start CONFIG|- : starts `lanyard dev` (with --config CONFIG unless
+# -) as $bench_pid, waits until it is ready and has answered one Azure IMDS
+# request (its body in $work/answer), and sets $bench_host to its SDK
+# surfaces' host:port; says why and exits 1 when it cannot.
+bench_start() {
     local out=$work/dev.out args=()
     [ "$1" != - ] && args=(--config "$1")
     # INVARIANT: the output file is removed before the server starts, so the
@@ -64,15 +64,25 @@ bench_measure() {
     if [ "$ready" = 0 ]; then
         echo "$(basename "$0"): lanyard dev exited or was not ready within 10 s" >&2; cat "$work/dev.err" >&2; bench_stop; exit 1
     fi
-    local host; host=$(sed -n 's/^export GCE_METADATA_HOST=//p' "$out")
-    local code; code=$(curl -s -o /dev/null -w '%{http_code}' -H Metadata:true "http://$host$imds_path") || true
+    bench_host=$(sed -n 's/^export GCE_METADATA_HOST=//p' "$out")
+    local code; code=$(curl -s -o "$work/answer" -w '%{http_code}' -H Metadata:true "http://$bench_host$imds_path") || true
     if [ "$code" != 200 ]; then
-        echo "$(basename "$0"): lanyard dev at $host answered ${code:-nothing}" >&2; cat "$work/dev.err" >&2; bench_stop; exit 1
+        echo "$(basename "$0"): lanyard dev at $bench_host answered ${code:-nothing}" >&2; cat "$work/dev.err" >&2; bench_stop; exit 1
     fi
+}
+
+# bench_measure CONFIG|- : starts `lanyard dev` (with --config CONFIG unless
+# -), warms it, prints "requests/s p99 [non-2xx:N]" of a wrk run, stops it.
+# Call it in a command substitution, `line=$(bench_measure ...)`, never a
+# process substitution: the caller must wait until this run's server has
+# stopped before it starts the next one.
+bench_measure() {
+    bench_start "$1"
+    local host=$bench_host
     wrk -t2 -c64 -d2s -H 'Metadata: true' "http://$host$imds_path" >/dev/null
     wrk --latency -t2 -c64 -d"$duration" -H 'Metadata: true' "http://$host$imds_path" |
         awk '/Requests\/sec/ {rps=$2} /^ +99%/ {p99=$2} /Non-2xx/ {bad=$4} END {print rps, p99, (bad ? "non-2xx:" bad : "")}'
-    bench_file_sink_stats "$1" "$out"
+    bench_file_sink_stats "$1" "$work/dev.out"
     bench_stop
 }
 

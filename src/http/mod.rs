@@ -110,17 +110,25 @@ const BACKLOG: u32 = 4096;
 /// the address.
 pub async fn bind(addr: std::net::SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
     let fail = |e: std::io::Error| anyhow::anyhow!("cannot listen on {addr} for the {what}: {e}");
+    let listener = listen(addr, false).map_err(fail)?;
+    tracing::info!(addr = %listener.local_addr().map_err(fail)?, "listening for the {what}");
+    Ok(listener)
+}
+
+/// A listener on `addr` with `SO_REUSEADDR` and a [`BACKLOG`]-deep accept
+/// queue; with `SO_REUSEPORT` too when `reuseport` (`per_thread`'s groups).
+fn listen(addr: std::net::SocketAddr, reuseport: bool) -> std::io::Result<TcpListener> {
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()
     } else {
         tokio::net::TcpSocket::new_v6()
+    }?;
+    socket.set_reuseaddr(true)?;
+    if reuseport {
+        socket.set_reuseport(true)?;
     }
-    .map_err(fail)?;
-    socket.set_reuseaddr(true).map_err(fail)?;
-    socket.bind(addr).map_err(fail)?;
-    let listener = socket.listen(BACKLOG).map_err(fail)?;
-    tracing::info!(addr = %listener.local_addr().map_err(fail)?, "listening for the {what}");
-    Ok(listener)
+    socket.bind(addr)?;
+    socket.listen(BACKLOG)
 }
 
 /// Serves `router` on `listener` until `shutdown` fires, then drains

@@ -38,10 +38,10 @@
 use std::net::SocketAddr;
 
 use anyhow::Context as _;
-use tokio::net::{TcpListener, TcpSocket};
+use tokio::net::TcpListener;
 
 use super::server::{serve, Limits, Respond};
-use super::{Shutdown, BACKLOG};
+use super::{listen, Shutdown};
 
 /// The most serving threads: beyond a few cores, a node's credential
 /// traffic (each pod's SDKs ask once per token lifetime) gains nothing, and
@@ -75,24 +75,13 @@ impl Listeners {
 /// group, failing with a message that names the address and `what`.
 pub async fn bind(addr: SocketAddr, what: &str, threads: usize) -> anyhow::Result<Listeners> {
     let context = || format!("cannot listen on {addr} for the {what}");
-    let listen = |at: SocketAddr| -> std::io::Result<TcpListener> {
-        let socket = if at.is_ipv4() {
-            TcpSocket::new_v4()
-        } else {
-            TcpSocket::new_v6()
-        }?;
-        socket.set_reuseaddr(true)?;
-        socket.set_reuseport(true)?;
-        socket.bind(at)?;
-        socket.listen(BACKLOG)
-    };
-    let first = listen(addr).with_context(context)?;
+    let first = listen(addr, true).with_context(context)?;
     // INVARIANT: the others bind to the first one's address, port
     // included, so that `addr` with port 0 forms one group.
     let bound = first.local_addr().with_context(context)?;
     let mut sockets = vec![first.into_std().with_context(context)?];
     for _ in 1..threads.max(1) {
-        let next = listen(bound).with_context(context)?;
+        let next = listen(bound, true).with_context(context)?;
         sockets.push(next.into_std().with_context(context)?);
     }
     tracing::info!(addr = %bound, threads = sockets.len(), "listening for the {what}");
