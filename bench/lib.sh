@@ -1,8 +1,10 @@
-# Shared by the bench scripts that compare `lanyard dev` in two
-# configurations (bench/policy, bench/audit): start it, measure cached-hit
-# throughput on Azure IMDS with wrk, alternate the two ABBA and print the
-# ratio. Sourced, not run. Expects: $lanyard (the binary), $work (a
-# scratch directory the caller removes), $duration (wrk's -d).
+# Shared by the bench scripts. For those that compare `lanyard dev` in two
+# configurations (bench/policy, bench/audit, bench/compare): start it,
+# measure cached-hit throughput on Azure IMDS with wrk, alternate the two
+# ABBA and print the ratio. For bench/run and bench/profile too: the
+# reference nginx's configuration, tools installed when missing. Sourced,
+# not run. The functions that start lanyard expect: $lanyard (the binary),
+# $work (a scratch directory the caller removes), $duration (wrk's -d).
 
 # Lanyard runs with the image's environment (Containerfile): glibc malloc
 # limited to two arenas.
@@ -21,6 +23,39 @@ bench_need() { # TOOL... : installs missing Debian packages when root
     else
         echo "$(basename "$0"): needs ${missing[*]}" >&2; exit 1
     fi
+}
+
+# bench_nginx_conf DIR PORT HTTP_EXTRA LOCATION_EXTRA: writes DIR/nginx.conf,
+# the reference nginx the benchmarks compare with: a worker per CPU, no
+# access log, keep-alive without limit, files from DIR/www on
+# 127.0.0.1:PORT, with HTTP_EXTRA in the http block and LOCATION_EXTRA in
+# its location (either may be empty).
+bench_nginx_conf() {
+    local dir=$1 port=$2 http_extra=$3 location_extra=$4
+    cat >"$dir/nginx.conf" <<NGINX
+worker_processes auto;
+pid $dir/nginx.pid;
+error_log $dir/logs/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $dir/tmp/body;
+    proxy_temp_path $dir/tmp/proxy;
+    fastcgi_temp_path $dir/tmp/fastcgi;
+    uwsgi_temp_path $dir/tmp/uwsgi;
+    scgi_temp_path $dir/tmp/scgi;
+    keepalive_requests 1000000;
+    $http_extra
+    server {
+        listen 127.0.0.1:$port;
+        root $dir/www;
+        location / {
+            default_type application/json;
+            $location_extra
+        }
+    }
+}
+NGINX
 }
 
 # bench_lanyard: sets $lanyard to the binary to measure: BENCH_LANYARD
