@@ -243,6 +243,22 @@ fn redirect(global: &GlobalArgs, port: u16) -> ExitCode {
     }
 }
 
+/// Makes the process not dumpable: no core file, and no other process of
+/// the same user may read its memory, environment or files through
+/// `/proc/PID` (`mem`, `environ`, `root`, `fd`). Every role holds tokens or
+/// credentials, and a container that shares the sidecar's process namespace
+/// (`shareProcessNamespace`, `hostPID`) under the same uid could otherwise
+/// read the sidecar's token volume through `/proc/PID/root`. A failure is
+/// logged and start-up goes on: it hardens, it does not gate.
+fn not_dumpable() {
+    #[cfg(target_os = "linux")]
+    if let Err(e) =
+        rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+    {
+        tracing::warn!(error = %e, "cannot make the process non-dumpable");
+    }
+}
+
 /// Loads the configuration (file < environment < `overrides`), starts
 /// logging and the runtime, and runs `role` to completion. A bad
 /// configuration exits 2 with its key and source; a failed role exits 1.
@@ -280,6 +296,7 @@ where
     // every line logged until the runtime stops is written.
     let _log = telemetry::init(config.log_format, &config.log_level, writes);
     raise_open_files_limit();
+    not_dumpable();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -382,6 +382,11 @@ pub struct WebhookConfig {
     pub sidecar_cpu_limit: Option<String>,
     /// `limits.memory` of the injected sidecar (`null`: none).
     pub sidecar_memory_limit: Option<String>,
+    /// Token audiences the guard (`POST /validate`) refuses outside Lanyard's
+    /// sidecar, beyond the ones Lanyard brokers (Entra's token-exchange
+    /// audiences, `aws.audience`, the Google provider's): custom audiences
+    /// the clouds trust this cluster's tokens for.
+    pub guard_extra_audiences: Vec<String>,
 }
 
 impl Default for WebhookConfig {
@@ -403,6 +408,7 @@ impl Default for WebhookConfig {
             sidecar_memory_request: Some("16Mi".into()),
             sidecar_cpu_limit: None,
             sidecar_memory_limit: Some("64Mi".into()),
+            guard_extra_audiences: Vec::new(),
         }
     }
 }
@@ -945,6 +951,22 @@ impl Config {
                     key,
                     "a Kubernetes quantity such as 10m, 0.5, 16Mi or 1G",
                     v,
+                ));
+            }
+        }
+        if w.guard_extra_audiences.len() > 32 {
+            return Err(invalid(
+                "webhook.guard_extra_audiences",
+                "at most 32 audiences",
+                &w.guard_extra_audiences.len().to_string(),
+            ));
+        }
+        for audience in &w.guard_extra_audiences {
+            if audience.trim().is_empty() || audience.len() > 600 {
+                return Err(invalid(
+                    "webhook.guard_extra_audiences",
+                    "non-empty audiences of at most 600 characters",
+                    &audience.chars().take(64).collect::<String>(),
                 ));
             }
         }

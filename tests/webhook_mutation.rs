@@ -933,26 +933,6 @@ fn pods_without_the_label_or_bindings_are_left_alone() {
     assert!(out.response["response"].get("patch").is_none());
 }
 
-#[test]
-fn an_app_container_named_like_the_sidecar_is_refused() {
-    let body = edited("job_create.json", |pod| {
-        pod["spec"]["containers"][0]["name"] = json!("lanyard")
-    });
-    let Action::Mutate(pod) = review::parse(&body).unwrap().action else {
-        panic!()
-    };
-    let bindings = Bindings {
-        aws_role_arn: Some(ROLE.into()),
-        ..Bindings::default()
-    };
-    assert_eq!(
-        mutate(&pod, "batch", &bindings, &config())
-            .unwrap_err()
-            .code,
-        400
-    );
-}
-
 /// The mutation's patch as the API server reads it.
 fn as_sent(m: &Mutation) -> json_patch::Patch {
     serde_json::from_slice(&serde_json::to_vec(&m.patch).unwrap()).unwrap()

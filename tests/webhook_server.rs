@@ -12,6 +12,7 @@ use std::time::Duration;
 use base64::Engine;
 use lanyard::directory::file::{ServiceAccountEntry, StaticDirectory};
 use lanyard::directory::{Bindings, Directory, DirectoryError};
+use lanyard::webhook::guard::Guard;
 use lanyard::webhook::server::{TlsFiles, WebhookServer};
 use lanyard::webhook::InjectionConfig;
 use serde_json::Value;
@@ -125,6 +126,11 @@ async fn start_with_metrics(
         inner: StaticDirectory::new(&accounts),
         visible_after: tokio::time::Instant::now() + delay,
     });
+    let injection = InjectionConfig {
+        sidecar_image: "registry.example/lanyard:test".into(),
+        azure_tenant_id: Some("3b8e4f60-1c2d-4e5f-8a9b-7c6d5e4f3a2b".into()),
+        ..Default::default()
+    };
     WebhookServer::start(
         "127.0.0.1:0".parse().unwrap(),
         TlsFiles {
@@ -132,11 +138,8 @@ async fn start_with_metrics(
             key,
             reload_every: Duration::from_millis(200),
         },
-        InjectionConfig {
-            sidecar_image: "registry.example/lanyard:test".into(),
-            azure_tenant_id: Some("3b8e4f60-1c2d-4e5f-8a9b-7c6d5e4f3a2b".into()),
-            ..Default::default()
-        },
+        injection.clone(),
+        Guard::new(&injection, &[]),
         directory,
         metrics.clone(),
         Arc::new(audit_file_sink(&dir.join("audit.jsonl"), metrics)),
@@ -363,6 +366,7 @@ async fn unreadable_service_account_denies_rather_than_admitting_without_credent
             sidecar_image: "registry.example/lanyard:test".into(),
             ..Default::default()
         },
+        Guard::new(&InjectionConfig::default(), &[]),
         Arc::new(BrokenDirectory),
         Arc::new(lanyard::telemetry::metrics::Metrics::new()),
         Arc::new(lanyard::audit::LogSink),

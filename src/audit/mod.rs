@@ -225,6 +225,10 @@ pub struct Admission {
     pub service_account: String,
     /// `inject`, `unchanged` or `deny`.
     pub decision: &'static str,
+    /// The guard's rule that refused the pod (`cloud-token-mount`,
+    /// `token-volume-mount`, `agent-address`); `None` for the mutation's
+    /// decisions.
+    pub rule: Option<&'static str>,
     /// Why it was denied.
     pub reason: Option<String>,
     /// Clouds whose credentials the pod gets.

@@ -227,6 +227,8 @@ enum Body<'a> {
         pod: AdmittedPod<'a>,
         decision: &'static str,
         #[serde(skip_serializing_if = "Option::is_none")]
+        rule: Option<&'static str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
         reason: Option<&'a str>,
         #[serde(skip_serializing_if = "<[&str]>::is_empty")]
         clouds: &'a [&'static str],
@@ -381,6 +383,7 @@ pub fn write(origin: &Origin, subject: Subject<'_>, out: &mut Vec<u8>) {
                     service_account: &a.service_account,
                 },
                 decision: a.decision,
+                rule: a.rule,
                 reason: a.reason.as_deref(),
                 clouds: &a.clouds,
                 warnings: a.warnings,

@@ -284,7 +284,8 @@ fn only_lists_and_maps_are_structured() {
             "cluster.namespaces",
             "cluster.service_accounts",
             "dev.service_accounts",
-            "sidecar.annotations"
+            "sidecar.annotations",
+            "webhook.guard_extra_audiences"
         ]
     );
 }

@@ -95,6 +95,10 @@ pub struct Metrics {
     pub admissions: Family<DecisionLabel, Counter>,
     /// `lanyard_admission_latency_seconds`: time to answer an admission review.
     pub admission_latency: Histogram,
+    /// `lanyard_guard_reviews`: reviews the governed-namespace guard
+    /// answered, by decision and the rule that refused (`none` when
+    /// allowed).
+    pub guard_reviews: Family<GuardLabels, Counter>,
     /// `lanyard_decisions`: credential requests decided, by cloud, decision and
     /// reason.
     pub decisions: Family<RequestLabel, Counter>,
@@ -139,6 +143,15 @@ pub struct DecisionLabel {
     pub decision: &'static str,
 }
 
+/// A guard review's labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GuardLabels {
+    /// `allow`, `deny` or `error` (a review that could not be read).
+    pub decision: &'static str,
+    /// The rule that refused the pod, `none` otherwise.
+    pub rule: &'static str,
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
@@ -166,6 +179,7 @@ impl Metrics {
             admission_latency: Histogram::new([
                 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
             ]),
+            guard_reviews: Family::default(),
             decisions: Family::default(),
             policy_reloads: Family::default(),
             policy_policies: Gauge::default(),
@@ -239,6 +253,11 @@ impl Metrics {
             "admission_latency_seconds",
             "Time to answer an admission review",
             m.admission_latency.clone(),
+        );
+        registry.register(
+            "guard_reviews",
+            "Reviews answered by the governed-namespace guard, by decision and refusing rule",
+            m.guard_reviews.clone(),
         );
         registry.register(
             "decisions",

@@ -40,7 +40,9 @@
 //! through `envFrom` get the webhook's value; list such containers in
 //! `lanyard.dev/skip-containers` to keep theirs.
 
+pub mod guard;
 pub mod mutate;
+mod own;
 pub mod patch;
 pub mod review;
 pub mod server;

@@ -24,6 +24,7 @@ use crate::directory::Bindings;
 use crate::serve::sdk_env::{AwsEnv, AzureEnv, SdkEnv};
 use crate::transparent::METADATA_ADDR;
 
+use super::own;
 use super::patch::{Op, Operation, Patch};
 
 /// Pod label that opts a pod in; only the value `"true"` counts. The chart's
@@ -371,31 +372,15 @@ fn mutate_with(
     let annotations = meta.annotations.clone().unwrap_or_default();
     let expiration = token_expiration(&annotations)?;
     let transparent = transparent(&annotations)?;
-    if spec.containers.iter().any(|c| c.name == SIDECAR_NAME) {
-        return Err(Denial::bad_request(format!(
-            "pod {pod_ref} has an app container named {SIDECAR_NAME:?}, the name of Lanyard's sidecar; rename it"
-        )));
-    }
-    if transparent && spec.containers.iter().any(|c| c.name == REDIRECT_NAME) {
-        return Err(Denial::bad_request(format!(
-            "pod {pod_ref} has {TRANSPARENT_ANNOTATION}=true and an app container named {REDIRECT_NAME:?}, the name of Lanyard's transparent-mode init container; rename it"
-        )));
-    }
-
     let sa = service_account_name(pod);
-    if bindings.is_empty() {
-        return Ok(Mutation::nothing(vec![format!(
-            "lanyard: service account {namespace}/{sa} has no cloud binding ({}, {} or {}); no credentials injected",
-            crate::directory::annotations::AZURE_CLIENT_ID,
-            crate::directory::annotations::GCP_SERVICE_ACCOUNT,
-            crate::directory::annotations::AWS_ROLE_ARN,
-        )]));
-    }
     let mut warnings = Vec::new();
     let azure = bindings.azure.as_ref();
-    let gcp = config.gcp_audience.as_deref();
+    let gcp = config
+        .gcp_audience
+        .as_deref()
+        .filter(|_| !bindings.is_empty());
     let aws = bindings.aws_role_arn.is_some();
-    if bindings.gcp_service_account.is_some() && gcp.is_none() {
+    if bindings.gcp_service_account.is_some() && config.gcp_audience.is_none() {
         warnings.push(format!(
             "lanyard: service account {namespace}/{sa} names a Google service account but this webhook has no Google audience configured; Google credentials not injected"
         ));
@@ -410,15 +395,54 @@ fn mutate_with(
     if aws {
         clouds.push(Cloud::Aws);
     }
-    if clouds.is_empty() {
+
+    let init = spec.init_containers.as_deref().unwrap_or_default();
+    let existing_sidecar = init.iter().find(|c| c.name == SIDECAR_NAME);
+    // Lanyard's objects already in the pod must be exactly what it would
+    // inject now (the sidecar's IDENTITY_HEADER, random per pod, is the one
+    // free value); what is missing is added below.
+    let injects = !clouds.is_empty();
+    let tokens = injects.then(|| tokens_volume(config, azure.is_some(), gcp, aws, expiration));
+    let app_token = aws.then(|| app_token_volume(config, expiration));
+    let own_sidecar = injects.then(|| {
+        let header = existing_sidecar.and_then(|c| literal_env(c, "IDENTITY_HEADER"));
+        sidecar(config, header.as_deref().unwrap_or_default(), aws)
+    });
+    let own_redirect = injects.then(|| redirect(config));
+    let present = own::check(
+        spec,
+        &pod_ref,
+        &own::Expected {
+            sidecar: own_sidecar.as_ref(),
+            redirect: own_redirect.as_ref(),
+            tokens: tokens.as_ref(),
+            app_token: app_token.as_ref(),
+        },
+    )?;
+    if bindings.is_empty() {
+        return Ok(Mutation::nothing(vec![format!(
+            "lanyard: service account {namespace}/{sa} has no cloud binding ({}, {} or {}); no credentials injected",
+            crate::directory::annotations::AZURE_CLIENT_ID,
+            crate::directory::annotations::GCP_SERVICE_ACCOUNT,
+            crate::directory::annotations::AWS_ROLE_ARN,
+        )]));
+    }
+    if !injects {
         warnings.push(format!(
             "lanyard: no cloud applies to pod {pod_ref}; no credentials injected"
         ));
         return Ok(Mutation::nothing(warnings));
     }
-
-    let init = spec.init_containers.as_deref().unwrap_or_default();
-    let existing_sidecar = init.iter().find(|c| c.name == SIDECAR_NAME);
+    if let Some(why) = super::guard::agent_host(&config.agent_url)
+        .and_then(|host| super::guard::agent_redirect(spec, &host))
+    {
+        return Err(Denial {
+            code: 403,
+            message: format!(
+                "pod {pod_ref} {why}, which decides where Lanyard's sidecar sends the pod's tokens; remove it"
+            ),
+        });
+    }
     let skip: BTreeSet<&str> = annotations
         .get(SKIP_CONTAINERS_ANNOTATION)
         .map(|v| {
@@ -602,32 +626,10 @@ fn mutate_with(
 
     let volumes = spec.volumes.as_deref().unwrap_or_default();
     let mut new_volumes = Vec::new();
-    if !volumes.iter().any(|v| v.name == TOKENS_VOLUME) {
-        let mut sources = Vec::new();
-        if azure.is_some() {
-            sources.push(token_source(
-                Cloud::Azure.name(),
-                &config.azure_audience,
-                expiration,
-            ));
+    for (volume, present) in [(tokens, present.tokens), (app_token, present.app_token)] {
+        if let Some(volume) = volume.filter(|_| !present) {
+            new_volumes.push(to_json(&volume)?);
         }
-        if let Some(audience) = gcp {
-            sources.push(token_source(Cloud::Gcp.name(), audience, expiration));
-        }
-        if aws {
-            sources.push(token_source(
-                Cloud::Aws.name(),
-                &config.aws_audience,
-                expiration,
-            ));
-        }
-        new_volumes.push(to_json(&projected(TOKENS_VOLUME, sources))?);
-    }
-    if aws && !volumes.iter().any(|v| v.name == APP_TOKEN_VOLUME) {
-        new_volumes.push(to_json(&projected(
-            APP_TOKEN_VOLUME,
-            vec![token_source("app", &config.app_audience, expiration)],
-        ))?);
     }
     push_list_items(
         &mut ops,
@@ -643,11 +645,11 @@ fn mutate_with(
     // Last, so that the init container indices used above still hold. The
     // redirect goes first: it installs its rule and exits before the
     // sidecar, and so before anything that could call 169.254.169.254.
-    let sidecar_added = existing_sidecar.is_none();
-    let redirect_added = transparent && !init.iter().any(|c| c.name == REDIRECT_NAME);
+    let sidecar_added = !present.sidecar;
+    let redirect_added = transparent && !present.redirect;
     let mut new_init = Vec::new();
-    if redirect_added {
-        new_init.push(to_json(&redirect(config))?);
+    if let Some(redirect) = own_redirect.filter(|_| redirect_added) {
+        new_init.push(to_json(&redirect)?);
     }
     if sidecar_added {
         new_init.push(to_json(&sidecar(config, &identity_header, aws))?);
@@ -678,7 +680,7 @@ fn mutate_with(
             containers: touched,
             sidecar_added,
             redirect_added,
-            already_injected: existing_sidecar.is_some(),
+            already_injected: present.sidecar,
         },
     })
 }
@@ -879,6 +881,44 @@ fn token_source(path: &str, audience: &str, expiration: i64) -> VolumeProjection
     }
 }
 
+/// The cloud-token volume: one token per cloud that applies, in
+/// [`Cloud::ALL`] order, each for that cloud's audience.
+fn tokens_volume(
+    config: &InjectionConfig,
+    azure: bool,
+    gcp: Option<&str>,
+    aws: bool,
+    expiration: i64,
+) -> Volume {
+    let mut sources = Vec::new();
+    if azure {
+        sources.push(token_source(
+            Cloud::Azure.name(),
+            &config.azure_audience,
+            expiration,
+        ));
+    }
+    if let Some(audience) = gcp {
+        sources.push(token_source(Cloud::Gcp.name(), audience, expiration));
+    }
+    if aws {
+        sources.push(token_source(
+            Cloud::Aws.name(),
+            &config.aws_audience,
+            expiration,
+        ));
+    }
+    projected(TOKENS_VOLUME, sources)
+}
+
+/// The app-facing token's volume (AWS container endpoint's authorization).
+fn app_token_volume(config: &InjectionConfig, expiration: i64) -> Volume {
+    projected(
+        APP_TOKEN_VOLUME,
+        vec![token_source("app", &config.app_audience, expiration)],
+    )
+}
+
 fn projected(name: &str, sources: Vec<VolumeProjection>) -> Volume {
     Volume {
         name: name.to_string(),
@@ -893,7 +933,7 @@ fn projected(name: &str, sources: Vec<VolumeProjection>) -> Volume {
 /// The sidecar as a native sidecar (restartable init container): it starts
 /// before the other init containers and the apps, which start only once its
 /// startup probe passes, and it does not keep a Job's pod alive.
-fn sidecar(config: &InjectionConfig, identity_header: &str, aws: bool) -> Container {
+pub(super) fn sidecar(config: &InjectionConfig, identity_header: &str, aws: bool) -> Container {
     let mut env = vec![
         // First: the agent URL refers to it as $(LANYARD_HOST_IP), and the
         // kubelet only expands references to earlier entries.
@@ -1322,22 +1362,27 @@ mod tests {
     }
 
     #[test]
-    fn an_app_container_named_like_the_redirect_is_refused_only_in_transparent_mode() {
+    fn an_app_container_named_like_the_redirect_is_refused_in_either_mode() {
         let raw = transparent_pod(json!({"containers": [{"name": REDIRECT_NAME}]}));
-        let d = mutate_with(
-            &pod(raw.clone()),
-            "ns",
-            &azure(),
-            &InjectionConfig::default(),
-            || "h".into(),
-        )
-        .unwrap_err();
-        assert_eq!(d.code, 400);
-        assert!(d.message.contains("rename it"), "{}", d.message);
-        let mut off = raw;
+        let mut off = raw.clone();
         off["metadata"]["annotations"] = json!({});
-        let (_, out) = run(&off);
-        assert_eq!(init_names(&out), [SIDECAR_NAME]);
+        for raw in [raw, off] {
+            let d = mutate_with(
+                &pod(raw),
+                "ns",
+                &azure(),
+                &InjectionConfig::default(),
+                || "h".into(),
+            )
+            .unwrap_err();
+            assert_eq!(d.code, 403);
+            assert!(
+                d.message
+                    .contains(&format!("app container {REDIRECT_NAME:?}")),
+                "{}",
+                d.message
+            );
+        }
     }
 
     #[test]

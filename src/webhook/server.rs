@@ -1,7 +1,8 @@
-//! The webhook's HTTPS server: `POST /mutate` for AdmissionReviews, with
-//! the TLS certificate and key re-read when their files change (cert-manager
-//! rotates them in place), and the ServiceAccount lookup with a short
-//! bounded retry for an account created moments before its pod.
+//! The webhook's HTTPS server: `POST /mutate` for AdmissionReviews and
+//! `POST /validate` for the governed-namespace guard ([`super::guard`]),
+//! with the TLS certificate and key re-read when their files change
+//! (cert-manager rotates them in place), and the ServiceAccount lookup with
+//! a short bounded retry for an account created moments before its pod.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -14,11 +15,12 @@ use axum::routing::post;
 use axum::{Json, Router};
 use axum_server::tls_rustls::RustlsConfig;
 
-use super::review::{self, Action, Answer};
+use super::guard::{self, Guard};
+use super::review::{self, Action, Answer, Scope};
 use super::{mutate, respond, InjectionConfig};
 use crate::audit::{Admission, AuditSink, ConfigReload};
 use crate::directory::{Bindings, Directory};
-use crate::telemetry::metrics::{DecisionLabel, Metrics};
+use crate::telemetry::metrics::{DecisionLabel, GuardLabels, Metrics};
 use crate::telemetry::Readiness;
 
 /// How often and how many times a missing ServiceAccount is looked up again
@@ -28,6 +30,7 @@ const LOOKUP_BACKOFF: Duration = Duration::from_millis(200);
 
 struct Webhook {
     injection: InjectionConfig,
+    guard: Guard,
     directory: Arc<dyn Directory>,
     metrics: Arc<Metrics>,
     audit: Arc<dyn AuditSink>,
@@ -70,6 +73,7 @@ impl WebhookServer {
         listen: SocketAddr,
         tls: TlsFiles,
         injection: InjectionConfig,
+        guard: Guard,
         directory: Arc<dyn Directory>,
         metrics: Arc<Metrics>,
         audit: Arc<dyn AuditSink>,
@@ -89,12 +93,14 @@ impl WebhookServer {
         let reload_audit = audit.clone();
         let state = Arc::new(Webhook {
             injection,
+            guard,
             directory,
             metrics,
             audit,
         });
         let router = Router::new()
             .route("/mutate", post(mutate_handler))
+            .route("/validate", post(validate_handler))
             .route("/healthz", axum::routing::get(|| async { "ok" }))
             // Room for a body just over the review limit, so parse() can
             // answer it in AdmissionReview form; far larger bodies get 413.
@@ -302,6 +308,7 @@ async fn decide(webhook: &Webhook, body: &[u8]) -> (&'static str, Json<Answer>) 
                 pod: pod_name,
                 service_account,
                 decision: "deny",
+                rule: None,
                 reason: Some(message.clone()),
                 clouds: Vec::new(),
                 warnings: 0,
@@ -326,6 +333,7 @@ async fn decide(webhook: &Webhook, body: &[u8]) -> (&'static str, Json<Answer>) 
             Ok(_) => "inject",
             Err(_) => "deny",
         },
+        rule: None,
         reason: outcome.as_ref().err().map(|d| d.message.clone()),
         clouds: outcome
             .as_ref()
@@ -370,6 +378,86 @@ async fn decide(webhook: &Webhook, body: &[u8]) -> (&'static str, Json<Answer>) 
         Err(_) => "deny",
     };
     (decision, Json(respond(&review.uid, &outcome)))
+}
+
+async fn validate_handler(State(webhook): State<Arc<Webhook>>, body: Bytes) -> Json<Answer> {
+    let started = std::time::Instant::now();
+    let (decision, rule, answer) = check(&webhook, &body).await;
+    webhook
+        .metrics
+        .guard_reviews
+        .get_or_create(&GuardLabels { decision, rule })
+        .inc();
+    webhook
+        .metrics
+        .admission_latency
+        .observe(started.elapsed().as_secs_f64());
+    answer
+}
+
+/// The guard's answer to one review, with its decision and rule labels.
+///
+/// INVARIANT: a refusal is answered as one whether or not its audit record
+/// could be written (a record that failed is logged); only an allowed pod
+/// depends on nothing but the rules.
+async fn check(webhook: &Webhook, body: &[u8]) -> (&'static str, &'static str, Json<Answer>) {
+    let review = match review::parse_for(body, Scope::Guard) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(error = %e, "guard review refused");
+            return ("error", "none", Json(e.response()));
+        }
+    };
+    let pod = match review.action {
+        Action::AllowUnchanged(reason) => {
+            tracing::debug!(uid = %review.uid, %reason, "guard: not reviewed");
+            return ("allow", "none", Json(review::allow(&review.uid, None, &[])));
+        }
+        Action::Mutate(pod) => pod,
+    };
+    let refusal = match guard::check(&pod, &webhook.guard) {
+        Ok(()) => return ("allow", "none", Json(review::allow(&review.uid, None, &[]))),
+        Err(refusal) => refusal,
+    };
+    let pod_name = pod
+        .metadata
+        .name
+        .clone()
+        .or_else(|| pod.metadata.generate_name.clone().map(|g| format!("{g}*")))
+        .unwrap_or_default();
+    let service_account = mutate::service_account_name(&pod).to_string();
+    tracing::warn!(
+        target: "lanyard::audit",
+        decision = "deny",
+        rule = refusal.rule.name(),
+        namespace = %review.namespace,
+        pod = %pod_name,
+        operation = %review.operation,
+        reason = %refusal.message,
+        dry_run = review.dry_run,
+        "pod refused by the guard"
+    );
+    let admission = Admission {
+        time: SystemTime::now(),
+        uid: review.uid.clone(),
+        namespace: review.namespace.clone(),
+        pod: pod_name,
+        service_account,
+        decision: "deny",
+        rule: Some(refusal.rule.name()),
+        reason: Some(refusal.message.clone()),
+        clouds: Vec::new(),
+        warnings: 0,
+        dry_run: review.dry_run,
+    };
+    if let Err(e) = webhook.audit.record_admission(&admission).await {
+        tracing::error!(error = %e, "audit record of a guard refusal not written");
+    }
+    (
+        "deny",
+        refusal.rule.name(),
+        Json(review::deny(&review.uid, 403, &refusal.message)),
+    )
 }
 
 /// Runs `lanyard webhook` until SIGINT/SIGTERM: ServiceAccounts from the
@@ -432,6 +520,7 @@ pub async fn run(config: crate::config::Config) -> anyhow::Result<()> {
             reload_every: Duration::from_secs(w.reload_seconds.max(1)),
         },
         crate::webhook::InjectionConfig::from_config(&config),
+        Guard::from_config(&config),
         directory,
         metrics.clone(),
         Arc::new(crate::broker::assemble::audit(&config, "webhook", metrics)?),

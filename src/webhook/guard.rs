@@ -1,0 +1,354 @@
+//! The guard of governed namespaces: no container but Lanyard's sidecar
+//! gets a token the clouds would exchange.
+//!
+//! Why: Cedar policy, the audit trail and the fair limits hold only if the
+//! sidecar is the only way from a pod's service-account token to a cloud
+//! credential. The mutation keeps its own objects honest, but a pod author
+//! can also project a token for `sts.amazonaws.com` into their own
+//! container and call the cloud directly, mount a volume that holds one
+//! into a debug container (`kubectl debug`), or swap the sidecar's image
+//! on a pod update. In namespaces the operator governs, `lanyard webhook`
+//! answers `POST /validate` for pod CREATE and UPDATE and for
+//! `pods/ephemeralcontainers` with [`check`]; the chart ships the same rules
+//! as a ValidatingAdmissionPolicy (CEL), tested to agree with this one on
+//! the same fixtures.
+//!
+//! The rules, on the pod as it would be stored:
+//! - [`Rule::CloudTokenMount`]: a container other than Lanyard's sidecar
+//!   mounts a volume that projects a service-account token for an audience
+//!   the clouds exchange ([`Guard::audiences`], compared ASCII
+//!   case-insensitively).
+//! - [`Rule::TokenVolumeMount`]: a container other than Lanyard's sidecar
+//!   mounts the volume named `lanyard-tokens`, whatever it holds.
+//! - [`Rule::AgentAddress`]: a pod with Lanyard's sidecar resolves the
+//!   agent's host name its own way (`hostAliases` naming it, `dnsPolicy:
+//!   None`, extra `dnsConfig.nameservers`), which would send the sidecar's
+//!   tokens elsewhere. Only when the agent URL names a host, not an IP.
+//!
+//! Lanyard's sidecar is an init container that runs Lanyard's code with
+//! Lanyard's settings and sees only Lanyard's volumes: named `lanyard`,
+//! `restartPolicy: Always`, the configured image, command and arguments, no
+//! `envFrom`, only the sidecar's own variables with their values (its
+//! `IDENTITY_HEADER` is the pod's own), only the two token mounts at their
+//! paths, no lifecycle hooks and no exec probes ([`SidecarShape`]). These
+//! are the fields that decide what runs and where the tokens go; the CEL
+//! policy checks the same ones, field for field.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, Probe, VolumeMount};
+
+use super::mutate::{
+    InjectionConfig, APP_TOKEN_DIR, APP_TOKEN_VOLUME, SIDECAR_NAME, TOKENS_VOLUME, TOKEN_DIR,
+};
+use crate::config::Config;
+
+/// Entra ID's token-exchange audiences, one per cloud: a token for any of
+/// them is what a federated credential in that cloud expects.
+pub const ENTRA_EXCHANGE_AUDIENCES: [&str; 5] = [
+    "api://AzureADTokenExchange",
+    "api://AzureADTokenExchangeUSGov",
+    "api://AzureADTokenExchangeChina",
+    "api://AzureADTokenExchangeUSNat",
+    "api://AzureADTokenExchangeUSSec",
+];
+
+/// Why the guard refused a pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule {
+    /// A container other than the sidecar mounts a cloud-audience token.
+    CloudTokenMount,
+    /// A container other than the sidecar mounts `lanyard-tokens`.
+    TokenVolumeMount,
+    /// The pod redirects the agent's host name.
+    AgentAddress,
+}
+
+impl Rule {
+    /// The rule's name in audit records, metrics and messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Rule::CloudTokenMount => "cloud-token-mount",
+            Rule::TokenVolumeMount => "token-volume-mount",
+            Rule::AgentAddress => "agent-address",
+        }
+    }
+}
+
+/// A refusal: the rule, and a message naming the container and volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The rule that refused.
+    pub rule: Rule,
+    /// What the user is told.
+    pub message: String,
+}
+
+/// What Lanyard's sidecar is, field by field (see the module doc).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SidecarShape {
+    /// The configured sidecar image.
+    pub image: String,
+    /// `command`.
+    pub command: Vec<String>,
+    /// `args`.
+    pub args: Vec<String>,
+    /// Variables with a fixed literal value.
+    pub fixed_env: BTreeMap<String, String>,
+}
+
+/// The guard's settings, from the running configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Guard {
+    /// Audiences refused outside the sidecar, ASCII-lowercased, sorted.
+    pub audiences: Vec<String>,
+    /// Lanyard's sidecar.
+    pub sidecar: SidecarShape,
+    /// The agent URL's host name, lowercased; `None` when it is an IP
+    /// address or the node's (`$(LANYARD_HOST_IP)`).
+    pub agent_host: Option<String>,
+}
+
+impl Guard {
+    /// The guard for `config`: the audiences of every cloud Lanyard
+    /// brokers there, and the sidecar the webhook injects.
+    pub fn from_config(config: &Config) -> Guard {
+        Guard::new(
+            &InjectionConfig::from_config(config),
+            &config.webhook.guard_extra_audiences,
+        )
+    }
+
+    /// The guard for what `injection` injects: Entra's exchange audiences,
+    /// the audiences of the clouds it injects tokens for, and `extra`.
+    pub fn new(injection: &InjectionConfig, extra: &[String]) -> Guard {
+        let mut audiences: Vec<String> = ENTRA_EXCHANGE_AUDIENCES
+            .iter()
+            .map(|a| a.to_string())
+            .chain([
+                injection.azure_audience.clone(),
+                injection.aws_audience.clone(),
+            ])
+            .chain(extra.iter().cloned())
+            .collect();
+        if let Some(google) = &injection.gcp_audience {
+            audiences.push(google.clone());
+            // Google accepts a provider's own name with or without `https:`.
+            if let Some(rest) = google.strip_prefix("//") {
+                audiences.push(format!("https://{rest}"));
+            } else if let Some(rest) = google.strip_prefix("https://") {
+                audiences.push(format!("//{rest}"));
+            }
+        }
+        let mut audiences: Vec<String> = audiences
+            .into_iter()
+            .map(|a| a.trim().to_ascii_lowercase())
+            .filter(|a| !a.is_empty())
+            .collect();
+        audiences.sort();
+        audiences.dedup();
+        Guard {
+            audiences,
+            sidecar: SidecarShape::of(injection),
+            agent_host: agent_host(&injection.agent_url),
+        }
+    }
+
+    /// Whether `audience` is one the guard refuses outside the sidecar.
+    pub fn is_cloud_audience(&self, audience: &str) -> bool {
+        self.audiences
+            .binary_search(&audience.to_ascii_lowercase())
+            .is_ok()
+    }
+}
+
+impl SidecarShape {
+    /// The shape of the sidecar [`InjectionConfig`] injects, read off the
+    /// container the mutation builds (with an AWS binding, so that every
+    /// variable it may carry is listed).
+    pub fn of(config: &InjectionConfig) -> SidecarShape {
+        let built = super::mutate::sidecar(config, "", true);
+        let fixed_env = built
+            .env
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e.value_from.is_none() && e.name != IDENTITY_HEADER)
+            .filter_map(|e| Some((e.name, e.value?)))
+            .collect();
+        SidecarShape {
+            image: config.sidecar_image.clone(),
+            command: built.command.unwrap_or_default(),
+            args: built.args.unwrap_or_default(),
+            fixed_env,
+        }
+    }
+
+    /// Whether `c`, an init container, is Lanyard's sidecar.
+    pub fn matches(&self, c: &Container) -> bool {
+        c.name == SIDECAR_NAME
+            && c.restart_policy.as_deref() == Some("Always")
+            && c.image.as_deref() == Some(self.image.as_str())
+            && c.command.as_deref().unwrap_or_default() == self.command.as_slice()
+            && c.args.as_deref().unwrap_or_default() == self.args.as_slice()
+            && c.env_from.as_deref().unwrap_or_default().is_empty()
+            && c.env.as_deref().unwrap_or_default().iter().all(|e| {
+                let from = e.value_from.as_ref();
+                match e.name.as_str() {
+                    HOST_IP => from
+                        .and_then(|f| f.field_ref.as_ref())
+                        .is_some_and(|f| f.field_path == "status.hostIP"),
+                    IDENTITY_HEADER => from.is_none(),
+                    name => {
+                        from.is_none()
+                            && self.fixed_env.get(name).map(String::as_str) == e.value.as_deref()
+                            && e.value.is_some()
+                    }
+                }
+            })
+            && c.volume_mounts
+                .as_deref()
+                .unwrap_or_default()
+                .iter()
+                .all(|m| {
+                    (m.name == TOKENS_VOLUME && m.mount_path == TOKEN_DIR)
+                        || (m.name == APP_TOKEN_VOLUME && m.mount_path == APP_TOKEN_DIR)
+                })
+            && c.lifecycle.is_none()
+            && [&c.startup_probe, &c.liveness_probe, &c.readiness_probe]
+                .into_iter()
+                .all(|p| p.as_ref().is_none_or(|p: &Probe| p.exec.is_none()))
+    }
+}
+
+const HOST_IP: &str = "LANYARD_HOST_IP";
+const IDENTITY_HEADER: &str = "IDENTITY_HEADER";
+
+/// The host name in `agent_url`, when it names one the pod could resolve
+/// its own way.
+pub(super) fn agent_host(agent_url: &str) -> Option<String> {
+    if agent_url.contains("$(") {
+        return None;
+    }
+    match url::Url::parse(agent_url).ok()?.host()? {
+        url::Host::Domain(d) => Some(d.trim_end_matches('.').to_ascii_lowercase()),
+        url::Host::Ipv4(_) | url::Host::Ipv6(_) => None,
+    }
+}
+
+/// Checks `pod` against the guard's rules; the first broken rule refuses.
+pub fn check(pod: &Pod, guard: &Guard) -> Result<(), Refusal> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Ok(());
+    };
+    // The volumes that hold a cloud-audience token, with that audience.
+    let mut cloud_volumes: BTreeMap<&str, &str> = BTreeMap::new();
+    for volume in spec.volumes.as_deref().unwrap_or_default() {
+        let sources = volume
+            .projected
+            .as_ref()
+            .and_then(|p| p.sources.as_deref())
+            .unwrap_or_default();
+        let audience = sources
+            .iter()
+            .filter_map(|s| s.service_account_token.as_ref()?.audience.as_deref())
+            .find(|a| guard.is_cloud_audience(a));
+        if let Some(audience) = audience {
+            cloud_volumes.insert(&volume.name, audience);
+        }
+    }
+    let refuse = |list: &str, container: &str, mount: &VolumeMount| {
+        let (rule, what) = match cloud_volumes.get(mount.name.as_str()) {
+            Some(audience) => (
+                Rule::CloudTokenMount,
+                format!("which holds a service-account token for the audience {audience:?}"),
+            ),
+            None => (
+                Rule::TokenVolumeMount,
+                "which is reserved for Lanyard's sidecar".to_string(),
+            ),
+        };
+        Err(Refusal {
+            rule,
+            message: format!(
+                "lanyard guard ({}): {list} {container:?} mounts volume {:?}, {what}; in this namespace only Lanyard's sidecar may hold such tokens (see docs/threat-model.md, \"Bypass\")",
+                rule.name(),
+                mount.name
+            ),
+        })
+    };
+    let holds_tokens =
+        |m: &&VolumeMount| m.name == TOKENS_VOLUME || cloud_volumes.contains_key(m.name.as_str());
+    let mut has_sidecar = false;
+    for c in spec.init_containers.as_deref().unwrap_or_default() {
+        let mounts = c.volume_mounts.as_deref().unwrap_or_default();
+        if let Some(mount) = mounts.iter().find(holds_tokens) {
+            if !guard.sidecar.matches(c) {
+                return refuse("init container", &c.name, mount);
+            }
+            has_sidecar = true;
+        }
+    }
+    for c in &spec.containers {
+        if let Some(mount) = c
+            .volume_mounts
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .find(holds_tokens)
+        {
+            return refuse("container", &c.name, mount);
+        }
+    }
+    for c in spec.ephemeral_containers.as_deref().unwrap_or_default() {
+        if let Some(mount) = c
+            .volume_mounts
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .find(holds_tokens)
+        {
+            return refuse("ephemeral container", &c.name, mount);
+        }
+    }
+    if has_sidecar {
+        if let Some(host) = &guard.agent_host {
+            if let Some(why) = agent_redirect(spec, host) {
+                return Err(Refusal {
+                    rule: Rule::AgentAddress,
+                    message: format!(
+                        "lanyard guard ({}): the pod {why}, which decides where Lanyard's sidecar sends the pod's tokens; remove it",
+                        Rule::AgentAddress.name()
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// How `spec` would resolve the agent's `host` its own way, if it does.
+pub(super) fn agent_redirect(spec: &PodSpec, host: &str) -> Option<String> {
+    let dotted = format!("{host}.");
+    for alias in spec.host_aliases.as_deref().unwrap_or_default() {
+        for name in alias.hostnames.as_deref().unwrap_or_default() {
+            let name = name.to_ascii_lowercase();
+            if name == host || name.starts_with(&dotted) {
+                return Some(format!(
+                    "maps {name:?}, the node agent's host name, in hostAliases"
+                ));
+            }
+        }
+    }
+    if spec.dns_policy.as_deref() == Some("None") {
+        return Some("sets dnsPolicy: None (its own name servers)".into());
+    }
+    let nameservers = spec
+        .dns_config
+        .as_ref()
+        .and_then(|d| d.nameservers.as_deref())
+        .unwrap_or_default();
+    if !nameservers.is_empty() {
+        return Some("adds name servers in dnsConfig".into());
+    }
+    None
+}
