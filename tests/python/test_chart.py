@@ -55,7 +55,14 @@ VALUE_SETS = {
     "host-port": {"agent": {"reachVia": "hostPort"}},
     "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}}, "networkPolicy": {"webhookFrom": ["10.0.0.0/16"]}},
     "token-review-issuer": {"cluster": {"issuer": "https://oidc.prod-aks.azure.com/tenant/uuid/", "tokenReview": True}},
+    "guard": {"cluster": {"name": "multi"}, "azure": AZURE, "gcp": GCP, "aws": AWS,
+              "guard": {"enabled": True, "admissionPolicy": True, "extraAudiences": ["lanyard-data-lake"]}},
+    "guard-cert-manager-host-port": {"agent": {"reachVia": "hostPort"}, "webhook": {"certManager": {"enabled": True}},
+                                     "guard": {"enabled": True, "admissionPolicy": True, "namespaceLabel": "platform.example/governed",
+                                               "namespaceLabelValue": "yes"}},
 }
+# Kinds that exist from a later Kubernetes version than the oldest supported.
+SINCE = {"ValidatingAdmissionPolicy": "1.30.0", "ValidatingAdmissionPolicyBinding": "1.30.0"}
 
 
 @pytest.fixture(scope="module", params=sorted(VALUE_SETS))
@@ -77,6 +84,8 @@ def test_every_object_validates_against_the_kubernetes_schemas(rendered):
         if obj["kind"] in CRD_KINDS:
             continue
         for version in KUBE_VERSIONS:
+            if obj["kind"] in SINCE and [int(x) for x in version.split(".")] < [int(x) for x in SINCE[obj["kind"]].split(".")]:
+                continue
             kubernetes_validate.validate(obj, version, strict=True)
         checked += 1
     assert checked >= 12, (name, checked)
@@ -177,6 +186,45 @@ def test_the_webhook_configuration_is_as_documented(rendered):
     else:
         secret = find(objects, "Secret", "lanyard-webhook-tls")
         assert hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+
+
+def test_the_guard_is_off_by_default_and_fails_closed_in_governed_namespaces(rendered):
+    name, objects = rendered
+    kinds = {o["kind"] for o in objects}
+    if not name.startswith("guard"):
+        assert not kinds & {"ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy",
+                            "ValidatingAdmissionPolicyBinding"}, name
+        return
+    (hook,) = find(objects, "ValidatingWebhookConfiguration")["webhooks"]
+    assert hook["clientConfig"]["service"]["path"] == "/validate"
+    assert hook["failurePolicy"] == "Fail" and hook["sideEffects"] == "None"
+    assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+                              "resources": ["pods", "pods/ephemeralcontainers"], "scope": "Namespaced"}]
+    assert "objectSelector" not in hook, "every pod of a governed namespace, opted in or not"
+    label = VALUE_SETS[name]["guard"].get("namespaceLabel", "lanyard.dev/guard")
+    value = VALUE_SETS[name]["guard"].get("namespaceLabelValue", "enforce")
+    assert hook["namespaceSelector"]["matchLabels"] == {label: value}
+    (expr,) = hook["namespaceSelector"]["matchExpressions"]
+    assert expr["operator"] == "NotIn" and set(expr["values"]) == {"kube-system", NAMESPACE}
+    binding = find(objects, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["matchResources"]["namespaceSelector"] == hook["namespaceSelector"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    policy = find(objects, "ValidatingAdmissionPolicy")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    assert policy["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == ["pods", "pods/ephemeralcontainers"]
+    # The agent reached at the node's IP leaves no host name to redirect.
+    rules = [v.get("messageExpression", v.get("message", "")) for v in policy["spec"]["validations"]]
+    assert any("agent-address" in r for r in rules) == (name == "guard"), rules
+    if "cert-manager" in name:
+        meta = find(objects, "ValidatingWebhookConfiguration")["metadata"]
+        assert meta["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/lanyard-webhook"
+        assert "caBundle" not in hook["clientConfig"]
+    else:
+        assert hook["clientConfig"]["caBundle"] == find(objects, "Secret", "lanyard-webhook-tls")["data"]["ca.crt"]
+    # Least privilege unchanged: the guard needs no permission.
+    assert [o for o in objects if o["kind"] in ("ClusterRole", "Role")] == \
+        [o for o in render({k: v for k, v in VALUE_SETS[name].items() if k != "guard"}) if o["kind"] in ("ClusterRole", "Role")]
 
 
 def test_the_generated_certificate_names_the_service_and_chains_to_the_ca(tmp_path):

@@ -106,6 +106,7 @@ at Lanyard's defaults.
 {{- $r := $v.sidecar.resources -}}
 {{- $webhook := dict "sidecar_image" (include "lanyard.image" .) "agent_url" (include "lanyard.agentUrl" .) "sidecar_port" $v.sidecar.port "probe_port" $v.sidecar.probePort "sidecar_cpu_request" $r.cpuRequest "sidecar_memory_request" $r.memoryRequest "sidecar_cpu_limit" $r.cpuLimit "sidecar_memory_limit" $r.memoryLimit "tls_cert" "/etc/lanyard/tls/tls.crt" "tls_key" "/etc/lanyard/tls/tls.key" -}}
 {{- with $v.image.pullPolicy }}{{ $_ := set $webhook "image_pull_policy" . }}{{ end -}}
+{{- with $v.guard.extraAudiences }}{{ $_ := set $webhook "guard_extra_audiences" . }}{{ end -}}
 {{- $cache := dict "max_entries" $v.cache.maxEntries "upstream_concurrency" $v.cache.upstreamConcurrency -}}
 {{- $config := dict "azure" $azure "gcp" $gcp "aws" $aws "audit" $audit -}}
 {{- if eq $role "agent" -}}
@@ -128,4 +129,71 @@ checkov.io/skip1: CKV_K8S_11=No CPU limit by design - CFS throttling would stall
 checkov.io/skip2: CKV_K8S_43=Pinned with image.digest; the chart cannot know the digest of the image pushed to the user's registry, so the default is the release tag
 checkov.io/skip3: CKV_K8S_38=Both roles call the Kubernetes API (ServiceAccount and Pod watches, issuer keys), which needs the ServiceAccount token
 checkov.io/skip4: CKV_K8S_15=IfNotPresent with immutable release tags (or image.digest); image.pullPolicy sets Always where wanted
+{{- end -}}
+
+{{/*
+The guard's cloud audiences, ASCII-lowercased, as a JSON (and CEL) list:
+what lanyard webhook's Guard::new computes from the same configuration.
+*/}}
+{{- define "lanyard.guardAudiences" -}}
+{{- $v := .Values -}}
+{{- $list := list "api://AzureADTokenExchange" "api://AzureADTokenExchangeUSGov" "api://AzureADTokenExchangeChina" "api://AzureADTokenExchangeUSNat" "api://AzureADTokenExchangeUSSec" $v.azure.audience $v.aws.audience -}}
+{{- if $v.gcp.workloadIdentityProvider -}}
+{{- $google := $v.gcp.audience | default $v.gcp.workloadIdentityProvider -}}
+{{- $list = append $list $google -}}
+{{- if hasPrefix "//" $google }}{{ $list = append $list (printf "https:%s" $google) }}{{ end -}}
+{{- if hasPrefix "https://" $google }}{{ $list = append $list (trimPrefix "https:" $google) }}{{ end -}}
+{{- end -}}
+{{- range $v.guard.extraAudiences }}{{ $list = append $list . }}{{ end -}}
+{{- $lower := list -}}
+{{- range $list }}{{ $a := . | trim | lower }}{{ if $a }}{{ $lower = append $lower $a }}{{ end }}{{ end -}}
+{{- $lower | uniq | sortAlpha | toJson -}}
+{{- end -}}
+
+{{/*
+The node agent's host name as a pod would resolve it, lowercased; empty
+when sidecars reach the agent at the node's IP.
+*/}}
+{{- define "lanyard.agentHost" -}}
+{{- if ne .Values.agent.reachVia "hostPort" -}}
+{{- printf "%s.%s.svc" (include "lanyard.agent" .) .Release.Namespace | lower -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+CEL: whether container `c` is Lanyard's sidecar, field for field as the
+webhook's SidecarShape::matches decides it.
+*/}}
+{{- define "lanyard.guardSidecar" -}}
+{{- $v := .Values -}}
+{{- $env := dict "LANYARD_AGENT_URL" (include "lanyard.agentUrl" .) "LANYARD_TOKEN_DIR" "/var/run/lanyard/tokens" "LANYARD_APP_TOKEN_FILE" "/var/run/lanyard/app/app" "LANYARD_AWS_REGION" $v.aws.region -}}
+{{- $args := list "--listen" (printf "127.0.0.1:%v" $v.sidecar.port) "--probe-listen" (printf "0.0.0.0:%v" $v.sidecar.probePort) -}}
+(c.name == 'lanyard' && has(c.restartPolicy) && c.restartPolicy == 'Always'
+  && has(c.image) && c.image == {{ include "lanyard.image" . | toJson }}
+  && has(c.command) && c.command == ["lanyard-sidecar"]
+  && (has(c.args) ? c.args : []) == {{ $args | toJson }}
+  && (!has(c.envFrom) || size(c.envFrom) == 0)
+  && (!has(c.env) || c.env.all(e,
+       e.name == 'LANYARD_HOST_IP'
+         ? (has(e.valueFrom) && has(e.valueFrom.fieldRef) && e.valueFrom.fieldRef.fieldPath == 'status.hostIP')
+         : (e.name == 'IDENTITY_HEADER'
+           ? !has(e.valueFrom)
+           : (!has(e.valueFrom) && has(e.value) && e.name in {{ $env | toJson }} && e.value == {{ $env | toJson }}[e.name]))))
+  && (!has(c.volumeMounts) || c.volumeMounts.all(m,
+       (m.name == 'lanyard-tokens' && m.mountPath == '/var/run/lanyard/tokens')
+       || (m.name == 'lanyard-app-token' && m.mountPath == '/var/run/lanyard/app')))
+  && !has(c.lifecycle)
+  && !(has(c.startupProbe) && has(c.startupProbe.exec))
+  && !(has(c.livenessProbe) && has(c.livenessProbe.exec))
+  && !(has(c.readinessProbe) && has(c.readinessProbe.exec)))
+{{- end -}}
+
+{{/* The namespaces the guard governs. */}}
+{{- define "lanyard.guardNamespaces" -}}
+matchLabels:
+  {{ .Values.guard.namespaceLabel }}: {{ .Values.guard.namespaceLabelValue | quote }}
+matchExpressions:
+  - key: kubernetes.io/metadata.name
+    operator: NotIn
+    values: [kube-system, {{ .Release.Namespace }}]
 {{- end -}}
