@@ -390,25 +390,92 @@ DEFAULT_CAPS = ["chown", "dac_override", "fowner", "fsetid", "kill", "setgid", "
                 "net_bind_service", "net_raw", "sys_chroot", "mknod", "audit_write", "setfcap"]
 
 
-def admit(cluster: Cluster, webhook: str, ca_pem: str, service_name: str, pod: dict) -> dict:
-    """The API server's call to the mutating webhook; the pod as stored."""
-    import base64
+def selector_matches(selector: dict | None, labels: dict[str, str]) -> bool:
+    """A Kubernetes label selector (absent or empty: everything)."""
+    selector = selector or {}
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for e in selector.get("matchExpressions", []):
+        key, op, values = e["key"], e["operator"], e.get("values", [])
+        ok = {"In": key in labels and labels[key] in values,
+              "NotIn": key not in labels or labels[key] not in values,
+              "Exists": key in labels, "DoesNotExist": key not in labels}[op]
+        if not ok:
+            return False
+    return True
 
-    from chart import apply_json_patch
 
-    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-        "uid": str(uuid.uuid4()), "kind": {"group": "", "version": "v1", "kind": "Pod"},
-        "resource": {"group": "", "version": "v1", "resource": "pods"},
-        "namespace": pod["metadata"]["namespace"], "operation": "CREATE",
-        "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
-        "object": pod, "dryRun": False}}
-    tls = ssl.create_default_context(cadata=ca_pem)
-    r = request(cluster.api, "POST", webhook + "/mutate", body=review, tls=tls, server_hostname=service_name)
-    assert r.status == 200, r.body
-    response = r.json()["response"]
-    assert response["allowed"] is True, response
-    patch = json.loads(base64.b64decode(response["patch"])) if response.get("patch") else []
-    return apply_json_patch(pod, patch)
+class Refused(Exception):
+    """The API server refused the request: a webhook denied it."""
+
+    def __init__(self, webhook: str, status: dict):
+        super().__init__(f"{webhook}: {status.get('message', status)}")
+        self.webhook, self.status = webhook, status
+
+
+class Admission:
+    """The API server's admission chain for pods, from the rendered
+    configurations: each mutating webhook whose rules, namespaceSelector
+    and objectSelector match is called and its patch applied, then each
+    such validating webhook, whose refusal refuses the request. Namespace
+    labels are the harness's (with `kubernetes.io/metadata.name`, as the API
+    server sets it)."""
+
+    def __init__(self, cluster: Cluster, objects: list[dict], url: str, ca_pem: str, service_name: str):
+        self.cluster, self.url, self.service_name = cluster, url, service_name
+        self.tls = ssl.create_default_context(cadata=ca_pem)
+        self.mutating = [w for o in objects if o["kind"] == "MutatingWebhookConfiguration" for w in o["webhooks"]]
+        self.validating = [w for o in objects if o["kind"] == "ValidatingWebhookConfiguration" for w in o["webhooks"]]
+        self.namespaces: dict[str, dict[str, str]] = {}
+        self.calls: list[tuple[str, str]] = []
+
+    def namespace(self, name: str, labels: dict[str, str] | None = None) -> dict:
+        self.namespaces[name] = {**(labels or {}), "kubernetes.io/metadata.name": name}
+        return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}}
+
+    def _matches(self, hook: dict, operation: str, sub: str, namespace: str, pod: dict) -> bool:
+        resource = "pods" + (f"/{sub}" if sub else "")
+        ruled = any(operation in r["operations"] and resource in r["resources"] for r in hook["rules"])
+        labels = self.namespaces.get(namespace, {"kubernetes.io/metadata.name": namespace})
+        return (ruled and selector_matches(hook.get("namespaceSelector"), labels)
+                and selector_matches(hook.get("objectSelector"), pod["metadata"].get("labels", {})))
+
+    def _call(self, hook: dict, pod: dict, operation: str, sub: str, old: dict | None) -> dict:
+        path = hook["clientConfig"]["service"]["path"]
+        review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+            "uid": str(uuid.uuid4()), "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"}, "subResource": sub,
+            "namespace": pod["metadata"]["namespace"], "operation": operation,
+            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
+            "object": pod, "oldObject": old, "dryRun": False}}
+        r = request(self.cluster.api, "POST", self.url + path, body=review, tls=self.tls,
+                    server_hostname=self.service_name)
+        assert r.status == 200, r.body
+        self.calls.append((hook["name"], operation))
+        response = r.json()["response"]
+        assert response["uid"] == review["request"]["uid"], response
+        return response
+
+    def admit(self, pod: dict, operation: str = "CREATE", old: dict | None = None, sub: str = "") -> dict:
+        """The pod as the API server stores it, or `Refused`."""
+        from chart import apply_json_patch
+
+        namespace = pod["metadata"]["namespace"]
+        for hook in self.mutating:
+            if self._matches(hook, operation, sub, namespace, pod):
+                response = self._call(hook, pod, operation, sub, old)
+                if not response["allowed"]:
+                    raise Refused(hook["name"], response["status"])
+                if response.get("patch"):
+                    import base64
+
+                    pod = apply_json_patch(pod, json.loads(base64.b64decode(response["patch"])))
+        for hook in self.validating:
+            if self._matches(hook, operation, sub, namespace, pod):
+                response = self._call(hook, pod, operation, sub, old)
+                if not response["allowed"]:
+                    raise Refused(hook["name"], response["status"])
+        return pod
 
 
 class Pod:

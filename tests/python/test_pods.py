@@ -25,8 +25,8 @@ import yaml
 
 from chart import Container, find, render, wait_for
 from conftest import ROOT, lanyard_binary
-from kubelet import (API_IP, Cluster, FakeKubeProcess, Pod, admit, can_create_namespaces, request, results,
-                     trust_bundle, with_trust_store)
+from kubelet import (API_IP, Admission, Cluster, FakeKubeProcess, Pod, Refused, can_create_namespaces, request,
+                     results, trust_bundle, with_trust_store)
 
 REASON = can_create_namespaces()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"pods end to end: {REASON}")
@@ -51,7 +51,11 @@ IDENTITIES = [
              "etl@lanyard-e2e.iam.gserviceaccount.com", "arn:aws:iam::111122223333:role/etl"),
     identity("legacy", "scripts", "66666666-7777-8888-9999-000000000000",
              "scripts@lanyard-e2e.iam.gserviceaccount.com", "arn:aws:iam::111122223333:role/scripts"),
+    # A namespace the guard governs (labelled below).
+    identity("governed", "builder", "77777777-8888-9999-aaaa-bbbbbbbbbbbb",
+             "builder@lanyard-e2e.iam.gserviceaccount.com", "arn:aws:iam::111122223333:role/builder"),
 ]
+GOVERNED = {"governed": {"lanyard.dev/guard": "enforce"}}
 
 
 def expected(ident: dict) -> dict:
@@ -88,12 +92,18 @@ class E2E:
             "aws": {"region": "us-east-1"},
             "agent": {"port": AGENT_PORT, "adminPort": AGENT_ADMIN, "reachVia": "hostPort"},
             "webhook": {"port": HOOK_PORT, "adminPort": HOOK_ADMIN},
+            "guard": {"enabled": True},
         }
         self.objects = render(self.values)
+        secret = find(self.objects, "Secret", "lanyard-webhook-tls")
+        self.webhook_ca = base64.b64decode(secret["data"]["ca.crt"]).decode()
+        self.admission = Admission(self.cluster, self.objects, f"https://{API_IP}:{HOOK_PORT}", self.webhook_ca,
+                                   "lanyard-webhook.lanyard-system.svc")
         for obj in EXAMPLE_SA:
             self.kube.apply(obj)
         for ident in IDENTITIES[1:]:
-            self.kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ident["namespace"]}})
+            ns = ident["namespace"]
+            self.kube.apply(self.admission.namespace(ns, GOVERNED.get(ns)))
             self.kube.apply({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {
                 "name": ident["service_account"], "namespace": ident["namespace"], "annotations": {
                     "azure.workload.identity/client-id": ident["azure_client_id"],
@@ -103,8 +113,6 @@ class E2E:
                                  {"spec.nodeName": "control-plane", "status.hostIP": API_IP},
                                  self.kube.kubeconfig, prefix=["ip", "netns", "exec", self.cluster.api])
         self.roles.append(self.webhook)
-        secret = find(self.objects, "Secret", "lanyard-webhook-tls")
-        self.webhook_ca = base64.b64decode(secret["data"]["ca.crt"]).decode()
         self.nodes = [self.cluster.add_node("node-a"), self.cluster.add_node("node-b")]
         self.agents = {node.name: self.start_agent(node) for node in self.nodes}
         wait_for(lambda: request(self.cluster.api, "GET", f"http://127.0.0.1:{HOOK_ADMIN}/readyz").status == 200,
@@ -132,8 +140,7 @@ class E2E:
         pod = {"apiVersion": "v1", "kind": "Pod",
                "metadata": {**copy.deepcopy(template.get("metadata", {})), "name": name, "namespace": namespace},
                "spec": copy.deepcopy(template["spec"])}
-        mutated = admit(self.cluster, f"https://{API_IP}:{HOOK_PORT}", self.webhook_ca,
-                        "lanyard-webhook.lanyard-system.svc", pod)
+        mutated = self.admission.admit(pod)
         mutated["spec"]["nodeName"] = node.name
         stored = self.kube.apply(mutated)
         running = Pod(self.cluster, self.kube, node, stored, self.bin_dir, rotate_every)
@@ -418,3 +425,83 @@ def test_transparent_mode_serves_clients_that_only_know_169_254_169_254(e2e):
                                                   "http://169.254.169.254/metadata/identity/oauth2/token"
                                                   "?api-version=2018-02-01&resource=https://storage.azure.com/"])
     assert miss.returncode != 0 and "access_token" not in miss.stdout
+
+
+def own_token_template(service_account: str, audience: str) -> dict:
+    """A pod that projects its own token for `audience` into its app, as a
+    pod author going around Lanyard would (no inject label)."""
+    template = plain_template(service_account)
+    del template["metadata"]["labels"]["lanyard.dev/inject"]
+    template["spec"]["volumes"] = [{"name": "aws-token", "projected": {"sources": [
+        {"serviceAccountToken": {"audience": audience, "expirationSeconds": 3600, "path": "token"}}]}}]
+    template["spec"]["containers"][0]["volumeMounts"] = [
+        {"name": "aws-token", "mountPath": "/var/run/secrets/eks.amazonaws.com/serviceaccount", "readOnly": True}]
+    return template
+
+
+def governed_pod(e2e: E2E) -> Pod:
+    """The injected pod of the governed namespace, run once."""
+    found = [p for p in e2e.pods if p.namespace == "governed" and p.name == "builder-0"]
+    return found[0] if found else e2e.run_pod(e2e.nodes[1], plain_template("builder"), "builder-0", "governed")
+
+
+def test_the_guard_refuses_a_pods_own_cloud_token_only_in_a_governed_namespace(e2e):
+    node = e2e.nodes[1]
+    with pytest.raises(Refused) as refused:
+        e2e.run_pod(node, own_token_template("builder", "sts.amazonaws.com"), "own-token", "governed")
+    assert refused.value.webhook == "guard.lanyard.dev"
+    assert refused.value.status["code"] == 403
+    assert "cloud-token-mount" in refused.value.status["message"]
+    assert 'container "app"' in refused.value.status["message"]
+    # Ungoverned, the same pod is admitted (and runs with its own token).
+    own = e2e.run_pod(node, own_token_template("scripts", "sts.amazonaws.com"), "own-token", "legacy")
+    token = own.exec(own.app_containers()[0], ["cat", "/var/run/secrets/eks.amazonaws.com/serviceaccount/token"])
+    assert token.returncode == 0 and token.stdout.startswith("eyJ"), token.stderr
+    # An injected pod in the governed namespace is admitted and served.
+    pod = governed_pod(e2e)
+    lines = run_app(e2e, pod, "--clouds", "aws")
+    assert_all_ok_and_owned(e2e, lines, IDENTITIES[3])
+    assert ("guard.lanyard.dev", "CREATE") in e2e.admission.calls
+
+
+def test_a_debug_container_cannot_mount_the_token_volume_in_a_governed_namespace(e2e):
+    pod = governed_pod(e2e)
+    stored = {"apiVersion": "v1", "kind": "Pod", "metadata": pod.meta, "spec": pod.spec}
+    # kubectl debug: an UPDATE of pods/ephemeralcontainers with the whole pod.
+    debug = copy.deepcopy(stored)
+    debug["spec"]["ephemeralContainers"] = [{"name": "debugger-1", "image": "busybox:1.36",
+                                             "targetContainerName": "app",
+                                             "volumeMounts": [{"name": "lanyard-tokens", "mountPath": "/stolen"}]}]
+    with pytest.raises(Refused) as refused:
+        e2e.admission.admit(debug, "UPDATE", stored, "ephemeralcontainers")
+    assert 'ephemeral container "debugger-1"' in refused.value.status["message"]
+    # Without the mount, debugging is as before.
+    del debug["spec"]["ephemeralContainers"][0]["volumeMounts"]
+    assert e2e.admission.admit(debug, "UPDATE", stored, "ephemeralcontainers")["spec"]["ephemeralContainers"]
+    # And an update that swaps the sidecar's image is refused.
+    swapped = copy.deepcopy(stored)
+    swapped["spec"]["initContainers"][0]["image"] = "attacker.example/lanyard:1"
+    with pytest.raises(Refused):
+        e2e.admission.admit(swapped, "UPDATE", stored)
+
+
+def test_a_process_of_the_sidecars_user_cannot_read_its_tokens_through_proc(e2e):
+    """Containers that share the sidecar's process namespace (the harness
+    runs them all in one, as shareProcessNamespace or hostPID would) see
+    its /proc entry; as the sidecar's own uid they still cannot read its
+    token volume through /proc/PID/root, nor its memory: it is not
+    dumpable."""
+    pod = governed_pod(e2e)
+    sidecar_pid = pod.processes["lanyard"].proc.pid
+    # /var/run is a symlink to /run, which /proc/PID/root would resolve in
+    # the reader's root: name the target.
+    tokens = f"/proc/{sidecar_pid}/root{os.path.realpath('/var/run')}/lanyard/tokens/aws"
+    # The path is right: root (with CAP_SYS_PTRACE) reads the token there.
+    with open(tokens) as f:
+        assert f.read().startswith("eyJ")
+    same_user = copy.deepcopy(pod.app_containers()[0])
+    same_user["securityContext"] = {**same_user.get("securityContext", {}), "runAsUser": 65532, "runAsGroup": 65532}
+    for path in (tokens, f"/proc/{sidecar_pid}/environ"):
+        read = pod.exec(same_user, ["cat", path])
+        assert read.returncode != 0 and "eyJ" not in read.stdout, (path, read.stdout[:80])
+        assert "Permission denied" in read.stderr, (path, read.stderr)
