@@ -5,9 +5,11 @@
 //!
 //! This module is the pure part: [`review`] reads and writes
 //! `admission.k8s.io/v1` AdmissionReviews, [`mod@mutate`] turns a pod and its
-//! ServiceAccount's bindings into one JSON Patch. No HTTP, TLS or
-//! Kubernetes client here, so every decision is testable on plain JSON; the
-//! server around it:
+//! ServiceAccount's bindings into one JSON Patch (after `own` has checked
+//! that whatever of Lanyard's the pod already carries is exactly
+//! Lanyard's), and [`guard`] decides `POST /validate` for governed
+//! namespaces. No HTTP, TLS or Kubernetes client here, so every decision is
+//! testable on plain JSON; the server around `/mutate`:
 //!
 //! 1. reads at most [`review::MAX_BODY_BYTES`] of the `POST /mutate` body;
 //! 2. [`review::parse`]s it; on error answers [`review::ReviewError::response`];
