@@ -404,8 +404,9 @@ fn mutate_with(
     let injects = !clouds.is_empty();
     let tokens = injects.then(|| tokens_volume(config, azure.is_some(), gcp, aws, expiration));
     let app_token = aws.then(|| app_token_volume(config, expiration));
-    let own_sidecar = injects.then(|| {
-        let header = existing_sidecar.and_then(|c| literal_env(c, "IDENTITY_HEADER"));
+    // Built only to compare with a sidecar the pod already has.
+    let own_sidecar = existing_sidecar.filter(|_| injects).map(|c| {
+        let header = literal_env(c, "IDENTITY_HEADER");
         sidecar(config, header.as_deref().unwrap_or_default(), aws)
     });
     let own_redirect = injects.then(|| redirect(config));

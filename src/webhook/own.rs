@@ -21,7 +21,9 @@ use super::mutate::{Denial, APP_TOKEN_VOLUME, REDIRECT_NAME, SIDECAR_NAME, TOKEN
 /// What the webhook would inject into this pod now.
 pub(super) struct Expected<'a> {
     /// The sidecar, built with the pod's existing `IDENTITY_HEADER` (the
-    /// one free value in it).
+    /// one free value in it); `None` when Lanyard injects none (or, since
+    /// it is then never consulted, when the pod has no `lanyard` init
+    /// container).
     pub sidecar: Option<&'a Container>,
     /// The transparent-mode init container (whether or not the pod asks
     /// for transparent mode: the exact container is harmless either way).

@@ -13,13 +13,18 @@
 //! - an allowed pod's JSON Patch applies to the object exactly as it was
 //!   sent, and the result is still a Pod;
 //! - the webhook invoked again on its own result adds nothing
-//!   (`reinvocationPolicy: IfNeeded`).
+//!   (`reinvocationPolicy: IfNeeded`);
+//! - the guard (`POST /validate`) reads the same body without panicking,
+//!   and what the mutation makes of a pod the guard admits, the guard
+//!   admits too: Lanyard's own sidecar is Lanyard's sidecar to the guard.
 
 use base64::Engine;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::Value;
 
 use lanyard::directory::{AzureBinding, Bindings};
+use lanyard::webhook::guard::{self, Guard};
+use lanyard::webhook::review::{parse_for, Scope};
 use lanyard::webhook::{mutate, parse, respond, Action, Answer, InjectionConfig};
 
 /// Runs one input.
@@ -41,6 +46,13 @@ pub fn run(data: &[u8]) {
         azure_tenant_id: Some("72f988bf-86f1-41af-91ab-2d7cd011db47".into()),
         ..InjectionConfig::default()
     };
+    let guard = Guard::new(&config, &[]);
+    let guarded = guard::check(pod, &guard).is_ok();
+    if let Ok(seen) = parse_for(data, Scope::Guard) {
+        if let Action::Mutate(pod) = &seen.action {
+            let _ = guard::check(pod, &guard);
+        }
+    }
     let outcome = mutate(pod, &review.namespace, &bindings, &config);
     let answer = as_sent(&respond(&review.uid, &outcome));
     assert_review(&answer, Some(&review.uid));
@@ -67,6 +79,11 @@ pub fn run(data: &[u8]) {
         Ok(pod) => pod,
         Err(e) => panic!("the patched object is not a Pod: {e}"),
     };
+    if guarded {
+        if let Err(refusal) = guard::check(&patched, &guard) {
+            panic!("the guard refuses what the mutation made of a pod it admits: {refusal:?}");
+        }
+    }
     match mutate(&patched, &review.namespace, &bindings, &config) {
         Ok(again) => assert!(
             again.is_empty(),
