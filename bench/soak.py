@@ -73,6 +73,11 @@ CLOUD_LIFETIME = 720
 AUDIT_FS_MIB = 256
 AWS_SESSION = 1500
 SDKS = ("azure", "gcp", "aws")
+# How soon after an upstream recovers the agent asks it again for a key with
+# nothing to serve (the cache's `retry_bound`, README "Cache"): a throttling
+# or outage window's failures may last this much longer, and no more (the
+# cloud's own Retry-After, where it sends one, is shorter here).
+RETRY_BOUND = 5.0
 SDK_NAME = {"azure": "azure-identity", "gcp": "google-auth", "aws": "boto3"}
 RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
 HERD_CONCURRENCY = 200
@@ -674,7 +679,7 @@ audit:
         say(f"t={e['t0']:6.1f}s {label}")
         return e
 
-    def upstream_fault(self, cloud: str, label: str, query: dict, lasting: float, grace: float = 3.0,
+    def upstream_fault(self, cloud: str, label: str, query: dict, lasting: float, grace: float = RETRY_BOUND,
                        any_429: bool = False) -> None:
         qs = urllib.parse.urlencode({"cloud": cloud, **query})
         t0 = time.time()

@@ -231,8 +231,13 @@ pub struct CacheConfig {
     /// First delay before retrying a failed refresh; it doubles with each
     /// further failure (with jitter) up to `backoff_max`.
     pub backoff_base: Duration,
-    /// Longest delay between retries of a failing refresh.
+    /// Longest delay between retries of a failing refresh while the
+    /// credential it refreshes is still served.
     pub backoff_max: Duration,
+    /// Longest delay, after the last failure, before a key whose callers
+    /// have nothing to be served is asked upstream again (unless the cloud's
+    /// `Retry-After` says later): how soon a recovered cloud is asked again.
+    pub retry_bound: Duration,
     /// Most upstream exchanges in flight at once, all clouds together.
     pub upstream_concurrency: usize,
     /// Upstream exchanges per second, per cloud.
@@ -252,6 +257,7 @@ impl Default for CacheConfig {
             negative_ttl: Duration::from_secs(10),
             backoff_base: Duration::from_secs(1),
             backoff_max: Duration::from_secs(300),
+            retry_bound: Duration::from_secs(5),
             upstream_concurrency: 64,
             rates: PerCloud::from_fn(Cloud::default_rate),
             caller: CallerLimits::default(),
@@ -293,6 +299,30 @@ struct Failure {
     error: CloudError,
     retry_at: Instant,
     attempts: u32,
+}
+
+impl Failure {
+    /// The error to give a caller at `now`: a throttling error says how
+    /// long until the key is asked upstream again, so that the SDK's retry
+    /// comes when it can succeed (at least 1 s, as `Retry-After` counts).
+    fn until(&self, now: Instant) -> CloudError {
+        match &self.error {
+            CloudError::Throttled { cloud, code, .. } => CloudError::Throttled {
+                cloud: *cloud,
+                code: code.clone(),
+                retry_after: Some(
+                    Duration::from_secs(
+                        self.retry_at
+                            .saturating_duration_since(now)
+                            .as_secs_f64()
+                            .ceil() as u64,
+                    )
+                    .max(Duration::from_secs(1)),
+                ),
+            },
+            other => other.clone(),
+        }
+    }
 }
 
 struct Entry {
@@ -456,7 +486,7 @@ impl Cache {
                                 .inc();
                             return Traced {
                                 outcome: CacheOutcome::Negative,
-                                result: Err(failure.error.clone()),
+                                result: Err(failure.until(now)),
                                 upstream: None,
                             };
                         }
@@ -705,7 +735,18 @@ impl Inner {
                         .inc();
                 }
                 let attempts = entry.failure.as_ref().map_or(1, |f| f.attempts + 1);
-                let backoff = self.backoff(attempts);
+                // INVARIANT: callers are never kept from a recovered cloud
+                // longer than `retry_bound` (jittered to [50%, 100%]) past
+                // the moment the stored credential stops being served (at
+                // once when there is none), unless the cloud's Retry-After
+                // says later: the backoff grows only while a credential
+                // still covers the callers.
+                let servable_for = entry.value.as_ref().map_or(Duration::ZERO, |v| {
+                    v.expires
+                        .saturating_duration_since(now + key.cloud.min_remaining())
+                });
+                let bound = self.config.retry_bound.mul_f64(0.5 + 0.5 * random_unit());
+                let backoff = self.backoff(attempts).min(servable_for.max(bound));
                 let delay = match error {
                     CloudError::Rejected { .. } => self.config.negative_ttl,
                     CloudError::Throttled {

@@ -351,6 +351,85 @@ async fn retry_after_is_honoured() {
     assert_eq!(up.calls(), 2);
 }
 
+/// A throttling window that outlasts many backoff steps, with nothing
+/// cached (an agent restarted during it): once the cloud recovers, the next
+/// caller is served within the retry bound, not after the backoff grown
+/// over the window; meanwhile each caller is told when to come back.
+#[tokio::test(start_paused = true)]
+async fn a_recovered_cloud_is_asked_again_within_the_retry_bound() {
+    let config = CacheConfig::default();
+    let bound = config.retry_bound;
+    let cache = cache(config);
+    let up = Upstream::new(3600);
+    let throttled = || {
+        Err(CloudError::Throttled {
+            cloud: Cloud::Aws,
+            code: "Throttling".into(),
+            retry_after: None,
+        })
+    };
+    for _ in 0..1000 {
+        up.then(throttled());
+    }
+    let k = key(Cloud::Aws, "ray-worker", "s");
+    // Callers asking twice a second for 60 s of throttling.
+    let window = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut remembered = 0;
+    while tokio::time::Instant::now() < window {
+        let before = up.calls();
+        match get(&cache, &k, &up).await.unwrap_err() {
+            // Not asked upstream this time: the remembered throttle.
+            CloudError::Throttled { retry_after, .. } if up.calls() == before => {
+                remembered += 1;
+                let wait = retry_after.expect("a remembered throttle says when to retry");
+                assert!(wait >= Duration::from_secs(1) && wait <= bound, "{wait:?}");
+            }
+            CloudError::Throttled { .. } => {}
+            other => panic!("{other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(remembered > 60, "{remembered}");
+    let during = up.calls();
+    assert!(
+        (60 / bound.as_secs() as u32..=2 * 60).contains(&during),
+        "backed off, but asked again within the bound: {during} calls"
+    );
+    // The cloud recovers: the next caller that arrives once the bound has
+    // passed is served.
+    up.script.lock().unwrap().clear();
+    tokio::time::sleep(bound).await;
+    assert!(get(&cache, &k, &up).await.is_ok());
+}
+
+/// While a credential is still served, a failing refresh backs off as far
+/// as `backoff_max`, but never past the moment the credential stops being
+/// served.
+#[tokio::test(start_paused = true)]
+async fn refresh_backoff_ends_when_the_credential_stops_being_served() {
+    let cache = cache(CacheConfig::default());
+    let up = Upstream::new(3600);
+    let k = key(Cloud::Azure, "ray-worker", "s");
+    assert!(get(&cache, &k, &up).await.is_ok());
+    for _ in 0..1000 {
+        up.then(Err(CloudError::Unavailable {
+            cloud: Cloud::Azure,
+            reason: "HTTP 503".into(),
+        }));
+    }
+    // Refreshes fail from half-life on; the credential is served until
+    // 5 minutes remain (55 min), then the callers wait at most the bound.
+    tokio::time::sleep(Duration::from_secs(55 * 60)).await;
+    up.script.lock().unwrap().clear();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let _ = get(&cache, &k, &up).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        get(&cache, &k, &up).await.is_ok(),
+        "asked again within the bound"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn deterministic_errors_are_cached_briefly_then_retried() {
     let config = CacheConfig {
