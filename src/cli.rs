@@ -198,6 +198,21 @@ pub enum SidecarCommand {
     /// this network namespace to 127.0.0.1:PORT (one nf_tables rule, needs
     /// CAP_NET_ADMIN), then exit.
     Redirect(RedirectArgs),
+    /// The sidecar's postStart hook: wait until this pod's sidecar answers
+    /// ready on its probe port, then exit 0 (1 after `--timeout`). The
+    /// kubelet starts the pod's next container only once the hook returns.
+    WaitReady(WaitReadyArgs),
+}
+
+/// The flags of `wait-ready`.
+#[derive(Args)]
+pub struct WaitReadyArgs {
+    /// The sidecar's probe port (its `--probe-listen 0.0.0.0:PORT`).
+    #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    pub port: u16,
+    /// Seconds to wait before giving up (1-3600).
+    #[arg(long, value_name = "SECONDS", default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub timeout: u64,
 }
 
 /// The flags of `redirect`.
@@ -214,8 +229,29 @@ impl SidecarCommand {
     pub fn run(&self, global: &GlobalArgs) -> ExitCode {
         match self {
             SidecarCommand::Redirect(args) => redirect(global, args.port),
+            SidecarCommand::WaitReady(args) => wait_ready(args),
         }
     }
+}
+
+/// `wait-ready`: asks `GET /readyz` on 127.0.0.1:PORT every 10 ms until it
+/// answers 200. No runtime and no logging set-up: it runs inside the
+/// kubelet's hook, and its output only shows when it fails.
+fn wait_ready(args: &WaitReadyArgs) -> ExitCode {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(args.timeout);
+    let mut last = String::from("no answer yet");
+    while std::time::Instant::now() < deadline {
+        match crate::sidecar::probe_ready(args.port) {
+            Ok(()) => return ExitCode::SUCCESS,
+            Err(e) => last = e,
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    eprintln!(
+        "lanyard-sidecar wait-ready: the sidecar was not ready on port {} within {} s: {last}",
+        args.port, args.timeout
+    );
+    ExitCode::FAILURE
 }
 
 /// `redirect`: no configuration and no runtime, one netlink exchange.

@@ -275,19 +275,40 @@ fn assert_sidecar(pod: &Pod, cfg: &InjectionConfig, aws: bool) -> String {
         ["ALL"]
     );
     assert_eq!(sc.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
-    let startup = sidecar
-        .startup_probe
+    // No startup probe: the postStart hook waits for readiness, and the
+    // kubelet starts the next container once it returns.
+    assert!(sidecar.startup_probe.is_none());
+    let hook = sidecar
+        .lifecycle
+        .as_ref()
+        .and_then(|l| l.post_start.as_ref())
+        .and_then(|h| h.exec.as_ref())
+        .and_then(|e| e.command.as_deref())
+        .unwrap();
+    assert_eq!(
+        hook,
+        [
+            "lanyard-sidecar",
+            "wait-ready",
+            "--port",
+            "8643",
+            "--timeout",
+            "120"
+        ]
+    );
+    let liveness = sidecar
+        .liveness_probe
         .as_ref()
         .unwrap()
         .http_get
         .as_ref()
         .unwrap();
-    assert_eq!(startup.path.as_deref(), Some("/readyz"));
+    assert_eq!(liveness.path.as_deref(), Some("/healthz"));
     assert_eq!(
-        startup.port,
+        liveness.port,
         k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(8643)
     );
-    assert_eq!(startup.host, None, "probes reach the pod IP");
+    assert_eq!(liveness.host, None, "probes reach the pod IP");
     let resources = sidecar.resources.as_ref().unwrap();
     assert!(resources.requests.as_ref().unwrap().contains_key("memory"));
     assert!(resources.limits.as_ref().unwrap().contains_key("memory"));

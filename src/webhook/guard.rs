@@ -30,13 +30,14 @@
 //! `restartPolicy: Always`, the configured image, command and arguments, no
 //! `envFrom`, only the sidecar's own variables with their values (its
 //! `IDENTITY_HEADER` is the pod's own), only the two token mounts at their
-//! paths, no lifecycle hooks and no exec probes ([`SidecarShape`]). These
+//! paths, no lifecycle hook but its own `wait-ready` (or none, as injected
+//! before it existed) and no exec probes ([`SidecarShape`]). These
 //! are the fields that decide what runs and where the tokens go; the CEL
 //! policy checks the same ones, field for field.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, Probe, VolumeMount};
+use k8s_openapi::api::core::v1::{Container, Lifecycle, Pod, PodSpec, Probe, VolumeMount};
 
 use super::mutate::{
     InjectionConfig, APP_TOKEN_DIR, APP_TOKEN_VOLUME, SIDECAR_NAME, TOKENS_VOLUME, TOKEN_DIR,
@@ -95,6 +96,8 @@ pub struct SidecarShape {
     pub args: Vec<String>,
     /// Variables with a fixed literal value.
     pub fixed_env: BTreeMap<String, String>,
+    /// The postStart hook's command (`lanyard-sidecar wait-ready`).
+    pub post_start: Vec<String>,
 }
 
 /// The guard's settings, from the running configuration.
@@ -180,6 +183,7 @@ impl SidecarShape {
             command: built.command.unwrap_or_default(),
             args: built.args.unwrap_or_default(),
             fixed_env,
+            post_start: super::mutate::wait_ready_command(config),
         }
     }
 
@@ -213,10 +217,28 @@ impl SidecarShape {
                     (m.name == TOKENS_VOLUME && m.mount_path == TOKEN_DIR)
                         || (m.name == APP_TOKEN_VOLUME && m.mount_path == APP_TOKEN_DIR)
                 })
-            && c.lifecycle.is_none()
+            && c.lifecycle.as_ref().is_none_or(|l| self.own_hook(l))
             && [&c.startup_probe, &c.liveness_probe, &c.readiness_probe]
                 .into_iter()
                 .all(|p| p.as_ref().is_none_or(|p: &Probe| p.exec.is_none()))
+    }
+}
+
+impl SidecarShape {
+    /// Whether `lifecycle` is the sidecar's own: a postStart exec of
+    /// `wait-ready` and nothing else. Sidecars injected before the hook
+    /// existed have no lifecycle, and are Lanyard's too.
+    fn own_hook(&self, lifecycle: &Lifecycle) -> bool {
+        lifecycle.pre_stop.is_none()
+            && lifecycle.post_start.as_ref().is_some_and(|h| {
+                h.http_get.is_none()
+                    && h.sleep.is_none()
+                    && h.tcp_socket.is_none()
+                    && h.exec
+                        .as_ref()
+                        .and_then(|e| e.command.as_deref())
+                        .is_some_and(|c| c == self.post_start.as_slice())
+            })
     }
 }
 

@@ -10,9 +10,10 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EnvVar, EnvVarSource, HTTPGetAction, HostAlias, ObjectFieldSelector,
-    Pod, PodSpec, Probe, ProjectedVolumeSource, ResourceRequirements, SeccompProfile,
-    SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
+    Capabilities, Container, EnvVar, EnvVarSource, ExecAction, HTTPGetAction, HostAlias, Lifecycle,
+    LifecycleHandler, ObjectFieldSelector, Pod, PodSpec, Probe, ProjectedVolumeSource,
+    ResourceRequirements, SeccompProfile, SecurityContext, ServiceAccountTokenProjection, Volume,
+    VolumeMount, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -989,9 +990,28 @@ pub(super) fn sidecar(config: &InjectionConfig, identity_header: &str, aws: bool
         env: Some(env),
         volume_mounts: Some(mounts),
         restart_policy: Some("Always".into()),
-        // Up to two minutes for the node agent to answer before the kubelet
-        // restarts the sidecar; the apps wait for it either way.
-        startup_probe: Some(probe("/readyz", 1, 120)),
+        // INVARIANT: the hook is what keeps the apps from starting before
+        // the sidecar is ready. The kubelet runs a postStart hook inside
+        // the start of its container (kuberuntime_container.go
+        // startContainer) and starts the next init container only on a
+        // later sync that sees this one running with no startup probe left
+        // to pass (kuberuntime_manager.go computeInitContainerActions), so
+        // the next container starts once the hook has returned, and it
+        // returns as soon as the sidecar is ready. A startup probe would
+        // add a probe period on top (its first probe comes on the worker's
+        // next tick after the container is seen running), so there is none.
+        // A hook that fails (`--timeout`, 120 s: the kubelet sets none)
+        // makes the kubelet kill and restart the sidecar, and nothing after
+        // it starts meanwhile.
+        lifecycle: Some(Lifecycle {
+            post_start: Some(LifecycleHandler {
+                exec: Some(ExecAction {
+                    command: Some(wait_ready_command(config)),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
         liveness_probe: Some(probe("/healthz", 10, 3)),
         resources: Some(resources(&config.resources)),
         security_context: Some(SecurityContext {
@@ -1003,6 +1023,19 @@ pub(super) fn sidecar(config: &InjectionConfig, identity_header: &str, aws: bool
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
     }
+}
+
+/// The sidecar's postStart hook: `lanyard-sidecar wait-ready` on its probe
+/// port, for as long as the startup probe would wait.
+pub(super) fn wait_ready_command(config: &InjectionConfig) -> Vec<String> {
+    vec![
+        SIDECAR_COMMAND.into(),
+        "wait-ready".into(),
+        "--port".into(),
+        config.probe_port.to_string(),
+        "--timeout".into(),
+        "120".into(),
+    ]
 }
 
 /// Transparent mode's init container: `lanyard-sidecar redirect --port

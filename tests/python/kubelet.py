@@ -16,9 +16,10 @@ the running webhook as an AdmissionReview and its JSON Patch is applied.
 Then, as the kubelet does: projected tokens minted by the fake API server
 for that pod are written with the kubelet's atomic writer (a `..data`
 symlink swapped per update) and rotated at 80% of their lifetime; init
-containers run in order, the native sidecar is started and the app
-containers start only after its startupProbe passes (probed from the
-node's namespace at the pod's IP); each container runs with its own env
+containers run in order, the native sidecar is started, its postStart
+hook run in it, and the app containers start only once that hook has
+returned (and a startupProbe passed, for sidecars that have one, probed
+from the node's namespace at the pod's IP); each container runs with its own env
 (`$(VAR)` expanded, downward-API fields filled), its volumes bind-mounted at
 their mount paths in a mount namespace of its own, its `hostAliases` in the
 pod's hosts file, and its user, groups, capabilities and no-new-privs from
@@ -603,16 +604,34 @@ class Pod:
         return [binary, *command[1:], *container.get("args", [])]
 
     def start_init_containers(self, timeout: float = 60.0) -> float:
-        """Runs init containers in order: plain ones to completion, the
-        native sidecar until its startupProbe passes. Returns when the app
-        containers may start."""
+        """Runs init containers in order, as the kubelet does: plain ones to
+        completion; a native sidecar is started, then its postStart hook
+        runs inside that start (kuberuntime_container.go startContainer:
+        StartContainer, then the PostStart handler, synchronously), and the
+        next container starts only once the sidecar is running, its hook
+        has returned and, if it has a startupProbe, that probe has passed
+        (kuberuntime_manager.go computeInitContainerActions). The probe
+        worker's first probe comes on its next tick after the container is
+        seen running (prober/worker.go doProbe), one period in. Not
+        modelled: the PLEG relist (up to 1 s with the generic PLEG) before
+        the kubelet sees the container running, which delays the next
+        container equally with and without Lanyard's sidecar's hook.
+        Returns when the app containers may start."""
         image_env = {"PATH": f"{self.bin_dir}:/usr/local/bin:/usr/bin:/bin", "HOME": "/"}
         for container in self.spec.get("initContainers", []):
             if container.get("restartPolicy") == "Always":
                 self.sidecar_started = time.monotonic()
                 proc = self.start(container, self.image_command(container), image_env)
-                probe = container["startupProbe"]
-                self.wait_for_probe(proc, probe, timeout)
+                hook = container.get("lifecycle", {}).get("postStart", {}).get("exec")
+                if hook:
+                    argv = [a if "/" in a else str(self.bin_dir / a) for a in hook["command"][:1]]
+                    done = self.exec(container, argv + hook["command"][1:], image_env, timeout=timeout)
+                    assert done.returncode == 0, f"{container['name']}: postStart failed: {done.stderr}"
+                    assert proc.running(), f"the sidecar exited: {proc.output()}"
+                if "startupProbe" in container:
+                    probe = container["startupProbe"]
+                    time.sleep(probe.get("periodSeconds", 10))
+                    self.wait_for_probe(proc, probe, timeout)
                 self.sidecar_ready = time.monotonic()
             else:
                 proc = self.start(container, self.image_command(container), image_env)

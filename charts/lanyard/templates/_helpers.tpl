@@ -182,7 +182,10 @@ webhook's SidecarShape::matches decides it.
   && (!has(c.volumeMounts) || c.volumeMounts.all(m,
        (m.name == 'lanyard-tokens' && m.mountPath == '/var/run/lanyard/tokens')
        || (m.name == 'lanyard-app-token' && m.mountPath == '/var/run/lanyard/app')))
-  && !has(c.lifecycle)
+  && (!has(c.lifecycle) || (!has(c.lifecycle.preStop) && has(c.lifecycle.postStart)
+       && has(c.lifecycle.postStart.exec) && has(c.lifecycle.postStart.exec.command)
+       && c.lifecycle.postStart.exec.command == {{ list "lanyard-sidecar" "wait-ready" "--port" (printf "%v" $v.sidecar.probePort) "--timeout" "120" | toJson }}
+       && !has(c.lifecycle.postStart.httpGet) && !has(c.lifecycle.postStart.sleep) && !has(c.lifecycle.postStart.tcpSocket)))
   && !(has(c.startupProbe) && has(c.startupProbe.exec))
   && !(has(c.livenessProbe) && has(c.livenessProbe.exec))
   && !(has(c.readinessProbe) && has(c.readinessProbe.exec)))
