@@ -6,52 +6,22 @@
 //! are admitted as before. Each case goes in as the AdmissionReview the API
 //! server sends and comes out as the answer it reads.
 
+mod support;
+
 use base64::Engine;
 use serde_json::{json, Value};
 
-use lanyard::directory::{AzureBinding, Bindings};
+use lanyard::directory::Bindings;
 use lanyard::webhook::review::{self, Action};
 use lanyard::webhook::{mutate, respond, InjectionConfig};
-
-const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/guard");
-
-fn cases() -> Value {
-    serde_json::from_str(&std::fs::read_to_string(format!("{DIR}/cases.json")).unwrap()).unwrap()
-}
+use support::guard::{all_clouds, cases, injected};
 
 fn app() -> Value {
     cases()["bases"]["app"].clone()
 }
 
-/// The app pod as the mutation left it (all three clouds).
-fn injected() -> Value {
-    serde_json::from_str(&std::fs::read_to_string(format!("{DIR}/injected.json")).unwrap()).unwrap()
-}
-
 fn config() -> InjectionConfig {
-    let s = &cases()["settings"];
-    let text = |k: &str| s[k].as_str().unwrap().to_string();
-    InjectionConfig {
-        sidecar_image: text("sidecar_image"),
-        agent_url: text("agent_url"),
-        azure_tenant_id: Some(text("azure_tenant_id")),
-        gcp_audience: Some(text("gcp_audience")),
-        aws_region: Some(text("aws_region")),
-        ..InjectionConfig::default()
-    }
-}
-
-fn all_clouds() -> Bindings {
-    Bindings {
-        azure: Some(AzureBinding {
-            client_id: "5f2c9e1a-8d4b-4c7e-9a13-0d6e2b7f4c21".into(),
-            tenant_id: None,
-            object_id: None,
-            resource_id: None,
-        }),
-        gcp_service_account: Some("ray-worker@ml-data.iam.gserviceaccount.com".into()),
-        aws_role_arn: Some("arn:aws:iam::111122223333:role/ray-worker".into()),
-    }
+    support::guard::injection(&cases()["settings"])
 }
 
 /// The answer `/mutate` gives for `pod` created in `ml`, and the pod after

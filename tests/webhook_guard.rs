@@ -11,47 +11,14 @@
 //! so. `LANYARD_BLESS=1` rewrites it after a deliberate change to the
 //! sidecar.
 
+mod support;
+
 use serde_json::{json, Value};
 
-use lanyard::directory::{AzureBinding, Bindings};
 use lanyard::webhook::guard::{self, Guard};
 use lanyard::webhook::review::{self, Action, Scope};
 use lanyard::webhook::{mutate, InjectionConfig};
-
-const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/guard");
-
-fn cases() -> Value {
-    serde_json::from_str(&std::fs::read_to_string(format!("{DIR}/cases.json")).unwrap()).unwrap()
-}
-
-fn injection(settings: &Value) -> InjectionConfig {
-    let text = |k: &str| settings[k].as_str().unwrap().to_string();
-    InjectionConfig {
-        sidecar_image: text("sidecar_image"),
-        agent_url: text("agent_url"),
-        azure_tenant_id: Some(text("azure_tenant_id")),
-        gcp_audience: Some(text("gcp_audience")),
-        aws_region: Some(text("aws_region")),
-        ..InjectionConfig::default()
-    }
-}
-
-fn extra(settings: &Value) -> Vec<String> {
-    serde_json::from_value(settings["extra_audiences"].clone()).unwrap()
-}
-
-fn all_clouds() -> Bindings {
-    Bindings {
-        azure: Some(AzureBinding {
-            client_id: "5f2c9e1a-8d4b-4c7e-9a13-0d6e2b7f4c21".into(),
-            tenant_id: None,
-            object_id: None,
-            resource_id: None,
-        }),
-        gcp_service_account: Some("ray-worker@ml-data.iam.gserviceaccount.com".into()),
-        aws_role_arn: Some("arn:aws:iam::111122223333:role/ray-worker".into()),
-    }
-}
+use support::guard::{all_clouds, cases, extra, injection, DIR};
 
 fn patched(base: &Value, patch: &Value) -> Value {
     let mut doc = base.clone();
@@ -80,9 +47,7 @@ fn injected(cases: &Value, header: &str) -> Value {
 
 fn bases(cases: &Value) -> Value {
     let mut bases = cases["bases"].clone();
-    bases["injected"] =
-        serde_json::from_str(&std::fs::read_to_string(format!("{DIR}/injected.json")).unwrap())
-            .unwrap();
+    bases["injected"] = support::guard::injected();
     bases
 }
 

@@ -310,26 +310,20 @@ pub fn check(pod: &Pod, guard: &Guard) -> Result<(), Refusal> {
             has_sidecar = true;
         }
     }
-    for c in &spec.containers {
-        if let Some(mount) = c
-            .volume_mounts
-            .as_deref()
-            .unwrap_or_default()
-            .iter()
-            .find(holds_tokens)
-        {
-            return refuse("container", &c.name, mount);
-        }
-    }
-    for c in spec.ephemeral_containers.as_deref().unwrap_or_default() {
-        if let Some(mount) = c
-            .volume_mounts
-            .as_deref()
-            .unwrap_or_default()
-            .iter()
-            .find(holds_tokens)
-        {
-            return refuse("ephemeral container", &c.name, mount);
+    // Lanyard's sidecar is an init container: any other holds none.
+    let others = spec
+        .containers
+        .iter()
+        .map(|c| ("container", &c.name, &c.volume_mounts))
+        .chain(
+            spec.ephemeral_containers
+                .iter()
+                .flatten()
+                .map(|c| ("ephemeral container", &c.name, &c.volume_mounts)),
+        );
+    for (list, name, mounts) in others {
+        if let Some(mount) = mounts.iter().flatten().find(holds_tokens) {
+            return refuse(list, name, mount);
         }
     }
     if has_sidecar {

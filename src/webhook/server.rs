@@ -229,11 +229,27 @@ async fn mutate_handler(State(webhook): State<Arc<Webhook>>, body: Bytes) -> Jso
         .admissions
         .get_or_create(&DecisionLabel { decision })
         .inc();
-    webhook
-        .metrics
-        .admission_latency
-        .observe(started.elapsed().as_secs_f64());
+    webhook.answered(started);
     answer
+}
+
+impl Webhook {
+    /// Records how long a review took to answer, mutation or guard.
+    fn answered(&self, started: std::time::Instant) {
+        self.metrics
+            .admission_latency
+            .observe(started.elapsed().as_secs_f64());
+    }
+}
+
+/// The pod's name for logs and records (`generateName*` before the API
+/// server names it).
+fn pod_name(pod: &k8s_openapi::api::core::v1::Pod) -> String {
+    pod.metadata
+        .name
+        .clone()
+        .or_else(|| pod.metadata.generate_name.clone().map(|g| format!("{g}*")))
+        .unwrap_or_default()
 }
 
 /// The answer to one review, and its decision label for metrics.
@@ -271,12 +287,7 @@ async fn decide(webhook: &Webhook, body: &[u8]) -> (&'static str, Json<Answer>) 
         return ("unchanged", Json(review::allow(&review.uid, None, &[])));
     }
     let service_account = mutate::service_account_name(&pod).to_string();
-    let pod_name = pod
-        .metadata
-        .name
-        .clone()
-        .or_else(|| pod.metadata.generate_name.clone().map(|g| format!("{g}*")))
-        .unwrap_or_default();
+    let pod_name = pod_name(&pod);
     let looked_up = lookup(
         webhook.directory.as_ref(),
         &review.namespace,
@@ -388,10 +399,7 @@ async fn validate_handler(State(webhook): State<Arc<Webhook>>, body: Bytes) -> J
         .guard_reviews
         .get_or_create(&GuardLabels { decision, rule })
         .inc();
-    webhook
-        .metrics
-        .admission_latency
-        .observe(started.elapsed().as_secs_f64());
+    webhook.answered(started);
     answer
 }
 
@@ -419,12 +427,7 @@ async fn check(webhook: &Webhook, body: &[u8]) -> (&'static str, &'static str, J
         Ok(()) => return ("allow", "none", Json(review::allow(&review.uid, None, &[]))),
         Err(refusal) => refusal,
     };
-    let pod_name = pod
-        .metadata
-        .name
-        .clone()
-        .or_else(|| pod.metadata.generate_name.clone().map(|g| format!("{g}*")))
-        .unwrap_or_default();
+    let pod_name = pod_name(&pod);
     let service_account = mutate::service_account_name(&pod).to_string();
     tracing::warn!(
         target: "lanyard::audit",

@@ -17,6 +17,8 @@ from __future__ import annotations
 import base64
 import json
 import os
+import socket
+import ssl
 import subprocess
 import time
 from pathlib import Path
@@ -207,3 +209,30 @@ def apply_json_patch(doc, patch: list[dict]):
         else:
             raise AssertionError(f"unexpected patch operation {op['op']}")
     return doc
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def post_review(port: int, ca: ssl.SSLContext, path: str, review: dict) -> dict:
+    """An AdmissionReview POSTed to the webhook on 127.0.0.1:`port` over
+    the chart's TLS, by the name the API server calls it; its `response`."""
+    body = json.dumps(review).encode()
+    conn = socket.create_connection(("127.0.0.1", port), timeout=5)
+    tls = ca.wrap_socket(conn, server_hostname=f"lanyard-webhook.{NAMESPACE}.svc")
+    tls.sendall(f"POST {path} HTTP/1.1\r\nHost: lanyard-webhook\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+    raw = b""
+    while chunk := tls.recv(65536):
+        raw += chunk
+    tls.close()
+    head, _, payload = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    return json.loads(payload)["response"]

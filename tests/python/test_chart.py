@@ -11,7 +11,6 @@ import base64
 import copy
 import json
 import os
-import socket
 import ssl
 import subprocess
 import urllib.request
@@ -21,8 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from chart import (CHART, NAMESPACE, ROOT, Container, FakeKube, apply_json_patch, find, pod_spec, render,
-                   wait_for)
+from chart import (CHART, NAMESPACE, ROOT, Container, FakeKube, apply_json_patch, find, free_ports, pod_spec,
+                   post_review, render, wait_for)
 from conftest import lanyard_binary
 
 helm = pytest.importorskip("helm_python", reason="helm-python-sdk is not installed (tests/python/requirements.txt)")
@@ -283,16 +282,6 @@ def test_checkov_finds_nothing_unexplained(tmp_path):
     assert passed > 100, passed
 
 
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def ready(url: str) -> bool:
     with urllib.request.urlopen(url, timeout=2) as r:
         return r.status == 200
@@ -337,18 +326,7 @@ def test_the_rendered_agent_and_webhook_start_and_the_ray_example_is_injected(tm
                    "generateName": "ray-data-", "namespace": "ray"}, "spec": copy.deepcopy(template["spec"])}
             for version in KUBE_VERSIONS:
                 kubernetes_validate.validate(pod, version, strict=True)
-            body = json.dumps(review(pod, "ray")).encode()
-            conn = socket.create_connection(("127.0.0.1", hook_port), timeout=5)
-            tls = ca.wrap_socket(conn, server_hostname=f"lanyard-webhook.{NAMESPACE}.svc")
-            tls.sendall(b"POST /mutate HTTP/1.1\r\nHost: lanyard-webhook\r\nContent-Type: application/json\r\n"
-                        + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
-            raw = b""
-            while chunk := tls.recv(65536):
-                raw += chunk
-            tls.close()
-            head, _, payload = raw.partition(b"\r\n\r\n")
-            assert head.startswith(b"HTTP/1.1 200"), head
-            response = json.loads(payload)["response"]
+            response = post_review(hook_port, ca, "/mutate", review(pod, "ray"))
             assert response["allowed"] is True, response
             mutated = apply_json_patch(pod, json.loads(base64.b64decode(response["patch"])))
             for version in KUBE_VERSIONS:

@@ -18,13 +18,12 @@ from __future__ import annotations
 import base64
 import json
 import re
-import socket
 import ssl
 import uuid
 
 import pytest
 
-from chart import ROOT, Container, FakeKube, apply_json_patch, find, render, wait_for
+from chart import ROOT, Container, FakeKube, apply_json_patch, find, free_ports, post_review, render, wait_for
 from conftest import lanyard_binary
 
 cel = pytest.importorskip("cel_expr_python.cel", reason="cel-expr-python is not installed (tests/python/requirements.txt)")
@@ -87,31 +86,6 @@ class Policy:
         return failed
 
 
-def post(port: int, ca: ssl.SSLContext, path: str, body: dict) -> dict:
-    payload = json.dumps(body).encode()
-    conn = socket.create_connection(("127.0.0.1", port), timeout=5)
-    tls = ca.wrap_socket(conn, server_hostname="lanyard-webhook.lanyard-system.svc")
-    tls.sendall(f"POST {path} HTTP/1.1\r\nHost: lanyard-webhook\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode() + payload)
-    raw = b""
-    while chunk := tls.recv(65536):
-        raw += chunk
-    tls.close()
-    head, _, data = raw.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 200"), head
-    return json.loads(data)["response"]
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def test_the_policy_and_the_webhook_agree_on_every_case(tmp_path):
     hook_port, hook_admin = free_ports(2)
     objects = render(values(hook_port, hook_admin))
@@ -133,7 +107,7 @@ def test_the_policy_and_the_webhook_agree_on_every_case(tmp_path):
             failed = policy.evaluate(request["request"])
             policy_rules = {m.group(1) for m in map(RULE.search, failed) if m}
             assert len(policy_rules) == len(failed), (name, failed)
-            answer = post(hook_port, ca, "/validate", request)
+            answer = post_review(hook_port, ca, "/validate", request)
             assert answer["uid"] == request["request"]["uid"]
             assert answer["allowed"] is case["allowed"], (name, answer)
             assert (not failed) is case["allowed"], (name, failed)

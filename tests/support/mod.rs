@@ -5,6 +5,7 @@
 //! built-in issuer, the emulators and surfaces wired to them) needs it.
 #![allow(dead_code)]
 
+pub mod guard;
 pub mod process;
 #[cfg(feature = "dev")]
 pub mod upstreams;

@@ -1,0 +1,52 @@
+//! The guard's shared fixtures (`tests/fixtures/guard`): the cases, the
+//! settings they were made with, and the bindings of their pods.
+
+use serde_json::Value;
+
+use lanyard::directory::{AzureBinding, Bindings};
+use lanyard::webhook::InjectionConfig;
+
+/// Where the fixtures are.
+pub const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/guard");
+
+/// `cases.json`: settings, bases and cases.
+pub fn cases() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(format!("{DIR}/cases.json")).unwrap()).unwrap()
+}
+
+/// `injected.json`: the `app` base as the mutation injects it.
+pub fn injected() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(format!("{DIR}/injected.json")).unwrap()).unwrap()
+}
+
+/// What the webhook injects with the fixtures' settings.
+pub fn injection(settings: &Value) -> InjectionConfig {
+    let text = |k: &str| settings[k].as_str().unwrap().to_string();
+    InjectionConfig {
+        sidecar_image: text("sidecar_image"),
+        agent_url: text("agent_url"),
+        azure_tenant_id: Some(text("azure_tenant_id")),
+        gcp_audience: Some(text("gcp_audience")),
+        aws_region: Some(text("aws_region")),
+        ..InjectionConfig::default()
+    }
+}
+
+/// The fixtures' `extra_audiences`.
+pub fn extra(settings: &Value) -> Vec<String> {
+    serde_json::from_value(settings["extra_audiences"].clone()).unwrap()
+}
+
+/// The bindings of the fixtures' ServiceAccount: all three clouds.
+pub fn all_clouds() -> Bindings {
+    Bindings {
+        azure: Some(AzureBinding {
+            client_id: "5f2c9e1a-8d4b-4c7e-9a13-0d6e2b7f4c21".into(),
+            tenant_id: None,
+            object_id: None,
+            resource_id: None,
+        }),
+        gcp_service_account: Some("ray-worker@ml-data.iam.gserviceaccount.com".into()),
+        aws_role_arn: Some("arn:aws:iam::111122223333:role/ray-worker".into()),
+    }
+}
