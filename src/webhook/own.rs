@@ -88,7 +88,7 @@ pub(super) fn check(spec: &PodSpec, pod_ref: &str, expected: &Expected) -> Resul
                 if !differ.is_empty() {
                     return deny(
                         what,
-                        format!("is not Lanyard's ({} differ)", differ.join(", ")),
+                        format!("is not Lanyard's (it differs in {})", differ.join(", ")),
                     );
                 }
             }
@@ -141,7 +141,7 @@ pub(super) fn check(spec: &PodSpec, pod_ref: &str, expected: &Expected) -> Resul
         if !differ.is_empty() {
             return deny(
                 what,
-                format!("is not Lanyard's ({} differ)", differ.join(", ")),
+                format!("is not Lanyard's (it differs in {})", differ.join(", ")),
             );
         }
         *slot = true;
