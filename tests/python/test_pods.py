@@ -505,3 +505,55 @@ def test_a_process_of_the_sidecars_user_cannot_read_its_tokens_through_proc(e2e)
         read = pod.exec(same_user, ["cat", path])
         assert read.returncode != 0 and "eyJ" not in read.stdout, (path, read.stdout[:80])
         assert "Permission denied" in read.stderr, (path, read.stderr)
+
+
+def first_credential_after(lines: list[dict], started_monotonic: float) -> float:
+    """Seconds from `started_monotonic` to the first credential the app got
+    (the script's wall clock converted to the harness's monotonic one)."""
+    first = min(line["t"] for line in lines if line["ok"])
+    return first - (time.time() - (time.monotonic() - started_monotonic))
+
+
+def test_start_overhead_against_a_pod_without_lanyard(e2e):
+    """What a pod's start costs with Lanyard: from the pod's first container
+    starting to the app's first AWS credential, for injected pods on a node
+    whose agent already holds the credential (a warm node cache), against
+    the same app in a pod without Lanyard reading static keys from a file.
+    Figures only (speed is judged by bench/start, not here); the test
+    checks that both kinds of pod get their credential."""
+    samples = int(os.environ.get("LANYARD_START_SAMPLES", "3"))
+    node = e2e.nodes[0]
+    warm = e2e.run_pod(node, plain_template("scripts"), "start-warm", "legacy")
+    assert_all_ok_and_owned(e2e, run_app(e2e, warm, "--clouds", "aws"), IDENTITIES[2])
+    with_lanyard, without = [], []
+    for i in range(samples):
+        pod = e2e.run_pod(node, plain_template("scripts"), f"start-{i}", "legacy")
+        proc, out = pod.start_app(pod.app_containers()[0], ["--clouds", "aws"])
+        assert proc.proc.wait(timeout=120) == 0, proc.output()
+        lines = results(out)
+        assert_all_ok_and_owned(e2e, lines, IDENTITIES[2])
+        with_lanyard.append(first_credential_after(lines, pod.sidecar_started))
+    for i in range(samples):
+        # Static keys in a file of the pod's own volume.
+        template = plain_template("scripts")
+        del template["metadata"]["labels"]["lanyard.dev/inject"]
+        template["spec"]["volumes"] = [{"name": "keys", "emptyDir": {}}]
+        app = template["spec"]["containers"][0]
+        app["volumeMounts"] = [{"name": "keys", "mountPath": "/var/run/keys", "readOnly": True}]
+        app["env"] = [{"name": "AWS_SHARED_CREDENTIALS_FILE", "value": "/var/run/keys/credentials"},
+                      {"name": "AWS_CONFIG_FILE", "value": "/var/run/keys/config"},
+                      {"name": "AWS_EC2_METADATA_DISABLED", "value": "true"}]
+        pod = e2e.run_pod(node, template, f"baseline-{i}", "legacy")
+        assert not pod.spec.get("initContainers"), "not injected"
+        keys = pod.volumes["keys"] / "credentials"
+        keys.write_text("[default]\naws_access_key_id = AKIASTATICBASELINE01\n"
+                        "aws_secret_access_key = c3RhdGljLWJhc2VsaW5lLXNlY3JldC1rZXktMDE\n")
+        keys.chmod(0o644)
+        started = time.monotonic()
+        proc, out = pod.start_app(pod.app_containers()[0], ["--clouds", "aws"])
+        assert proc.proc.wait(timeout=120) == 0, proc.output()
+        lines = results(out)
+        assert [line["credential"] for line in lines if line["ok"]] == ["AKIASTATICBASELINE01"], lines
+        without.append(first_credential_after(lines, started))
+    e2e.figures["start_with_lanyard_s"] = [round(x, 3) for x in with_lanyard]
+    e2e.figures["start_without_lanyard_s"] = [round(x, 3) for x in without]
