@@ -36,8 +36,9 @@ SURFACES = {
 }
 # requirements.txt entries that are test tooling, not cloud clients (the
 # HTTP helpers; the chart tests' Helm engine, Kubernetes schemas and YAML
-# parser); every other entry is a client and needs a row.
-SUPPORT_PACKAGES = {"pytest", "requests", "aiohttp", "helm-python-sdk", "kubernetes-validate", "pyyaml"}
+# parser; the guard policy's CEL runtime); every other entry is a client and needs a row.
+SUPPORT_PACKAGES = {"pytest", "requests", "aiohttp", "helm-python-sdk", "kubernetes-validate", "pyyaml",
+                    "cel-expr-python"}
 TEST_ID = re.compile(r"^tests/python/test_[A-Za-z0-9_]+\.py::[A-Za-z0-9_]+(\[[^\]]+\])?$")
 
 
