@@ -222,9 +222,7 @@ impl SidecarShape {
                 .into_iter()
                 .all(|p| p.as_ref().is_none_or(|p: &Probe| p.exec.is_none()))
     }
-}
 
-impl SidecarShape {
     /// Whether `lifecycle` is the sidecar's own: a postStart exec of
     /// `wait-ready` and nothing else. Sidecars injected before the hook
     /// existed have no lifecycle, and are Lanyard's too.

@@ -69,49 +69,20 @@ pub(super) fn check(spec: &PodSpec, pod_ref: &str, expected: &Expected) -> Resul
             REDIRECT_NAME => (expected.redirect, &mut present.redirect),
             _ => continue,
         };
-        let what = format!("init container {:?}", container.name);
-        if *slot {
-            return deny(what, "appears twice".into());
+        if let Err(why) = claim(slot, container, want, defaulted_container) {
+            return deny(format!("init container {:?}", container.name), why);
         }
-        match want {
-            None => {
-                return deny(
-                    what,
-                    "is not Lanyard's: Lanyard injects no containers into this pod".into(),
-                )
-            }
-            Some(want) => {
-                let differ = differing_fields(
-                    &defaulted_container(container.clone()),
-                    &defaulted_container(want.clone()),
-                );
-                if !differ.is_empty() {
-                    return deny(
-                        what,
-                        format!("is not Lanyard's (it differs in {})", differ.join(", ")),
-                    );
-                }
-            }
-        }
-        *slot = true;
         if container.name == SIDECAR_NAME {
             sidecar_index = Some(index);
         }
     }
-    for (list, containers) in [
-        (
-            "app container",
-            spec.containers.iter().map(|c| &c.name).collect::<Vec<_>>(),
-        ),
-        (
-            "ephemeral container",
-            ephemeral.iter().map(|c| &c.name).collect(),
-        ),
-    ] {
-        if let Some(name) = containers
-            .into_iter()
-            .find(|n| *n == SIDECAR_NAME || *n == REDIRECT_NAME)
-        {
+    let named = spec
+        .containers
+        .iter()
+        .map(|c| ("app container", &c.name))
+        .chain(ephemeral.iter().map(|c| ("ephemeral container", &c.name)));
+    for (list, name) in named {
+        if name == SIDECAR_NAME || name == REDIRECT_NAME {
             return deny(
                 format!("{list} {name:?}"),
                 "bears the name of a container Lanyard injects as an init container".into(),
@@ -124,27 +95,9 @@ pub(super) fn check(spec: &PodSpec, pod_ref: &str, expected: &Expected) -> Resul
             APP_TOKEN_VOLUME => (expected.app_token, &mut present.app_token),
             _ => continue,
         };
-        let what = format!("volume {:?}", volume.name);
-        if *slot {
-            return deny(what, "appears twice".into());
+        if let Err(why) = claim(slot, volume, want, defaulted_volume) {
+            return deny(format!("volume {:?}", volume.name), why);
         }
-        let Some(want) = want else {
-            return deny(
-                what,
-                "is not Lanyard's: Lanyard injects no such volume into this pod".into(),
-            );
-        };
-        let differ = differing_fields(
-            &defaulted_volume(volume.clone()),
-            &defaulted_volume(want.clone()),
-        );
-        if !differ.is_empty() {
-            return deny(
-                what,
-                format!("is not Lanyard's (it differs in {})", differ.join(", ")),
-            );
-        }
-        *slot = true;
     }
     let mounts = |mounts: Option<&Vec<k8s_openapi::api::core::v1::VolumeMount>>| {
         mounts.is_some_and(|m| m.iter().any(|m| m.name == TOKENS_VOLUME))
@@ -175,6 +128,32 @@ pub(super) fn check(spec: &PodSpec, pod_ref: &str, expected: &Expected) -> Resul
         }
     }
     Ok(present)
+}
+
+/// Takes `actual` as Lanyard's object for its name (`slot`), or says why it
+/// is not: the name appears twice, Lanyard injects no such object here, or
+/// it differs from `want` once both have the API server's `defaults`.
+fn claim<T: Clone + serde::Serialize>(
+    slot: &mut bool,
+    actual: &T,
+    want: Option<&T>,
+    defaults: fn(T) -> T,
+) -> Result<(), String> {
+    if *slot {
+        return Err("appears twice".into());
+    }
+    let Some(want) = want else {
+        return Err("is not Lanyard's: Lanyard injects no such object into this pod".into());
+    };
+    let differ = differing_fields(&defaults(actual.clone()), &defaults(want.clone()));
+    if !differ.is_empty() {
+        return Err(format!(
+            "is not Lanyard's (it differs in {})",
+            differ.join(", ")
+        ));
+    }
+    *slot = true;
+    Ok(())
 }
 
 /// `container` with the defaults the API server fills in (its
