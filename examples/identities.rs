@@ -491,7 +491,7 @@ async fn upstreams(
         apps,
         Duration::from_secs(lifetime[Cloud::Azure]),
         lanyard::http::client(),
-    ));
+    )?);
     let gcp = Arc::new(Gcp::new(
         GcpEmulatorConfig {
             providers: vec![WorkloadIdentityProvider {

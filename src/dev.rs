@@ -151,7 +151,7 @@ impl DevStack {
                     }],
                     Duration::from_secs(dev.token_lifetime),
                     http.clone(),
-                ));
+                )?);
                 servers.push(spawn_server(listener, entra.router(), shutdown.clone()));
                 (url, Some(entra))
             }

@@ -221,7 +221,16 @@ async fn rust_azure_identity_managed_identity_credential_via_identity_endpoint()
         .get_token(&["https://storage.azure.com/.default"], None)
         .await
         .unwrap();
-    assert!(token.token.secret().starts_with("entra-emulated."));
+    let claims: serde_json::Value =
+        jsonwebtoken::dangerous::insecure_decode_claims(token.token.secret()).unwrap();
+    assert_eq!(claims["aud"], "https://storage.azure.com");
+    assert_eq!(
+        claims["iss"],
+        format!(
+            "https://sts.windows.net/{}/",
+            claims["tid"].as_str().unwrap()
+        )
+    );
     let remaining = token.expires_on - azure_core::time::OffsetDateTime::now_utc();
     assert!(remaining.whole_seconds() > 3000, "{remaining}");
 

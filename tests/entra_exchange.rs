@@ -52,7 +52,41 @@ async fn valid_assertion_gets_a_token() {
     let token = exchange(&up, TENANT, CLIENT, SCOPE, &assertion)
         .await
         .unwrap();
-    assert!(token.token.expose_secret().starts_with("entra-emulated."));
+    // A JWT as Entra's v1 access tokens are, signed with a key the tenant's
+    // JWKS publishes.
+    let jwt = token.token.expose_secret();
+    let header = jsonwebtoken::decode_header(jwt).unwrap();
+    let jwks: jsonwebtoken::jwk::JwkSet =
+        reqwest::get(format!("{}/{TENANT}/discovery/v2.0/keys", up.entra_url))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+    let jwk = jwks.find(header.kid.as_deref().unwrap()).unwrap();
+    let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::RS256);
+    validation.set_audience(&["https://storage.azure.com"]);
+    validation.set_issuer(&[format!("https://sts.windows.net/{TENANT}/")]);
+    let claims = jsonwebtoken::decode::<serde_json::Value>(
+        jwt,
+        &jsonwebtoken::DecodingKey::from_jwk(jwk).unwrap(),
+        &validation,
+    )
+    .unwrap()
+    .claims;
+    assert_eq!(claims["tid"], TENANT);
+    assert_eq!(claims["appid"], CLIENT);
+    assert_eq!(claims["ver"], "1.0");
+    assert_eq!(claims["sub"], claims["oid"]);
+    // Another key does not verify it.
+    let other = SigningKey::generate_rs256().unwrap();
+    let other: jsonwebtoken::jwk::Jwk = serde_json::from_value(other.jwk().clone()).unwrap();
+    assert!(jsonwebtoken::decode::<serde_json::Value>(
+        jwt,
+        &jsonwebtoken::DecodingKey::from_jwk(&other).unwrap(),
+        &validation,
+    )
+    .is_err());
     assert!(
         token.expires_at >= token.issued_at + 1799 && token.expires_at <= token.issued_at + 1801
     );

@@ -55,7 +55,8 @@ impl Answer {
             "AccessKeyId",
             "SecretAccessKey",
             "ya29.",
-            "entra-emulated.",
+            // Entra's access tokens are JWTs: base64url of `{"`.
+            "eyJ",
         ]
         .iter()
         .any(|s| self.body.contains(s))

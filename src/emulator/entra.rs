@@ -6,6 +6,13 @@
 //! by OIDC discovery of that issuer, its subject and audience must match the
 //! record, and it must be within its validity window. Errors carry Entra's
 //! JSON shape and AADSTS codes, so clients see what they would see in Azure.
+//!
+//! The access tokens it issues are JWTs shaped as Entra's v1 app-only tokens
+//! for Azure resources are (`iss` `https://sts.windows.net/TENANT/`, `aud`
+//! the resource, `tid`, `oid`, `appid`, `exp`), signed RS256 with a key of
+//! the emulator's own that `/{tenant}/discovery/v2.0/keys` publishes, so a
+//! resource emulator that checks Entra tokens (Azurite in OAuth mode) takes
+//! them and refuses another audience.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,12 +23,14 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 
 use crate::secret::random_token;
 use crate::token::{KeySet, KeysError, Lookup};
+
+use super::SigningKey;
 
 /// The audience Entra requires in federated assertions (the product's
 /// constant: the emulator checks what the exchanger is configured with).
@@ -66,6 +75,8 @@ pub struct EntraStats {
 pub struct Entra {
     apps: Vec<App>,
     lifetime: Duration,
+    /// Signs the access tokens; its public half is the tenant's JWKS.
+    signing: SigningKey,
     key_sets: super::IssuerKeys,
     /// What the emulator has been asked and has issued.
     pub stats: EntraStats,
@@ -78,22 +89,26 @@ pub struct Entra {
 impl Entra {
     /// An emulator of `apps`, issuing access tokens valid for `lifetime` and
     /// discovering assertion issuers' keys with `http`.
-    pub fn new(apps: Vec<App>, lifetime: Duration, http: reqwest::Client) -> Self {
-        Entra {
+    pub fn new(apps: Vec<App>, lifetime: Duration, http: reqwest::Client) -> anyhow::Result<Self> {
+        Ok(Entra {
             apps,
             lifetime,
+            signing: SigningKey::generate_rs256()?,
             key_sets: super::IssuerKeys::new(http),
             stats: EntraStats::default(),
             ledger: super::Ledger::default(),
             faults: Default::default(),
-        }
+        })
     }
 
-    /// The token endpoint, `POST /{tenant}/oauth2/v2.0/token`: serve it at an
-    /// authority host's root.
+    /// The token endpoint, `POST /{tenant}/oauth2/v2.0/token`, and the keys
+    /// its access tokens are signed with, `GET /{tenant}/discovery/v2.0/keys`
+    /// (and `/common/discovery/keys`): serve it at an authority host's root.
     pub fn router(self: &Arc<Self>) -> Router {
         let router = Router::new()
             .route("/{tenant}/oauth2/v2.0/token", post(token))
+            .route("/{tenant}/discovery/v2.0/keys", get(jwks))
+            .route("/{tenant}/discovery/keys", get(jwks))
             .with_state(self.clone());
         self.faults.layer(router, fault_response)
     }
@@ -175,6 +190,45 @@ struct AssertionClaims {
     aud: Option<crate::token::Audience>,
     exp: Option<u64>,
     nbf: Option<u64>,
+}
+
+async fn jwks(State(entra): State<Arc<Entra>>) -> Json<serde_json::Value> {
+    Json(json!({ "keys": [entra.signing.jwk()] }))
+}
+
+/// The claims of an Entra v1 access token issued to an app for a resource
+/// (client credentials): what Azure resources read from it.
+#[derive(serde::Serialize)]
+struct AccessClaims<'a> {
+    aud: &'a str,
+    iss: String,
+    iat: u64,
+    nbf: u64,
+    exp: u64,
+    aio: String,
+    appid: &'a str,
+    /// 2: the client authenticated with a certificate or an assertion.
+    appidacr: &'static str,
+    idp: String,
+    idtyp: &'static str,
+    oid: String,
+    rh: String,
+    sub: String,
+    tid: &'a str,
+    uti: String,
+    ver: &'static str,
+}
+
+/// The app's service principal object id in its tenant: stable for an app,
+/// as Entra's is.
+fn object_id(app: &App) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(format!("{}/{}", app.tenant_id, app.client_id));
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    uuid::Builder::from_random_bytes(bytes)
+        .into_uuid()
+        .to_string()
 }
 
 async fn token(
@@ -328,9 +382,40 @@ async fn issue(entra: &Entra, tenant: &str, body: &[u8]) -> Result<Response, Aad
         return Err(no_match());
     }
 
-    entra.stats.issued.fetch_add(1, Ordering::Relaxed);
     let lifetime = entra.lifetime.as_secs();
-    let access_token = format!("entra-emulated.{}", random_token(48));
+    // The resource is the scope without `/.default`: what `aud` names.
+    let resource = scope.strip_suffix("/.default").unwrap_or(scope);
+    let issuer = format!("https://sts.windows.net/{}/", app.tenant_id);
+    let oid = object_id(app);
+    let access_token = entra
+        .signing
+        .sign(&AccessClaims {
+            aud: resource,
+            iss: issuer.clone(),
+            iat: now,
+            nbf: now,
+            exp: now + lifetime,
+            aio: random_token(24),
+            appid: &app.client_id,
+            appidacr: "2",
+            idp: issuer,
+            idtyp: "app",
+            sub: oid.clone(),
+            oid,
+            rh: random_token(16),
+            tid: &app.tenant_id,
+            uti: random_token(16),
+            ver: "1.0",
+        })
+        .map_err(|_| {
+            aad(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                50000,
+                "There was an error issuing a token.",
+            )
+        })?;
+    entra.stats.issued.fetch_add(1, Ordering::Relaxed);
     entra.ledger.record(
         &access_token,
         &format!("{}/{}", app.tenant_id, app.client_id),

@@ -16,6 +16,7 @@ import pytest
 import requests
 from azure.identity import ManagedIdentityCredential
 
+import jwt_check
 from conftest import lanyard_binary, sidecar_binary
 
 SCOPE = "https://storage.azure.com/.default"
@@ -163,7 +164,7 @@ def all_sdks(dev, split, monkeypatch):
     base = split["base"]
     monkeypatch.setenv("AZURE_POD_IDENTITY_AUTHORITY_HOST", base)
     token = ManagedIdentityCredential().get_token(SCOPE).token
-    assert token.startswith("entra-emulated.")
+    jwt_check.entra_access_token(token)
     dev.issued.append(token)
     dev.issued.append(google_token(dev, base))
     monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", base + "/v1/credentials")

@@ -69,19 +69,22 @@ pub async fn upstreams(subject: &str, lifetime: Duration) -> Upstreams {
         SigningKey::generate_rs256().unwrap(),
     ));
     spawn_server(listener, issuer.router(), shutdown.clone());
-    let entra = Arc::new(Entra::new(
-        vec![App {
-            tenant_id: TENANT.into(),
-            client_id: CLIENT.into(),
-            federated: vec![FederatedCredential {
-                issuer: issuer.url().into(),
-                subject: subject.into(),
-                audience: FEDERATION_AUDIENCE.into(),
+    let entra = Arc::new(
+        Entra::new(
+            vec![App {
+                tenant_id: TENANT.into(),
+                client_id: CLIENT.into(),
+                federated: vec![FederatedCredential {
+                    issuer: issuer.url().into(),
+                    subject: subject.into(),
+                    audience: FEDERATION_AUDIENCE.into(),
+                }],
             }],
-        }],
-        lifetime,
-        lanyard::http::client(),
-    ));
+            lifetime,
+            lanyard::http::client(),
+        )
+        .expect("Entra emulator"),
+    );
     let entra_url = format!("http://{}", serve(entra.router(), &shutdown).await);
     let gcp = Arc::new(
         Gcp::new(

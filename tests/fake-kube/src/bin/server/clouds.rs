@@ -158,7 +158,7 @@ impl Clouds {
             })
             .collect();
         let lifetime = Duration::from_secs(config.lifetime_seconds);
-        let entra = Arc::new(Entra::new(apps, lifetime, http.clone()));
+        let entra = Arc::new(Entra::new(apps, lifetime, http.clone())?);
         let gcp = Arc::new(Gcp::new(
             GcpEmulatorConfig {
                 providers: vec![WorkloadIdentityProvider {
