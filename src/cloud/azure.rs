@@ -27,8 +27,11 @@ pub const FEDERATION_AUDIENCE: &str = "api://AzureADTokenExchange";
 pub const PUBLIC_CLOUD: &str = "https://login.microsoftonline.com";
 /// Azure US Government (`usgovernment`).
 pub const US_GOVERNMENT: &str = "https://login.microsoftonline.us";
-/// Azure operated by 21Vianet (`china`).
-pub const CHINA: &str = "https://login.chinacloudapi.cn";
+/// Azure operated by 21Vianet (`china`): the host Microsoft's national
+/// cloud endpoints page names for Entra there; the older
+/// `https://login.chinacloudapi.cn` still answers and can be set with
+/// `azure.authority_host`.
+pub const CHINA: &str = "https://login.partner.microsoftonline.cn";
 
 /// The authority host for a named Azure cloud.
 pub fn authority_for_cloud(name: &str) -> Option<&'static str> {
