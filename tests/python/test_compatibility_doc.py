@@ -8,6 +8,10 @@ not drift from the test suite and the installed clients.
 - every cloud client in tests/python/requirements.txt and every dependency
   in tests/node/package.json has at least one row.
 
+The README is checked here too, as an overview that stays one: no line
+over 400 characters, and its first fenced block is exactly the two commands
+(CI and the README's own promise rely on them).
+
 Needs no `lanyard` binary: nothing here starts Lanyard.
 """
 
@@ -24,6 +28,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "compatibility.md"
+README = ROOT / "README.md"
+README_MAX_LINE = 400
+README_COMMANDS = ["cargo run --release -- dev", "scripts/test"]
 REQUIREMENTS = ROOT / "tests" / "python" / "requirements.txt"
 NODE_DIR = ROOT / "tests" / "node"
 NODE_MODULES = NODE_DIR / "node_modules"
@@ -265,3 +272,30 @@ def test_every_client_package_has_a_row():
     )
     missing = [n for n in node_dependencies() if normalize(n) not in documented]
     assert not missing, f"tests/node/package.json depends on {missing} with no row in {DOC.relative_to(ROOT)}"
+
+
+# -- the README ----------------------------------------------------------------
+
+def test_readme_lines_are_a_normal_length():
+    """Reference material belongs in docs/; the README wraps its prose at
+    sentence boundaries (Markdown joins the lines)."""
+    lines = README.read_text(encoding="utf-8").splitlines()
+    long = [(n, len(line)) for n, line in enumerate(lines, 1) if len(line) > README_MAX_LINE]
+    assert not long, (
+        f"README.md lines over {README_MAX_LINE} characters (line, length): {long}; "
+        "wrap them at a sentence, or move the detail into docs/"
+    )
+
+
+def test_readme_first_block_is_the_two_commands():
+    """The first fenced block holds exactly the build-and-run command and the
+    test command, each optionally followed by a `# comment`."""
+    lines = README.read_text(encoding="utf-8").splitlines()
+    opening = next((i for i, line in enumerate(lines) if line.startswith("```")), None)
+    assert opening is not None, "README.md has no fenced block"
+    closing = next((i for i in range(opening + 1, len(lines)) if lines[i].startswith("```")), None)
+    assert closing is not None, f"README.md:{opening + 1}: the fenced block is not closed"
+    commands = [re.split(r"\s+#\s", line, maxsplit=1)[0].strip() for line in lines[opening + 1:closing]]
+    assert commands == README_COMMANDS, (
+        f"README.md:{opening + 1}: the first fenced block runs {commands}, expected exactly {README_COMMANDS}"
+    )
