@@ -140,16 +140,18 @@ def materialise(objects: list[dict], volume: dict, target: Path) -> list[Path]:
 class FakeKube:
     """`lanyard-fake-kube`: the fake API server and its control port."""
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, clouds: Path | None = None):
+        """`clouds`: a `--clouds` file; the emulators' URLs are then in
+        `info` (`azure`, `gcp`, `aws`)."""
         workdir.mkdir(parents=True, exist_ok=True)
         target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
         binary = Path(os.environ.get("LANYARD_FAKE_KUBE_BIN") or target / "debug" / "lanyard-fake-kube")
         if not binary.exists():
             raise RuntimeError(f"{binary} not found: cargo build -p lanyard-fake-kube --features server")
-        self.proc = subprocess.Popen([str(binary), "--dir", str(workdir)], stdout=subprocess.PIPE,
-                                     stderr=open(workdir / "fake-kube.log", "wb"))
+        self.proc = subprocess.Popen([str(binary), "--dir", str(workdir), *(["--clouds", str(clouds)] if clouds else [])],
+                                     stdout=subprocess.PIPE, stderr=open(workdir / "fake-kube.log", "wb"))
         line = self.proc.stdout.readline()
-        info = json.loads(line)
+        self.info = info = json.loads(line)
         self.api, self.control, self.kubeconfig = info["api"], info["control"], info["kubeconfig"]
 
     def apply(self, obj: dict) -> dict:

@@ -30,7 +30,7 @@ kubernetes_validate = pytest.importorskip("kubernetes_validate")
 # The oldest Kubernetes the chart supports (native sidecars) and a current one.
 KUBE_VERSIONS = ["1.29.0", "1.35.0"]
 # Kinds from CRDs, which kubernetes-validate has no schema for.
-CRD_KINDS = {"Certificate", "Issuer", "ServiceMonitor"}
+CRD_KINDS = {"Certificate", "Issuer", "ServiceMonitor", "PrometheusRule"}
 
 AZURE = {"tenantId": "72f988bf-86f1-41af-91ab-2d7cd011db47"}
 GCP = {"workloadIdentityProvider": "//iam.googleapis.com/projects/123456789012/locations/global/workloadIdentityPools/ray/providers/aks",
@@ -52,7 +52,8 @@ VALUE_SETS = {
         "http": {"url": "https://audit.example.net/v1/records", "tokenSecret": "audit-collector"}, "exportWhenFull": "drop"}},
     "policies": {"policy": {"enabled": True, "policies": {"team-storage.cedar": CEDAR}}},
     "host-port": {"agent": {"reachVia": "hostPort"}},
-    "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}}, "networkPolicy": {"webhookFrom": ["10.0.0.0/16"]}},
+    "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}}, "networkPolicy": {"webhookFrom": ["10.0.0.0/16"]},
+                "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}}, "grafanaDashboard": {"enabled": True}},
     "token-review-issuer": {"cluster": {"issuer": "https://oidc.prod-aks.azure.com/tenant/uuid/", "tokenReview": True}},
     "guard": {"cluster": {"name": "multi"}, "azure": AZURE, "gcp": GCP, "aws": AWS,
               "guard": {"enabled": True, "admissionPolicy": True, "extraAudiences": ["lanyard-data-lake"]}},
