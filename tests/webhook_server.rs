@@ -26,6 +26,12 @@ struct Pki {
 
 /// A CA and a serving certificate for 127.0.0.1/localhost.
 fn pki() -> Pki {
+    pki_until(None)
+}
+
+/// As [`pki`], the serving certificate valid until `not_after` (Unix
+/// seconds) when given.
+fn pki_until(not_after: Option<i64>) -> Pki {
     use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
     let ca_key = KeyPair::generate().unwrap();
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
@@ -33,8 +39,11 @@ fn pki() -> Pki {
     let ca_cert = ca_params.self_signed(&ca_key).unwrap();
     let issuer = Issuer::new(ca_params, ca_key);
     let key = KeyPair::generate().unwrap();
-    let params =
+    let mut params =
         CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+    if let Some(t) = not_after {
+        params.not_after = time::OffsetDateTime::from_unix_timestamp(t).unwrap();
+    }
     let cert = params.signed_by(&key, &issuer).unwrap();
     Pki {
         ca_pem: ca_cert.pem(),
@@ -258,6 +267,44 @@ async fn mutates_over_tls_and_retries_a_late_service_account() {
             .contains(&Value::from("azure")),
         "{r}"
     );
+}
+
+/// `lanyard_webhook_certificate_expiry_timestamp_seconds` now.
+fn expiry(metrics: &lanyard::telemetry::metrics::Metrics) -> i64 {
+    let text = metrics.render();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("lanyard_webhook_certificate_expiry_timestamp_seconds "))
+        .unwrap_or_else(|| panic!("no expiry gauge in:\n{text}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exports_the_certificate_expiry_and_follows_rotations() {
+    let dir = tempfile::tempdir().unwrap();
+    let (t1, t2) = (4_102_444_800, 4_133_980_800); // 2100-01-01, 2101-01-01
+    let first = pki_until(Some(t1));
+    let metrics = Arc::new(lanyard::telemetry::metrics::Metrics::new());
+    let server = start_with_metrics(dir.path(), &first, Duration::ZERO, metrics.clone()).await;
+    assert_eq!(expiry(&metrics), t1);
+
+    // The renewed certificate's expiry once it is loaded.
+    let second = pki_until(Some(t2));
+    std::fs::write(dir.path().join("tls.key"), &second.key_pem).unwrap();
+    std::fs::write(dir.path().join("tls.crt"), &second.cert_pem).unwrap();
+    for _ in 0..50 {
+        if expiry(&metrics) == t2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(expiry(&metrics), t2);
+
+    // A pair that is refused leaves the one in use, and its expiry.
+    std::fs::write(dir.path().join("tls.crt"), "not a certificate").unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(expiry(&metrics), t2);
+    server.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

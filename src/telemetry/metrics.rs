@@ -106,6 +106,10 @@ pub struct Metrics {
     pub policy_reloads: Family<ResultLabel, Counter>,
     /// `lanyard_policy_policies`: policies in the set in force.
     pub policy_policies: Gauge,
+    /// `lanyard_webhook_certificate_expiry_timestamp_seconds`: when the
+    /// serving certificate the webhook uses now stops being valid (its
+    /// `notAfter`, Unix seconds); 0 before one is loaded.
+    pub webhook_certificate_expiry: Gauge,
     /// `lanyard_pod_events`: denials explained as Kubernetes Events on the
     /// calling pod, by result.
     pub pod_events: Family<ResultLabel, Counter>,
@@ -183,6 +187,7 @@ impl Metrics {
             decisions: Family::default(),
             policy_reloads: Family::default(),
             policy_policies: Gauge::default(),
+            webhook_certificate_expiry: Gauge::default(),
             pod_events: Family::default(),
             audit_records: Family::default(),
             audit_sync_seconds: Histogram::new([
@@ -273,6 +278,11 @@ impl Metrics {
             "policy_policies",
             "Policies in the set in force",
             m.policy_policies.clone(),
+        );
+        registry.register(
+            "webhook_certificate_expiry_timestamp_seconds",
+            "When the webhook's serving certificate in use expires (notAfter, Unix seconds)",
+            m.webhook_certificate_expiry.clone(),
         );
         registry.register(
             "pod_events",

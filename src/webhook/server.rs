@@ -90,7 +90,9 @@ impl WebhookServer {
                     tls.key.display()
                 )
             })?;
+        set_expiry(&metrics, &tls.cert);
         let reload_audit = audit.clone();
+        let reload_metrics = metrics.clone();
         let state = Arc::new(Webhook {
             injection,
             guard,
@@ -115,7 +117,7 @@ impl WebhookServer {
                 tracing::error!(error = %e, "webhook server failed");
             }
         });
-        let reload = tokio::spawn(reload_loop(rustls, tls, reload_audit));
+        let reload = tokio::spawn(reload_loop(rustls, tls, reload_audit, reload_metrics));
         let addr = handle
             .listening()
             .await
@@ -156,7 +158,12 @@ impl WebhookServer {
 /// is logged and the previous one kept. Each outcome is an audit record
 /// (`config_reload`): a new serving certificate, or one that was refused,
 /// changes who the API server can reach.
-async fn reload_loop(rustls: RustlsConfig, tls: TlsFiles, audit: Arc<dyn AuditSink>) {
+async fn reload_loop(
+    rustls: RustlsConfig,
+    tls: TlsFiles,
+    audit: Arc<dyn AuditSink>,
+    metrics: Arc<Metrics>,
+) {
     let mut seen = (mtime(&tls.cert), mtime(&tls.key));
     loop {
         tokio::time::sleep(tls.reload_every).await;
@@ -167,6 +174,7 @@ async fn reload_loop(rustls: RustlsConfig, tls: TlsFiles, audit: Arc<dyn AuditSi
         let outcome = match rustls.reload_from_pem_file(&tls.cert, &tls.key).await {
             Ok(()) => {
                 seen = now;
+                set_expiry(&metrics, &tls.cert);
                 let fingerprint = std::fs::read(&tls.cert)
                     .map(|pem| crate::secret::fingerprint_bytes(&pem))
                     .unwrap_or_default();
@@ -191,6 +199,44 @@ async fn reload_loop(rustls: RustlsConfig, tls: TlsFiles, audit: Arc<dyn AuditSi
             tracing::error!(error = %e, "audit record of the certificate reload not written");
         }
     }
+}
+
+/// Exports the `notAfter` of the first certificate in `cert` (the serving
+/// one) as `lanyard_webhook_certificate_expiry_timestamp_seconds`. A file
+/// that rustls took but this cannot read leaves the gauge as it was, with a
+/// warning.
+fn set_expiry(metrics: &Metrics, cert: &Path) {
+    match certificate_not_after(cert) {
+        Ok(not_after) => {
+            metrics.webhook_certificate_expiry.set(not_after);
+        }
+        Err(e) => {
+            tracing::warn!(cert = %cert.display(), error = %e, "cannot read the webhook certificate's expiry")
+        }
+    }
+}
+
+/// Why a certificate's expiry could not be read.
+#[derive(Debug, thiserror::Error)]
+enum ExpiryError {
+    #[error("cannot read the file: {0}")]
+    Read(#[from] std::io::Error),
+    #[error("no PEM certificate in it")]
+    NoCertificate,
+    #[error("the certificate does not parse")]
+    Parse,
+}
+
+/// The `notAfter` (Unix seconds) of the first PEM certificate in `path`.
+fn certificate_not_after(path: &Path) -> Result<i64, ExpiryError> {
+    let pem = std::fs::read(path)?;
+    let (_, block) =
+        x509_parser::pem::parse_x509_pem(&pem).map_err(|_| ExpiryError::NoCertificate)?;
+    if block.label != "CERTIFICATE" {
+        return Err(ExpiryError::NoCertificate);
+    }
+    let cert = block.parse_x509().map_err(|_| ExpiryError::Parse)?;
+    Ok(cert.validity().not_after.timestamp())
 }
 
 /// Bindings of `namespace/name`, retried briefly when the ServiceAccount is
