@@ -81,6 +81,8 @@ RETRY_BOUND = 5.0
 SDK_NAME = {"azure": "azure-identity", "gcp": "google-auth", "aws": "boto3"}
 RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
 HERD_CONCURRENCY = 200
+# Runs of at least two of these also report the footprint per window.
+WINDOW = 600
 IMDS_PATH = "/metadata/identity/oauth2/token?api-version=2018-02-01&resource=https%3A%2F%2Fstorage.azure.com%2F"
 
 # The three identities: pods a and c ask the agent on every call
@@ -231,12 +233,16 @@ def http(method: str, url: str, body=None, timeout: float = 5.0, headers=None) -
         return e.code, e.read()
 
 
-def rss_fds(pid: int) -> tuple[int, int] | None:
+def rss_fds(pid: int) -> tuple[int, int, int] | None:
+    """VmRSS KiB, open descriptors, RssAnon KiB (RSS less the pages of
+    files, the executable's code among them, which fault in as code paths
+    are first taken and are not the heap)."""
     try:
         with open(f"/proc/{pid}/status") as f:
-            rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-        return rss, len(os.listdir(f"/proc/{pid}/fd"))
-    except (OSError, StopIteration, ValueError):
+            fields = dict(line.split(":", 1) for line in f if line.startswith(("VmRSS:", "RssAnon:")))
+        rss, anon = int(fields["VmRSS"].split()[0]), int(fields["RssAnon"].split()[0])
+        return rss, len(os.listdir(f"/proc/{pid}/fd")), anon
+    except (OSError, KeyError, IndexError, ValueError):
         return None
 
 
@@ -288,12 +294,71 @@ def atomic_write(directory: Path, files: dict[str, bytes]) -> None:
     kubelet_atomic_write(directory, files, 0o644, None)
 
 
-class Proc:
-    """A child process with its stderr in a log file."""
+def heaptrack_tools() -> tuple[Path, Path]:
+    """heaptrack's preload library and interpreter, found as the `heaptrack`
+    script finds them (relative to it)."""
+    script = shutil.which("heaptrack")
+    if script is None:
+        raise RuntimeError("BENCH_HEAPTRACK is set but heaptrack is not installed (apt-get install heaptrack)")
+    lib = Path(script).resolve().parent.parent / "lib" / "heaptrack"
+    preload, interpret = lib / "libheaptrack_preload.so", lib / "libexec" / "heaptrack_interpret"
+    for f in (preload, interpret):
+        if not f.exists():
+            raise RuntimeError(f"heaptrack: {f} is missing")
+    return preload, interpret
 
-    def __init__(self, name: str, argv: list[str], log: Path, env: dict[str, str], stdout=subprocess.DEVNULL):
+
+class Heaptrack:
+    """What the `heaptrack` script does, without the script between the
+    driver and the profiled process: the script runs the program as a child
+    and outlives it, so the pid the sampler reads and the signals the
+    schedule sends (SIGTERM at the end, the agent's SIGKILL) would reach the
+    script, not Lanyard. Here the process itself gets heaptrack's preload
+    library, which streams its events into a FIFO read by
+    `heaptrack_interpret | zstd` writing `OUT.zst`. The interpreter finishes
+    the file when the process's end of the FIFO closes, so a SIGKILLed
+    process leaves a complete profile up to the kill (what was still
+    allocated then counts as leaked)."""
+
+    def __init__(self, out: Path, log):
+        preload, interpret = heaptrack_tools()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        self.fifo = out.with_name(out.name + ".fifo")
+        if self.fifo.exists():
+            self.fifo.unlink()
+        os.mkfifo(self.fifo)
+        self.path = out.with_name(out.name + ".zst")
+        # INVARIANT: the reader opens the FIFO before the profiled process
+        # starts; the preload library blocks in open() until a reader is there.
+        self.reader = subprocess.Popen(
+            ["sh", "-c", 'exec "$1" < "$2" | zstd -q -c > "$3"', "sh", str(interpret), str(self.fifo),
+             str(self.path)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
+            start_new_session=True)
+        self.env = {"LD_PRELOAD": str(preload), "DUMP_HEAPTRACK_OUTPUT": str(self.fifo)}
+
+    def finish(self, timeout: float = 300.0) -> None:
+        """Waits for the interpreter to write the whole file (after the
+        profiled process has exited)."""
+        try:
+            self.reader.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            say(f"heaptrack: {self.path} not finished within {timeout:.0f} s; stopping its interpreter")
+            os.killpg(self.reader.pid, signal.SIGTERM)
+            self.reader.wait(timeout=10)
+        self.fifo.unlink(missing_ok=True)
+
+
+class Proc:
+    """A child process with its stderr in a log file; with `heaptrack`, a
+    path without suffix, profiled by heaptrack into `heaptrack.zst`."""
+
+    def __init__(self, name: str, argv: list[str], log: Path, env: dict[str, str], stdout=subprocess.DEVNULL,
+                 heaptrack: Path | None = None):
         self.name, self.argv, self.log_path = name, argv, log
         self.log = open(log, "ab")
+        self.heaptrack = Heaptrack(heaptrack, self.log) if heaptrack is not None else None
+        if self.heaptrack is not None:
+            env = {**env, **self.heaptrack.env}
         self.proc = subprocess.Popen(argv, stdout=stdout, stderr=self.log, env=env, stdin=subprocess.DEVNULL,
                                      start_new_session=True)
         self.pid = self.proc.pid
@@ -314,6 +379,8 @@ class Proc:
                 self.proc.wait(timeout=10)
             except ProcessLookupError:
                 pass
+        if self.heaptrack is not None:
+            self.heaptrack.finish()
         self.log.close()
         return self.proc.returncode
 
@@ -322,6 +389,10 @@ class Proc:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(timeout=10)
+        if self.heaptrack is not None:
+            # The interpreter may still be behind: let it finish in the
+            # background, the run goes on (close() waits for it).
+            threading.Thread(target=self.heaptrack.finish, daemon=True).start()
         self.log.close()
 
     def tail(self, n: int = 15) -> str:
@@ -397,7 +468,8 @@ class Soak:
         self.agent: Proc | None = None
         self.incarnation = 0
         self.incarnations: list[dict] = []  # per agent: started, ended, how, audit lines at start/end, metrics
-        self.samples: list[tuple[float, str, int, int, int]] = []  # (t, name, incarnation, rss KiB, fds)
+        # (t, name, incarnation, rss KiB, fds, anonymous rss KiB)
+        self.samples: list[tuple[float, str, int, int, int, int]] = []
         self.windows: list[Window] = []
         self.events: list[dict] = []  # what the schedule did, for the report
         self.herds: list[dict] = []
@@ -405,11 +477,23 @@ class Soak:
         self.problems: list[str] = []
         self.t_start = 0.0
         self.threads: list[threading.Thread] = []
+        # BENCH_HEAPTRACK=DIR: the agent (each run to DIR/agent-N.zst) and
+        # the sidecars named in BENCH_HEAPTRACK_SIDECARS (default b, which
+        # serves herd bursts; "" for none) run under heaptrack.
+        ht = os.environ.get("BENCH_HEAPTRACK")
+        self.heaptrack_dir = Path(ht).resolve() if ht else None
+        self.heaptrack_sidecars = set(os.environ.get("BENCH_HEAPTRACK_SIDECARS", "b").replace(",", " ").split())
+        if self.heaptrack_dir is not None:
+            heaptrack_tools()
 
     # ------------------------------------------------------------ set-up
 
-    def start(self, name: str, argv: list[str], env: dict[str, str], stdout=subprocess.DEVNULL) -> Proc:
-        p = Proc(name, argv, self.work / "logs" / f"{name}.log", env, stdout)
+    def start(self, name: str, argv: list[str], env: dict[str, str], stdout=subprocess.DEVNULL,
+              profile: bool = False) -> Proc:
+        """`profile`: under heaptrack when BENCH_HEAPTRACK names a directory
+        (the profile is DIR/NAME.zst)."""
+        heaptrack = self.heaptrack_dir / name if profile and self.heaptrack_dir is not None else None
+        p = Proc(name, argv, self.work / "logs" / f"{name}.log", env, stdout, heaptrack)
         self.procs.append(p)
         return p
 
@@ -491,7 +575,8 @@ audit:
                 extra["LANYARD_SIDECAR_GRANT_REUSE_SECONDS"] = str(p["reuse"])
             sc = self.start(f"sidecar-{p['key']}", [a.sidecar, "--listen", "127.0.0.1:0", "--agent",
                                                     f"http://127.0.0.1:{self.agent_port}",
-                                                    "--token-dir", str(p["token_dir"])], role_env(**extra))
+                                                    "--token-dir", str(p["token_dir"])], role_env(**extra),
+                            profile=p["key"] in self.heaptrack_sidecars)
             addr = reported(sc, "lanyard sidecar serving", "addr")
             p["base"] = f"http://{addr}"
             wait_ready(p["base"] + "/readyz", sc)
@@ -532,7 +617,8 @@ audit:
         agent = self.start(f"agent-{self.incarnation}",
                            [self.args.lanyard, "--config", str(self.agent_config), "agent",
                             "--listen", f"127.0.0.1:{self.agent_port}",
-                            "--admin-listen", f"127.0.0.1:{self.admin_port}", "--node-name", NODE], env)
+                            "--admin-listen", f"127.0.0.1:{self.admin_port}", "--node-name", NODE], env,
+                           profile=True)
         wait_ready(f"http://127.0.0.1:{self.admin_port}/readyz", agent)
         with self.lock:
             self.agent = agent
@@ -601,7 +687,7 @@ audit:
             for name, n, proc in procs:
                 v = rss_fds(proc.pid)
                 if v is not None and proc.alive():
-                    self.samples.append((t, name, n, v[0], v[1]))
+                    self.samples.append((t, name, n, v[0], v[1], v[2]))
             if agent is not None:
                 try:
                     status, body = http("GET", metrics_url, timeout=1)
@@ -1077,9 +1163,9 @@ audit:
     def report(self) -> int:
         results = self.results()
         with open(self.work / "samples.csv", "w") as f:
-            f.write("t,process,run,rss_kib,fds\n")
-            for t, name, n, rss, fds in self.samples:
-                f.write(f"{t - self.t_start:.1f},{name},{n},{rss},{fds}\n")
+            f.write("t,process,run,rss_kib,fds,rss_anon_kib\n")
+            for t, name, n, rss, fds, anon in self.samples:
+                f.write(f"{t - self.t_start:.1f},{name},{n},{rss},{fds},{anon}\n")
         fails = []  # why the run failed
         # SDK calls
         rows = {}
@@ -1226,11 +1312,12 @@ audit:
             w = e.get("window")
             p(f"| {e['t0']:.1f} | {e['t1']:.1f} | {e['label']} | {w.failures if w else ''} |")
         p("")
-        p("Footprint, sampled every second (`VmRSS`, entries of `/proc/PID/fd`); slope: least squares over the "
-          "second half of the run")
+        p("Footprint, sampled every second (`VmRSS`; `RssAnon`, the part that is not pages of files such as the "
+          "executable's code; entries of `/proc/PID/fd`); slope: least squares over the second half of the run")
         p("")
-        p("| process | RSS start → half → end MiB | RSS slope KiB/min | fds start → half → end | fds slope /min |")
-        p("|---|---|---:|---|---:|")
+        p("| process | RSS start → half → end MiB | RSS slope KiB/min | anon RSS start → half → end MiB | "
+          "anon slope KiB/min | fds start → half → end | fds slope /min |")
+        p("|---|---|---:|---|---:|---|---:|")
         half = self.t_start + self.duration / 2
         last_agent = self.incarnations[-1]["n"]
         for name in ["agent", *[f"sidecar-{p_['key']}" for p_ in PODS]]:
@@ -1241,10 +1328,19 @@ audit:
             mid = s2[0] if s2 else s[-1]
             rs = slope([(x[0], x[3]) for x in s2])
             fs = slope([(x[0], x[4]) for x in s2])
+            an = slope([(x[0], x[5]) for x in s2])
             label = name + (f" (pid of run {last_agent})" if name == "agent" and last_agent > 1 else "")
             p(f"| {label} | {s[0][3] / 1024:.1f} → {mid[3] / 1024:.1f} → {s[-1][3] / 1024:.1f} | {fmt(rs)} | "
+              f"{s[0][5] / 1024:.1f} → {mid[5] / 1024:.1f} → {s[-1][5] / 1024:.1f} | {fmt(an)} | "
               f"{s[0][4]} → {mid[4]} → {s[-1][4]} | {fmt(fs, 2)} |")
         p("")
+        if self.duration >= 2 * WINDOW:
+            self.window_slopes(p)
+        if self.heaptrack_dir is not None:
+            profiled = ", ".join(x.name for x in self.procs if x.heaptrack is not None)
+            p(f"Under heaptrack (`BENCH_HEAPTRACK`, profiles in `{self.heaptrack_dir}`): {profiled}. Their RSS "
+              f"includes heaptrack's own, and their latencies its cost per allocation.")
+            p("")
         p("Audit (the file's `credential` records per agent run, against that agent's `lanyard_decisions_total`; "
           "a killed agent's counters are its last scrape, at most a second before the kill, so its file may hold "
           "more, never fewer):")
@@ -1305,6 +1401,37 @@ audit:
         print("\n".join(o), flush=True)
         return 1 if fails else 0
 
+    def window_slopes(self, p) -> None:
+        """RSS and descriptors per process over each WINDOW of the run (the
+        last one may be shorter): start → end and the least-squares slope.
+        The agent's window counts the samples of the agent run that has the
+        most of them there (the SIGKILL starts a new process)."""
+        p(f"Footprint per {WINDOW // 60}-minute window (least-squares slope within the window):")
+        p("")
+        p("| process | window s | RSS start → end MiB | RSS slope KiB/min | anon RSS start → end MiB | "
+          "anon slope KiB/min | fds start → end | fds slope /min |")
+        p("|---|---|---|---:|---|---:|---|---:|")
+        for name in ["agent", *[f"sidecar-{p_['key']}" for p_ in PODS]]:
+            w0 = 0
+            while w0 < self.duration:
+                w1 = min(self.duration, w0 + WINDOW)
+                s = [x for x in self.samples if x[1] == name and w0 <= x[0] - self.t_start < w1]
+                runs = {x[2] for x in s}
+                label = name
+                if len(runs) > 1:
+                    run = max(runs, key=lambda n: sum(1 for x in s if x[2] == n))
+                    s = [x for x in s if x[2] == run]
+                    label = f"{name} (run {run})"
+                if len(s) >= 3:
+                    rs = slope([(x[0], x[3]) for x in s])
+                    fs = slope([(x[0], x[4]) for x in s])
+                    an = slope([(x[0], x[5]) for x in s])
+                    p(f"| {label} | {w0}–{w1:.0f} | {s[0][3] / 1024:.1f} → {s[-1][3] / 1024:.1f} | {fmt(rs)} | "
+                      f"{s[0][5] / 1024:.1f} → {s[-1][5] / 1024:.1f} | {fmt(an)} | "
+                      f"{s[0][4]} → {s[-1][4]} | {fmt(fs, 2)} |")
+                w0 += WINDOW
+        p("")
+
     # ------------------------------------------------------------ teardown
 
     def close(self) -> None:
@@ -1319,6 +1446,10 @@ audit:
                     p.stop(timeout=5)
                 except Exception:  # noqa: BLE001 - keep stopping the others
                     p.kill()
+        for p in self.procs:
+            if p.heaptrack is not None:
+                p.heaptrack.finish()
+                say(f"heaptrack profile of {p.name}: {p.heaptrack.path}")
         if getattr(self, "audit_fs", False):
             if os.environ.get("BENCH_SOAK_KEEP"):
                 # Keep the audit file where it can be read after the unmount.
