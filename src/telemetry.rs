@@ -124,11 +124,13 @@ pub fn admin_router(
     readiness: Readiness,
 ) -> axum::Router {
     use axum::routing::get;
+    let probe = readiness.clone();
     axum::Router::new()
         .route(
             "/metrics",
             get(move || {
                 let metrics = metrics.clone();
+                metrics.ready.set(i64::from(readiness.is_ready()));
                 async move {
                     (
                         [(
@@ -144,7 +146,7 @@ pub fn admin_router(
         .route(
             "/readyz",
             get(move || {
-                let answer = readyz(&readiness);
+                let answer = readyz(&probe);
                 async move { answer }
             }),
         )

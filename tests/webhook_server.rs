@@ -292,7 +292,9 @@ async fn exports_the_certificate_expiry_and_follows_rotations() {
     let second = pki_until(Some(t2));
     std::fs::write(dir.path().join("tls.key"), &second.key_pem).unwrap();
     std::fs::write(dir.path().join("tls.crt"), &second.cert_pem).unwrap();
-    for _ in 0..50 {
+    // Up to 20 s: the reload is checked every few hundred milliseconds,
+    // later on a loaded machine.
+    for _ in 0..200 {
         if expiry(&metrics) == t2 {
             break;
         }
@@ -531,11 +533,18 @@ async fn not_ready_until_the_service_account_list_arrives() {
             .env_remove("LANYARD_CONFIG")
             .env("RUST_LOG", "info"),
     );
-    let readyz = format!(
-        "http://{}/readyz",
-        webhook.listening("admin endpoints").await
-    );
+    let admin = webhook.listening("admin endpoints").await;
+    let readyz = format!("http://{admin}/readyz");
     let eventually = |want: u16| eventually_answers(&readyz, want);
+    // `lanyard_ready` says the same to Prometheus.
+    let ready_metric = || async {
+        let (_, text) = get_status(&format!("http://{admin}/metrics"))
+            .await
+            .unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix("lanyard_ready ").map(str::to_string))
+            .unwrap_or_else(|| panic!("no lanyard_ready in:\n{text}"))
+    };
 
     // Held: the admin port says what is awaited.
     let body = eventually(503).await;
@@ -547,10 +556,12 @@ async fn not_ready_until_the_service_account_list_arrives() {
         Some(503),
         "still held"
     );
+    assert_eq!(ready_metric().await, "0");
 
     // Released: ready, and reviews are answered.
     kube.hold_lists(false);
     assert_eq!(eventually(200).await, "ready");
+    assert_eq!(ready_metric().await, "1");
     let addr = webhook.addr("lanyard webhook serving", "addr").await;
     let answer = review(&client(&pki.ca_pem), addr, fixture("pod_delete.json")).await;
     assert_eq!(answer["response"]["allowed"], true);

@@ -106,6 +106,9 @@ pub struct Metrics {
     pub policy_reloads: Family<ResultLabel, Counter>,
     /// `lanyard_policy_policies`: policies in the set in force.
     pub policy_policies: Gauge,
+    /// `lanyard_ready`: 1 once every start-up condition `/readyz` waits
+    /// for is met, 0 before (set when `/metrics` is scraped).
+    pub ready: Gauge,
     /// `lanyard_webhook_certificate_expiry_timestamp_seconds`: when the
     /// serving certificate the webhook uses now stops being valid (its
     /// `notAfter`, Unix seconds); 0 before one is loaded.
@@ -188,6 +191,7 @@ impl Metrics {
             policy_reloads: Family::default(),
             policy_policies: Gauge::default(),
             webhook_certificate_expiry: Gauge::default(),
+            ready: Gauge::default(),
             pod_events: Family::default(),
             audit_records: Family::default(),
             audit_sync_seconds: Histogram::new([
@@ -278,6 +282,11 @@ impl Metrics {
             "policy_policies",
             "Policies in the set in force",
             m.policy_policies.clone(),
+        );
+        registry.register(
+            "ready",
+            "1 once every start-up condition /readyz waits for is met, 0 before",
+            m.ready.clone(),
         );
         registry.register(
             "webhook_certificate_expiry_timestamp_seconds",
