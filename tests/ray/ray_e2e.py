@@ -42,6 +42,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -355,14 +356,23 @@ def main() -> int:
         })
         say(f"running docs/examples/ray_job.py: {args.tasks} tasks per cloud")
         started = time.time()
-        job = subprocess.run(
+        # A session of its own: Ray's processes (GCS, raylet, workers) go
+        # with the driver's group should the job hang past its time.
+        job = subprocess.Popen(
             [sys.executable, str(REPO / "docs/examples/ray_job.py")], env=env, cwd=work,
-            capture_output=True, text=True, timeout=1800,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         )
+        try:
+            output, _ = job.communicate(timeout=1800)
+        except subprocess.TimeoutExpired:
+            os.killpg(job.pid, signal.SIGKILL)
+            output, _ = job.communicate()
+            output += "\n(killed after 1800 s)"
         wall = time.time() - started
-        (logs / "job.out").write_text(job.stdout + job.stderr)
+        (logs / "job.out").write_text(output)
         if job.returncode != 0:
-            say(f"the job failed ({job.returncode}); its output:\n" + (job.stdout + job.stderr)[-4000:])
+            say(f"the job failed ({job.returncode}); its output:\n" + output[-4000:])
+            say(f"logs kept in {logs}")
             return 1
         summary = json.loads(report.read_text())
         expected = {"bytes": [len(payload)], "sha256": [__import__("hashlib").sha256(payload).hexdigest()]}
@@ -403,6 +413,7 @@ def main() -> int:
     if failures:
         say(f"logs kept in {logs}")
         return 1
+    shutil.rmtree(work, ignore_errors=True)
     say("PASS")
     return 0
 
