@@ -34,6 +34,12 @@ pub const AGENT_CONCURRENCY: usize = 16;
 /// SDKs retry a 503 sooner than they would wait.
 const AGENT_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// Pauses before sending again a request that never reached the agent
+/// (refused, or a pooled connection the agent closed as it was reused):
+/// long enough for a restarting agent to listen again, short against the
+/// SDKs' own retry intervals (Azure's first is 0.8 s).
+const RESEND_AFTER: [Duration; 2] = [Duration::from_millis(50), Duration::from_millis(250)];
+
 /// A client of the node agent's `/v1/token`.
 pub struct RemoteBroker {
     http: reqwest::Client,
@@ -91,6 +97,48 @@ impl RemoteBroker {
     }
 }
 
+impl RemoteBroker {
+    /// Posts `request`, sending it again (after [`RESEND_AFTER`]) when it
+    /// failed before any answer came: a token request is safe to repeat,
+    /// since the agent decides it afresh and serves it from one exchange.
+    /// An answer, even an error status, or a timeout is never repeated.
+    async fn send(
+        &self,
+        subject: &SecretString,
+        request: &TokenRequest,
+        deadline: Instant,
+    ) -> Result<reqwest::Response, BrokerError> {
+        let mut pauses = RESEND_AFTER.iter();
+        loop {
+            let sent = self
+                .http
+                .post(&self.token_url)
+                .bearer_auth(subject.expose_secret())
+                .json(request)
+                .timeout(deadline.saturating_duration_since(Instant::now()))
+                .send()
+                .await;
+            let e = match sent {
+                Ok(resp) => return Ok(resp),
+                Err(e) => e,
+            };
+            let unsent = (e.is_connect() || e.is_request()) && !e.is_timeout();
+            match pauses.next() {
+                Some(pause) if unsent && Instant::now() + *pause < deadline => {
+                    tracing::debug!(error = %e.without_url(), "node agent request failed before an answer; sending again");
+                    tokio::time::sleep(*pause).await;
+                }
+                _ => {
+                    return Err(BrokerError::Unavailable(format!(
+                        "node agent unreachable: {}",
+                        e.without_url()
+                    )))
+                }
+            }
+        }
+    }
+}
+
 #[async_trait::async_trait]
 impl TokenBroker for RemoteBroker {
     async fn request(
@@ -111,17 +159,7 @@ impl TokenBroker for RemoteBroker {
             )))
             }
         };
-        let resp = self
-            .http
-            .post(&self.token_url)
-            .bearer_auth(subject.expose_secret())
-            .json(request)
-            .timeout(deadline.saturating_duration_since(Instant::now()))
-            .send()
-            .await
-            .map_err(|e| {
-                BrokerError::Unavailable(format!("node agent unreachable: {}", e.without_url()))
-            })?;
+        let resp = self.send(subject, request, deadline).await?;
         let status = resp.status();
         let body = resp.bytes().await.map_err(|e| {
             BrokerError::Unavailable(format!("node agent response: {}", e.without_url()))
@@ -233,5 +271,65 @@ mod tests {
             connections <= AGENT_CONCURRENCY,
             "{connections} connections for a burst of {burst}"
         );
+    }
+
+    /// An agent on a raw socket: each connection reads one request head and
+    /// body, then gets `answers[n]` (n counting connections), where `None`
+    /// closes the connection without a word.
+    async fn raw_agent(answers: Vec<Option<&'static str>>) -> (SocketAddr, Arc<AtomicUsize>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let counted = connections.clone();
+        tokio::spawn(async move {
+            for answer in answers {
+                let (mut conn, _) = listener.accept().await.unwrap();
+                counted.fetch_add(1, Ordering::SeqCst);
+                let mut buf = vec![0u8; 16 * 1024];
+                let mut got = Vec::new();
+                // The request is small: read until its JSON body closes.
+                while !got.ends_with(b"}") {
+                    let n = conn.read(&mut buf).await.unwrap();
+                    if n == 0 {
+                        break;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                }
+                if let Some(answer) = answer {
+                    let reply = format!(
+                        "HTTP/1.1 {answer}\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{{}}"
+                    );
+                    conn.write_all(reply.as_bytes()).await.unwrap();
+                }
+            }
+        });
+        (addr, connections)
+    }
+
+    #[tokio::test]
+    async fn a_request_the_agent_dropped_unanswered_is_sent_again_and_an_answer_never_is() {
+        let request = TokenRequest::new(Cloud::Azure, Kind::Identity, Surface::AzureImds);
+        let subject = SecretString::from("projected".to_string());
+        // Closed twice without an answer, then a 503 with an unreadable body:
+        // three sends, and the 503 is the result.
+        let (addr, connections) =
+            raw_agent(vec![None, None, Some("503 Service Unavailable")]).await;
+        let broker = RemoteBroker::new(&format!("http://{addr}"));
+        let err = broker.request(&subject, &request).await.unwrap_err();
+        assert_eq!(connections.load(Ordering::SeqCst), 3);
+        assert!(err.to_string().contains("HTTP 503"), "{err}");
+        // An answer on the first connection is final, whatever its status.
+        let (addr, connections) = raw_agent(vec![Some("500 Internal Server Error"), None]).await;
+        let broker = RemoteBroker::new(&format!("http://{addr}"));
+        let err = broker.request(&subject, &request).await.unwrap_err();
+        assert!(err.to_string().contains("HTTP 500"), "{err}");
+        assert_eq!(connections.load(Ordering::SeqCst), 1);
+        // Dropped more often than it is sent again: unreachable.
+        let (addr, connections) = raw_agent(vec![None, None, None, None]).await;
+        let broker = RemoteBroker::new(&format!("http://{addr}"));
+        let err = broker.request(&subject, &request).await.unwrap_err();
+        assert!(err.to_string().contains("node agent unreachable"), "{err}");
+        assert_eq!(connections.load(Ordering::SeqCst), 1 + RESEND_AFTER.len());
     }
 }
