@@ -141,6 +141,12 @@ impl FileSink {
         self.next_seq.load(std::sync::atomic::Ordering::Acquire)
     }
 
+    /// [`FileSink::next_seq`] as it moves, without holding the file open
+    /// (for gauges read at scrape time).
+    pub fn next_seq_watch(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.next_seq.clone()
+    }
+
     /// Notified after each batch written: exporters following the file
     /// wake on it.
     pub fn written(&self) -> Arc<tokio::sync::Notify> {

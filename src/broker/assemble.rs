@@ -25,7 +25,7 @@ use crate::cloud::gcp::{GcpCloud, GcpExchanger, IAMCREDENTIALS_ENDPOINT, STS_END
 use crate::config::Config;
 use crate::directory::Directory;
 use crate::policy::cedar::{CedarPolicy, ReloadEvent};
-use crate::telemetry::metrics::{Metrics, ResultLabel};
+use crate::telemetry::metrics::{Metrics, ResultLabel, SinkLabel};
 use crate::token::Verifier;
 
 /// What a role supplies: how callers are verified and where bindings come
@@ -142,6 +142,24 @@ pub fn audit(config: &Config, role: &'static str, metrics: Arc<Metrics>) -> anyh
             tracing::info!(exporter = name, to = %url, "audit records exported");
         }
         if !exporters.is_empty() {
+            metrics
+                .audit_export_max_backlog
+                .set(i64::try_from(a.export_max_backlog).unwrap_or(i64::MAX));
+            // INVARIANT: the gauge holds the sequence counter, not the
+            // file: a FileSink clone would keep its writer open past the
+            // broker's drop.
+            let (head, shipping) = (file.next_seq_watch(), exporters.clone());
+            metrics.before_render(move |m| {
+                let written = head.load(std::sync::atomic::Ordering::Acquire);
+                for progress in &shipping {
+                    let behind = written.saturating_sub(progress.next());
+                    m.audit_export_backlog
+                        .get_or_create(&SinkLabel {
+                            sink: progress.name,
+                        })
+                        .set(i64::try_from(behind).unwrap_or(i64::MAX));
+                }
+            });
             sinks = sinks.with_backlog(exporters, a.export_max_backlog, a.export_when_full);
         }
         sinks = sinks.with_file(file);

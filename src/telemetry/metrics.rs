@@ -121,6 +121,24 @@ pub struct Metrics {
     /// `lanyard_audit_write_seconds`: time to write (and sync) one batch
     /// of the file sink.
     pub audit_sync_seconds: Histogram,
+    /// `lanyard_audit_export_backlog_records`: records in the audit file
+    /// that an exporter has not delivered yet, by exporter (`syslog`,
+    /// `http`); read when `/metrics` is scraped.
+    pub audit_export_backlog: Family<SinkLabel, Gauge>,
+    /// `lanyard_audit_export_max_backlog_records`: `audit.export_max_backlog`,
+    /// the backlog past which `audit.export_when_full` applies (0 without
+    /// an exporter).
+    pub audit_export_max_backlog: Gauge,
+    /// Run before each [`Metrics::render`]: gauges read from state that is
+    /// cheaper to look at once per scrape than to keep current.
+    before_render: std::sync::Mutex<Vec<Box<dyn Fn(&Metrics) + Send + Sync>>>,
+}
+
+/// An audit exporter's label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SinkLabel {
+    /// `syslog` or `http`.
+    pub sink: &'static str,
 }
 
 /// An audit record's labels: which sink, and what became of it.
@@ -197,6 +215,9 @@ impl Metrics {
             audit_sync_seconds: Histogram::new([
                 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5,
             ]),
+            audit_export_backlog: Family::default(),
+            audit_export_max_backlog: Gauge::default(),
+            before_render: std::sync::Mutex::new(Vec::new()),
         };
         registry.register(
             "cache_hits",
@@ -308,11 +329,38 @@ impl Metrics {
             "Time to write and sync one batch of audit records to the file",
             m.audit_sync_seconds.clone(),
         );
+        registry.register(
+            "audit_export_backlog_records",
+            "Audit records in the file an exporter has not delivered yet",
+            m.audit_export_backlog.clone(),
+        );
+        registry.register(
+            "audit_export_max_backlog_records",
+            "The exporters' backlog bound (audit.export_max_backlog)",
+            m.audit_export_max_backlog.clone(),
+        );
         Metrics { registry, ..m }
+    }
+
+    /// Runs `update` before each [`Metrics::render`], to set gauges from
+    /// state read at scrape time.
+    pub fn before_render(&self, update: impl Fn(&Metrics) + Send + Sync + 'static) {
+        self.before_render
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Box::new(update));
     }
 
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
+        for update in self
+            .before_render
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            update(self);
+        }
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);

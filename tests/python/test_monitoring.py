@@ -23,6 +23,7 @@ import shutil
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -385,6 +386,44 @@ def metric_value(admin: str, name: str) -> float:
     return sum(float(m.group(1)) for m in re.finditer(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
 
 
+class Collector:
+    """An audit HTTP collector on loopback: 503 (Retry-After: 1) while
+    `failing`, then 200, counting the records of each batch it took."""
+
+    def __init__(self):
+        import gzip
+        import http.server
+
+        collector = self
+        self.failing = True
+        self.records = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if collector.failing:
+                    self.send_response(503)
+                    self.send_header("Retry-After", "1")
+                else:
+                    if self.headers.get("Content-Encoding") == "gzip":
+                        body = gzip.decompress(body)
+                    collector.records += len(json.loads(body))
+                    self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/audit"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 def fault(kube: FakeKube, cloud: str, **query) -> None:
     qs = urllib.parse.urlencode({"cloud": cloud, **query})
     request = urllib.request.Request(f"{kube.control}/clouds/faults?{qs}", method="POST", data=b"")
@@ -458,7 +497,10 @@ def test_a_real_prometheus_scrapes_every_metric_and_every_panel_has_data(tmp_pat
         kube.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "trainer-0", "namespace": "ml"},
                     "spec": {"nodeName": NODE, "serviceAccountName": "trainer", "containers": [{"name": "app"}]}})
 
-        # The agent of node-a, with a policy set and the audit file.
+        # The agent of node-a, with a policy set and the audit file, which
+        # it exports to a collector that refuses batches at first.
+        collector = Collector()
+        started.append(collector.stop)
         for role in ("agent", "dev"):
             (tmp_path / role / "policies").mkdir(parents=True)
             (tmp_path / role / "policies" / "policy.cedar").write_text(POLICY)
@@ -469,7 +511,8 @@ def test_a_real_prometheus_scrapes_every_metric_and_every_panel_has_data(tmp_pat
                     "iamcredentials_endpoint": info["gcp"], "token_lifetime": LIFETIME},
             "aws": {"region": "us-east-1", "sts_endpoint": info["aws"]},
             "policy": {"dir": str(tmp_path / "agent" / "policies"), "reload_seconds": 1},
-            "audit": {"file": str(tmp_path / "agent" / "audit.jsonl")}}))
+            "audit": {"file": str(tmp_path / "agent" / "audit.jsonl"), "http": collector.url,
+                      "export_max_backlog": 100000}}))
         env = {"PATH": "/usr/bin:/bin", "KUBECONFIG": kube.kubeconfig, "RUST_LOG": "info"}
         agent = subprocess.Popen([lanyard_binary(), "--config", str(tmp_path / "agent" / "agent.yaml"), "agent",
                                   "--listen", f"127.0.0.1:{agent_port}", "--admin-listen", f"127.0.0.1:{agent_admin}",
@@ -534,6 +577,11 @@ def test_a_real_prometheus_scrapes_every_metric_and_every_panel_has_data(tmp_pat
             # Identities the ServiceAccount is not bound to, and a policy denial.
             assert surfaces.azure(client_id="00000000-0000-0000-0000-000000000001") == 400
             assert surfaces.azure("https://management.azure.com/") == 403
+        # The exporter is behind by what the refused batches held; then the
+        # collector takes them.
+        assert metric_value(agent_url, "lanyard_audit_export_backlog_records") > 0
+        assert metric_value(agent_url, "lanyard_audit_export_max_backlog_records") == 100000
+        collector.failing = False
         # A herd for a new scope shares one exchange (the dev emulators and,
         # here, a slow Entra answer keep the first in flight).
         fault(kube, "azure", fault="latency", ms=300, count=1)
@@ -586,6 +634,10 @@ def test_a_real_prometheus_scrapes_every_metric_and_every_panel_has_data(tmp_pat
         # Google's refresh, due at the same time, succeeds.
         wait_for(lambda: metric_value(agent_url, "lanyard_cache_refreshes_total") >= 2, "the agent refreshes Google's token")
         time.sleep(3)  # a few more scrapes
+
+        # The exporter caught up and the gauge says so.
+        wait_for(lambda: metric_value(agent_url, "lanyard_audit_export_backlog_records") == 0
+                 and collector.records > 0, "the exporter delivers its backlog")
 
         # Every metric the rules and the dashboard read was scraped.
         board = dashboard()
