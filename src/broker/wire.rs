@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{BrokerError, Grant};
+use super::{BrokerError, ErrorClass, Grant};
 use crate::cloud::aws::AwsCredentials;
 use crate::cloud::{AccessToken, Cloud, CloudError, Credential, Identity};
 use crate::secret::{ExposeSecret, SecretString};
@@ -274,22 +274,18 @@ pub struct ErrorBody {
     pub error: WireError,
 }
 
-impl WireError {
-    /// The HTTP status the agent answers with.
-    pub fn status(&self) -> u16 {
-        match self {
-            WireError::Unauthenticated { .. } => 401,
-            WireError::NotBound { .. }
-            | WireError::IdentityNotFound
-            | WireError::CloudDisabled { .. } => 404,
-            WireError::BadRequest { .. } => 400,
-            WireError::PolicyDenied { .. } | WireError::UpstreamRejected { .. } => 403,
-            WireError::UpstreamThrottled { .. } | WireError::CallerLimited { .. } => 429,
-            WireError::UpstreamUnavailable { .. }
-            | WireError::UpstreamProtocol { .. }
-            | WireError::Unavailable { .. }
-            | WireError::Unknown => 503,
-        }
+/// The agent API's HTTP status for `err`, from its one classification
+/// ([`BrokerError::class`]), as the surfaces render theirs. Within
+/// Forbidden, a refused caller token is 401: the agent API authenticates
+/// its callers by bearer token, and HTTP names that failure 401.
+pub fn status(err: &BrokerError) -> u16 {
+    match err.class() {
+        ErrorClass::NotFound => 404,
+        ErrorClass::BadRequest => 400,
+        ErrorClass::Forbidden if matches!(err, BrokerError::Unauthenticated(_)) => 401,
+        ErrorClass::Forbidden => 403,
+        ErrorClass::Throttled => 429,
+        ErrorClass::Unavailable => 503,
     }
 }
 
@@ -444,7 +440,6 @@ impl From<WireError> for BrokerError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::broker::ErrorClass;
 
     #[test]
     fn every_error_survives_the_trip() {
@@ -466,14 +461,17 @@ mod tests {
                 assert_eq!(back.code(), original.code(), "{original:?}");
             }
             assert_eq!(back.retry_after(), original.retry_after());
-            let status = wire.status();
-            match original.class() {
-                ErrorClass::NotFound => assert_eq!(status, 404),
-                ErrorClass::BadRequest => assert_eq!(status, 400),
-                ErrorClass::Forbidden => assert!(status == 401 || status == 403),
-                ErrorClass::Throttled => assert_eq!(status, 429),
-                ErrorClass::Unavailable => assert_eq!(status, 503),
-            }
+            // The sidecar's reading of the answer has the agent's status.
+            assert_eq!(status(&back), status(&original), "{original:?}");
+            let want = match original.class() {
+                ErrorClass::NotFound => 404,
+                ErrorClass::BadRequest => 400,
+                ErrorClass::Forbidden if matches!(original, BrokerError::Unauthenticated(_)) => 401,
+                ErrorClass::Forbidden => 403,
+                ErrorClass::Throttled => 429,
+                ErrorClass::Unavailable => 503,
+            };
+            assert_eq!(status(&original), want, "{original:?}");
         }
     }
 

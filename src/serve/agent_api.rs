@@ -13,10 +13,11 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 
 use super::{json_ok, to_json};
-use crate::broker::wire::{ErrorBody, WireError, WireGrant, TOKEN_PATH};
+use crate::broker::wire::{self, ErrorBody, WireError, WireGrant, TOKEN_PATH};
 use crate::broker::{BrokerError, Grant, TokenBroker};
 use crate::cloud::{BodyKey, TokenRequest};
 use crate::secret::SecretString;
+use crate::token::VerifyError;
 
 /// Largest request body accepted: requests are a few hundred bytes.
 const MAX_BODY: usize = 16 * 1024;
@@ -31,9 +32,15 @@ pub fn router(broker: Arc<dyn TokenBroker>) -> Router {
         .with_state(broker)
 }
 
-fn error(err: WireError) -> Response {
-    let status = StatusCode::from_u16(err.status()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
-    (status, Json(ErrorBody { error: err })).into_response()
+fn error(err: &BrokerError) -> Response {
+    let status = StatusCode::from_u16(wire::status(err)).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+    (
+        status,
+        Json(ErrorBody {
+            error: WireError::from(err),
+        }),
+    )
+        .into_response()
 }
 
 async fn token(
@@ -48,26 +55,23 @@ async fn token(
         .map(str::trim)
         .filter(|t| !t.is_empty())
     else {
-        return error(WireError::Unauthenticated {
-            code: "missing".into(),
-            message: "Authorization: Bearer <projected service account token> is required".into(),
-        });
+        return error(&BrokerError::Unauthenticated(VerifyError::Missing));
     };
     let subject = SecretString::from(subject.to_string());
     let request: TokenRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => {
-            return error(WireError::BadRequest {
-                message: format!("invalid request body: {e}"),
-            })
+            return error(&BrokerError::BadRequest(format!(
+                "invalid request body: {e}"
+            )))
         }
     };
     match broker.request(&subject, &request).await {
         Ok(grant) => match grant_body(&grant, &request) {
             Ok(body) => json_ok(body),
-            Err(e) => error(WireError::from(&e)),
+            Err(e) => error(&e),
         },
-        Err(e) => error(WireError::from(&e)),
+        Err(e) => error(&e),
     }
 }
 

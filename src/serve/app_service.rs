@@ -28,7 +28,8 @@ use crate::cloud::{Cloud, Kind, Selector, Surface, TokenRequest};
 
 use crate::secret::{constant_time_eq, ExposeSecret};
 
-fn error(status: StatusCode, message: impl Into<String>) -> Response {
+/// An error in this surface's own body shape.
+pub(crate) fn error(status: StatusCode, message: impl Into<String>) -> Response {
     (
         status,
         Json(json!({

@@ -19,7 +19,8 @@ use crate::cloud::{
 };
 use crate::secret::ExposeSecret;
 
-fn error(status: StatusCode, error: &str, description: impl Into<String>) -> Response {
+/// An error in this surface's own body shape.
+pub(crate) fn error(status: StatusCode, error: &str, description: impl Into<String>) -> Response {
     (
         status,
         Json(json!({ "error": error, "error_description": description.into() })),

@@ -13,10 +13,11 @@
 use axum::http::header::ALLOW;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
-use serde_json::json;
 
-use super::{aws_container, gce, APP_SERVICE_PATH, AWS_CONTAINER_PATH, IMDS_TOKEN_PATH};
+use super::{
+    app_service, aws_container, azure_imds, gce, APP_SERVICE_PATH, AWS_CONTAINER_PATH,
+    IMDS_TOKEN_PATH,
+};
 
 /// Where IMDSv2 lists the instance's role; a role's credentials are below.
 pub(crate) const AWS_ROLES_PATH: &str = "/latest/meta-data/iam/security-credentials/";
@@ -155,12 +156,10 @@ pub(crate) fn method_not_allowed(route: Route) -> Response {
     let allowed = route.allowed().unwrap_or("GET,HEAD");
     let message = format!("Only {allowed} is allowed on this path");
     let mut response = match route {
-        Route::ImdsToken => (
-            StatusCode::METHOD_NOT_ALLOWED,
-            Json(json!({ "error": "invalid_request", "error_description": message })),
-        )
-            .into_response(),
-        Route::AppServiceToken => app_service_error(StatusCode::METHOD_NOT_ALLOWED, &message),
+        Route::ImdsToken => {
+            azure_imds::error(StatusCode::METHOD_NOT_ALLOWED, "invalid_request", message)
+        }
+        Route::AppServiceToken => app_service::error(StatusCode::METHOD_NOT_ALLOWED, message),
         Route::AwsContainer => {
             aws_container::error(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", message)
         }
@@ -175,18 +174,6 @@ pub(crate) fn method_not_allowed(route: Route) -> Response {
     response
 }
 
-fn app_service_error(status: StatusCode, message: &str) -> Response {
-    (
-        status,
-        Json(json!({
-            "statusCode": status.as_u16(),
-            "message": message,
-            "correlationId": uuid::Uuid::new_v4().to_string(),
-        })),
-    )
-        .into_response()
-}
-
 /// The answer to a path no surface serves (a route with nothing to
 /// serve, or the probes where there are none), in the shape of the
 /// surface the path belongs to.
@@ -195,34 +182,30 @@ pub(crate) fn not_found(route: Route, path: &str) -> Response {
         // IMDS's newer managed-identity paths (MSAL's `getplatformmetadata`
         // and `issuecredential` probes) answer 404 where the feature is
         // absent, which tells MSAL to use the token endpoint.
-        Route::ImdsOther => (
+        Route::ImdsOther => azure_imds::error(
             StatusCode::NOT_FOUND,
-            Json(json!({
-                "error": "not_found",
-                "error_description": format!(
-                    "{} is not served here; the managed identity token endpoint is {IMDS_TOKEN_PATH}",
-                    shown(path)
-                ),
-            })),
-        )
-            .into_response(),
-        Route::AppServiceOther => app_service_error(
+            "not_found",
+            format!(
+                "{} is not served here; the managed identity token endpoint is {IMDS_TOKEN_PATH}",
+                shown(path)
+            ),
+        ),
+        Route::AppServiceOther => app_service::error(
             StatusCode::NOT_FOUND,
-            &format!(
+            format!(
                 "{} is not served here; the managed identity endpoint is {APP_SERVICE_PATH}",
                 shown(path)
             ),
         ),
         // EC2's metadata service answers unknown paths with a bare 404.
         Route::AwsImdsOther => (StatusCode::NOT_FOUND, "Not Found").into_response(),
-        _ => (
+        // A path of no surface: the OAuth-style pair IMDS answers with,
+        // which any client can read.
+        _ => azure_imds::error(
             StatusCode::NOT_FOUND,
-            Json(json!({
-                "error": "not_found",
-                "error_description": format!("{} is not served here. {SERVED}", shown(path)),
-            })),
-        )
-            .into_response(),
+            "not_found",
+            format!("{} is not served here. {SERVED}", shown(path)),
+        ),
     }
 }
 

@@ -103,6 +103,10 @@ pub enum VerifyError {
         /// This agent's node.
         this_node: String,
     },
+    /// No token at all: the agent API's request carried no `Authorization:
+    /// Bearer`.
+    #[error("Authorization: Bearer <projected service account token> is required")]
+    Missing,
     /// Refused by the node agent (as seen from a sidecar).
     #[error("{message}")]
     Refused {
@@ -133,6 +137,7 @@ impl VerifyError {
             VerifyError::PodGone => "pod_gone",
             VerifyError::ServiceAccountReplaced => "service_account_replaced",
             VerifyError::OtherNode { .. } => "other_node",
+            VerifyError::Missing => "missing",
             VerifyError::Refused { reason, .. } if reason == "token_review" => "token_review",
             VerifyError::Refused { .. } => "refused",
         }
