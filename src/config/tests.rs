@@ -3,6 +3,8 @@
 
 #![allow(clippy::result_large_err)] // figment::Error is what Jail closures return
 
+use super::sources::structured_keys;
+use super::validate::{check_endpoint, is_quantity};
 use super::*;
 use figment::Jail;
 use serde_json::json;

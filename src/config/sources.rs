@@ -1,0 +1,188 @@
+//! Where configuration comes from besides defaults and the file: the
+//! `LANYARD_*` environment (sections, aliases, raw strings read lossily)
+//! and command-line flags, and figment's errors worded to name the key and
+//! the source of the bad value.
+
+use figment::providers::{Env, Serialized};
+
+use super::{Config, ConfigError};
+
+/// Command-line flags as a provider, so errors can say "command-line flag".
+pub(super) struct Flags(pub(super) serde_json::Value);
+
+impl figment::Provider for Flags {
+    fn metadata(&self) -> figment::Metadata {
+        figment::Metadata::named("command-line flag")
+    }
+
+    fn data(
+        &self,
+    ) -> Result<figment::value::Map<figment::Profile, figment::value::Dict>, figment::Error> {
+        Serialized::defaults(&self.0).data()
+    }
+}
+
+/// Sections whose environment variables are `LANYARD_<SECTION>_<KEY>`.
+const SECTIONS: [&str; 10] = [
+    "azure", "gcp", "aws", "cache", "cluster", "policy", "audit", "sidecar", "webhook", "dev",
+];
+/// Environment names kept short for the sidecar, as the webhook sets them.
+const ALIASES: [(&str, &str); 2] = [
+    ("agent_url", "sidecar.agent_url"),
+    ("token_dir", "sidecar.token_dir"),
+];
+/// Top-level keys settable from the environment.
+const TOP_LEVEL: [&str; 4] = ["log_format", "log_level", "listen", "admin_listen"];
+
+/// Turns figment's errors into messages that name the key and where the
+/// bad value came from (file, environment variable or flag).
+pub(super) fn describe(errors: figment::Error) -> ConfigError {
+    let messages: Vec<String> = errors
+        .into_iter()
+        .map(|e| {
+            let key = e.path.join(".").to_ascii_lowercase();
+            let source = match &e.metadata {
+                Some(m) if m.name.contains("environment") => {
+                    format!(
+                        " (environment variable LANYARD_{})",
+                        e.path.join("_").to_ascii_uppercase()
+                    )
+                }
+                Some(m) => match &m.source {
+                    Some(figment::Source::File(path)) => format!(" (in {})", path.display()),
+                    _ => format!(" ({})", m.name),
+                },
+                None => String::new(),
+            };
+            if key.is_empty() {
+                format!("{}{source}", e.kind)
+            } else {
+                format!("{key}{source}: {}", e.kind)
+            }
+        })
+        .collect();
+    ConfigError::Load(messages.join("; "))
+}
+
+/// `LANYARD_*` variables as a provider that keeps their values as written.
+///
+/// figment's `Env` parses every value (`123456789012` becomes a number,
+/// `true` a boolean, `[a]` a list), and a string-typed key then refuses it
+/// with "invalid type": a numeric project number, client id or header
+/// secret could not be set from the environment. Here every value stays a
+/// string, and `extract_lossy` turns strings into numbers and booleans only
+/// for keys whose type asks for one. Only the keys whose value is a list or
+/// map (known from the defaults: their default is an array or an empty
+/// object) are parsed with figment's value syntax.
+pub(super) struct RawEnv {
+    env: Env,
+    structured: std::collections::BTreeSet<String>,
+}
+
+impl RawEnv {
+    pub(super) fn new() -> Self {
+        let mut structured = std::collections::BTreeSet::new();
+        if let Ok(defaults) = serde_json::to_value(Config::default()) {
+            structured_keys(&defaults, "", &mut structured);
+        }
+        RawEnv {
+            env: env_provider(),
+            structured,
+        }
+    }
+}
+
+/// Dotted keys of `value`'s lists and maps: arrays and empty objects (a
+/// section is an object with fields; a map's default is empty).
+pub(super) fn structured_keys(
+    value: &serde_json::Value,
+    prefix: &str,
+    out: &mut std::collections::BTreeSet<String>,
+) {
+    use serde_json::Value as J;
+    match value {
+        J::Object(fields) if !fields.is_empty() => {
+            for (key, v) in fields {
+                let path = if prefix.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{prefix}.{key}")
+                };
+                structured_keys(v, &path, out);
+            }
+        }
+        J::Object(_) | J::Array(_) if !prefix.is_empty() => {
+            out.insert(prefix.to_string());
+        }
+        _ => {}
+    }
+}
+
+impl figment::Provider for RawEnv {
+    fn metadata(&self) -> figment::Metadata {
+        self.env.metadata()
+    }
+
+    fn data(
+        &self,
+    ) -> Result<figment::value::Map<figment::Profile, figment::value::Dict>, figment::Error> {
+        use figment::value::{Dict, Value};
+        fn insert(dict: &mut Dict, path: &[&str], value: Value) {
+            match path {
+                [] => {}
+                [last] => {
+                    dict.insert((*last).to_string(), value);
+                }
+                [first, rest @ ..] => {
+                    let entry = dict
+                        .entry((*first).to_string())
+                        .or_insert_with(|| Dict::new().into());
+                    if !matches!(entry, Value::Dict(..)) {
+                        *entry = Dict::new().into();
+                    }
+                    if let Value::Dict(_, inner) = entry {
+                        insert(inner, rest, value);
+                    }
+                }
+            }
+        }
+        let mut dict = Dict::new();
+        for (key, raw) in self.env.iter() {
+            let key = key.as_str();
+            let value = if self.structured.contains(key) {
+                raw.parse::<Value>().unwrap_or_else(|never| match never {})
+            } else {
+                Value::from(raw)
+            };
+            let path: Vec<&str> = key.split('.').collect();
+            insert(&mut dict, &path, value);
+        }
+        Ok(figment::Profile::Default.collect(dict))
+    }
+}
+
+fn env_provider() -> Env {
+    // Keys arrive with the prefix stripped but in the environment's case.
+    fn section_key(key: &str) -> Option<String> {
+        let key = key.to_ascii_lowercase();
+        if TOP_LEVEL.contains(&key.as_str()) {
+            return Some(key);
+        }
+        if let Some((_, target)) = ALIASES.iter().find(|(alias, _)| *alias == key) {
+            return Some(target.to_string());
+        }
+        SECTIONS.iter().find_map(|section| {
+            key.strip_prefix(section)
+                .and_then(|r| r.strip_prefix('_'))
+                .filter(|r| !r.is_empty())
+                .map(|rest| format!("{section}.{rest}"))
+        })
+    }
+    Env::prefixed("LANYARD_")
+        .filter(|key| section_key(key.as_str()).is_some())
+        .map(|key| {
+            section_key(key.as_str())
+                .unwrap_or_else(|| key.as_str().to_string())
+                .into()
+        })
+}

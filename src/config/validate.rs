@@ -1,0 +1,513 @@
+//! Semantic checks of a loaded [`Config`] that types alone cannot express,
+//! one function per section, each refusing the first bad value with the key
+//! and what it takes.
+
+use super::{Config, ConfigError};
+use crate::cloud::aws::{Region, RoleArn};
+use crate::names::{is_dns_label, is_dns_subdomain};
+
+fn invalid(key: &'static str, expected: &'static str, got: &str) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        expected,
+        got: got.to_string(),
+    }
+}
+
+impl Config {
+    /// Semantic checks that types alone cannot express, section by section.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.check_azure()?;
+        self.check_gcp()?;
+        self.check_aws()?;
+        self.check_cache()?;
+        self.check_cluster()?;
+        self.check_policy()?;
+        self.check_audit()?;
+        self.check_sidecar()?;
+        self.check_webhook()?;
+        self.check_dev()
+    }
+
+    /// The Azure section: the cloud, authority, tenant and audience.
+    fn check_azure(&self) -> Result<(), ConfigError> {
+        if crate::cloud::azure::authority_for_cloud(&self.azure.cloud).is_none() {
+            return Err(invalid(
+                "azure.cloud",
+                "one of public, usgovernment, china",
+                &self.azure.cloud,
+            ));
+        }
+        if let Some(host) = &self.azure.authority_host {
+            check_endpoint(host)
+                .map_err(|expected| invalid("azure.authority_host", expected, host))?;
+        }
+        if let Some(t) = &self.azure.tenant_id {
+            if !is_tenant(t) {
+                return Err(invalid(
+                    "azure.tenant_id",
+                    "a tenant GUID or domain name",
+                    t,
+                ));
+            }
+        }
+        if self.azure.audience.trim().is_empty() {
+            return Err(invalid(
+                "azure.audience",
+                "a non-empty audience",
+                &self.azure.audience,
+            ));
+        }
+        Ok(())
+    }
+
+    /// The Google section: provider, project, endpoints and token lifetime.
+    fn check_gcp(&self) -> Result<(), ConfigError> {
+        let g = &self.gcp;
+        if let Some(p) = &g.workload_identity_provider {
+            if !is_provider_name(p) {
+                return Err(invalid(
+                    "gcp.workload_identity_provider",
+                    "//iam.googleapis.com/projects/NUMBER/locations/global/workloadIdentityPools/POOL/providers/PROVIDER",
+                    p,
+                ));
+            }
+        }
+        if let Some(n) = &g.project_number {
+            if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(invalid(
+                    "gcp.project_number",
+                    "the numeric project number",
+                    n,
+                ));
+            }
+        }
+        if let Some(id) = &g.project_id {
+            if !is_project_id(id) {
+                return Err(invalid(
+                    "gcp.project_id",
+                    "a project id (6-30 lowercase letters, digits, '-')",
+                    id,
+                ));
+            }
+        }
+        for (key, value) in [
+            ("gcp.sts_endpoint", &g.sts_endpoint),
+            ("gcp.iamcredentials_endpoint", &g.iamcredentials_endpoint),
+        ] {
+            if let Some(v) = value {
+                check_endpoint(v).map_err(|expected| invalid(key, expected, v))?;
+            }
+        }
+        if !(300..=3600).contains(&g.token_lifetime) {
+            return Err(invalid(
+                "gcp.token_lifetime",
+                "seconds between 300 and 3600",
+                &g.token_lifetime.to_string(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The AWS section: region, audience, session length and STS endpoint.
+    fn check_aws(&self) -> Result<(), ConfigError> {
+        let a = &self.aws;
+        if Region::parse(a.region.as_str()).is_err() {
+            return Err(invalid(
+                "aws.region",
+                "an AWS region such as us-east-1",
+                &a.region,
+            ));
+        }
+        if a.audience.trim().is_empty() {
+            return Err(invalid("aws.audience", "a non-empty audience", &a.audience));
+        }
+        if !(900..=43_200).contains(&a.session_duration) {
+            return Err(invalid(
+                "aws.session_duration",
+                "seconds between 900 and 43200",
+                &a.session_duration.to_string(),
+            ));
+        }
+        if let Some(v) = &a.sts_endpoint {
+            check_endpoint(v).map_err(|expected| invalid("aws.sts_endpoint", expected, v))?;
+        }
+        Ok(())
+    }
+
+    /// The cache section: its bound, lifetimes, concurrency and fairness bounds.
+    fn check_cache(&self) -> Result<(), ConfigError> {
+        let c = &self.cache;
+        if !(1..=1_000_000).contains(&c.max_entries) {
+            return Err(invalid(
+                "cache.max_entries",
+                "between 1 and 1000000",
+                &c.max_entries.to_string(),
+            ));
+        }
+        if !(60..=7 * 86_400).contains(&c.idle_ttl) {
+            return Err(invalid(
+                "cache.idle_ttl",
+                "seconds between 60 and 604800",
+                &c.idle_ttl.to_string(),
+            ));
+        }
+        if c.negative_ttl > 3600 {
+            return Err(invalid(
+                "cache.negative_ttl",
+                "seconds between 0 and 3600",
+                &c.negative_ttl.to_string(),
+            ));
+        }
+        if !(1..=10_000).contains(&c.upstream_concurrency) {
+            return Err(invalid(
+                "cache.upstream_concurrency",
+                "between 1 and 10000",
+                &c.upstream_concurrency.to_string(),
+            ));
+        }
+        for (key, value, max) in [
+            ("cache.caller_inflight", c.caller_inflight, 10_000),
+            ("cache.caller_max_entries", c.caller_max_entries, 1_000_000),
+        ] {
+            if !(1..=max).contains(&value) {
+                return Err(invalid(
+                    key,
+                    "a count of at least 1 (see docs/configuration.md)",
+                    &value.to_string(),
+                ));
+            }
+        }
+        if !(c.caller_new_keys_burst.is_finite()
+            && (1.0..=100_000.0).contains(&c.caller_new_keys_burst))
+        {
+            return Err(invalid(
+                "cache.caller_new_keys_burst",
+                "between 1 and 100000",
+                &c.caller_new_keys_burst.to_string(),
+            ));
+        }
+        for (key, rate) in [
+            ("cache.rate_azure", c.rate_azure),
+            ("cache.rate_gcp", c.rate_gcp),
+            ("cache.rate_aws", c.rate_aws),
+            (
+                "cache.caller_new_keys_per_second",
+                c.caller_new_keys_per_second,
+            ),
+        ] {
+            if !(rate.is_finite() && (0.1..=100_000.0).contains(&rate)) {
+                return Err(invalid(
+                    key,
+                    "exchanges per second between 0.1 and 100000",
+                    &rate.to_string(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The cluster section: the issuer, its keys and the node's name.
+    fn check_cluster(&self) -> Result<(), ConfigError> {
+        if let Some(issuer) = &self.cluster.issuer {
+            check_endpoint(issuer)
+                .map_err(|expected| invalid("cluster.issuer", expected, issuer))?;
+        }
+        if let Some(url) = &self.cluster.jwks_url {
+            check_endpoint(url).map_err(|expected| invalid("cluster.jwks_url", expected, url))?;
+        }
+        if let Some(node) = &self.cluster.node_name {
+            if !is_dns_subdomain(node) {
+                return Err(invalid(
+                    "cluster.node_name",
+                    "a node name (DNS-1123 subdomain)",
+                    node,
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The policy section: the reload interval.
+    fn check_policy(&self) -> Result<(), ConfigError> {
+        if !(1..=3600).contains(&self.policy.reload_seconds) {
+            return Err(invalid(
+                "policy.reload_seconds",
+                "seconds from 1 to 3600",
+                &self.policy.reload_seconds.to_string(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The audit section: rotation bounds, exporters (which ship the file, so need it) and the backlog bound.
+    fn check_audit(&self) -> Result<(), ConfigError> {
+        if self.audit.file_max_bytes < 4096 {
+            return Err(invalid(
+                "audit.file_max_bytes",
+                "at least 4096 bytes",
+                &self.audit.file_max_bytes.to_string(),
+            ));
+        }
+        if self.audit.file_max_age_seconds < 60 {
+            return Err(invalid(
+                "audit.file_max_age_seconds",
+                "at least 60 seconds",
+                &self.audit.file_max_age_seconds.to_string(),
+            ));
+        }
+        if let Some(url) = &self.audit.syslog {
+            if self.audit.file.is_none() {
+                return Err(invalid(
+                    "audit.syslog",
+                    "audit.file set too: the syslog exporter ships the file's records",
+                    url,
+                ));
+            }
+            if let Err(e) = crate::audit::syslog::SyslogTarget::parse(url, None, "") {
+                return Err(invalid(
+                    "audit.syslog",
+                    "relp://, tls:// or tcp://HOST:PORT",
+                    &e.to_string(),
+                ));
+            }
+        }
+        if let Some(url) = &self.audit.http {
+            if self.audit.file.is_none() {
+                return Err(invalid(
+                    "audit.http",
+                    "audit.file set too: the HTTP exporter ships the file's records",
+                    url,
+                ));
+            }
+            check_endpoint(url).map_err(|expected| invalid("audit.http", expected, url))?;
+        }
+        if self.audit.export_max_backlog == 0 {
+            return Err(invalid(
+                "audit.export_max_backlog",
+                "at least 1 record",
+                "0",
+            ));
+        }
+        if self.audit.cluster.len() > 253 {
+            return Err(invalid(
+                "audit.cluster",
+                "at most 253 characters",
+                &self.audit.cluster,
+            ));
+        }
+        Ok(())
+    }
+
+    /// The sidecar section: the agent's URL.
+    fn check_sidecar(&self) -> Result<(), ConfigError> {
+        if let Some(url) = &self.sidecar.agent_url {
+            if url::Url::parse(url)
+                .map(|u| u.scheme() != "http" && u.scheme() != "https")
+                .unwrap_or(true)
+            {
+                return Err(invalid(
+                    "sidecar.agent_url",
+                    "an http:// or https:// URL of the node agent",
+                    url,
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The webhook section: the sidecar's resources and the guard's extra audiences.
+    fn check_webhook(&self) -> Result<(), ConfigError> {
+        let w = &self.webhook;
+        for (key, value) in [
+            ("webhook.sidecar_cpu_request", &w.sidecar_cpu_request),
+            ("webhook.sidecar_memory_request", &w.sidecar_memory_request),
+            ("webhook.sidecar_cpu_limit", &w.sidecar_cpu_limit),
+            ("webhook.sidecar_memory_limit", &w.sidecar_memory_limit),
+        ] {
+            if let Some(v) = value.as_deref().filter(|v| !is_quantity(v)) {
+                return Err(invalid(
+                    key,
+                    "a Kubernetes quantity such as 10m, 0.5, 16Mi or 1G",
+                    v,
+                ));
+            }
+        }
+        if w.guard_extra_audiences.len() > 32 {
+            return Err(invalid(
+                "webhook.guard_extra_audiences",
+                "at most 32 audiences",
+                &w.guard_extra_audiences.len().to_string(),
+            ));
+        }
+        for audience in &w.guard_extra_audiences {
+            if audience.trim().is_empty() || audience.len() > 600 {
+                return Err(invalid(
+                    "webhook.guard_extra_audiences",
+                    "non-empty audiences of at most 600 characters",
+                    &audience.chars().take(64).collect::<String>(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The dev section: `lanyard dev`'s pod, identities and emulators.
+    fn check_dev(&self) -> Result<(), ConfigError> {
+        let d = &self.dev;
+        if !is_dns_label(&d.namespace) {
+            return Err(invalid(
+                "dev.namespace",
+                "a DNS-1123 label (lowercase letters, digits, '-')",
+                &d.namespace,
+            ));
+        }
+        if !is_dns_subdomain(&d.service_account) {
+            return Err(invalid(
+                "dev.service_account",
+                "a DNS-1123 subdomain (lowercase letters, digits, '-', '.')",
+                &d.service_account,
+            ));
+        }
+        if !is_dns_subdomain(&d.pod_name) {
+            return Err(invalid("dev.pod_name", "a DNS-1123 subdomain", &d.pod_name));
+        }
+        if !is_dns_subdomain(&d.node_name) {
+            return Err(invalid(
+                "dev.node_name",
+                "a DNS-1123 subdomain",
+                &d.node_name,
+            ));
+        }
+        if d.azure_client_id.trim().is_empty() || d.azure_client_id.contains(char::is_whitespace) {
+            return Err(invalid(
+                "dev.azure_client_id",
+                "a client id (GUID)",
+                &d.azure_client_id,
+            ));
+        }
+        if !is_tenant(&d.azure_tenant_id) {
+            return Err(invalid(
+                "dev.azure_tenant_id",
+                "a tenant GUID or domain name",
+                &d.azure_tenant_id,
+            ));
+        }
+        if !d.gcp_service_account.contains('@')
+            || d.gcp_service_account.contains(char::is_whitespace)
+        {
+            return Err(invalid(
+                "dev.gcp_service_account",
+                "a service account email",
+                &d.gcp_service_account,
+            ));
+        }
+        if RoleArn::parse(d.aws_role_arn.as_str()).is_err() {
+            return Err(invalid(
+                "dev.aws_role_arn",
+                "arn:aws:iam::ACCOUNT:role/NAME",
+                &d.aws_role_arn,
+            ));
+        }
+        if !(60..=86_400).contains(&d.token_lifetime) {
+            return Err(invalid(
+                "dev.token_lifetime",
+                "seconds between 60 and 86400",
+                &d.token_lifetime.to_string(),
+            ));
+        }
+        if !(600..=86_400).contains(&d.projected_token_lifetime) {
+            return Err(invalid(
+                "dev.projected_token_lifetime",
+                "seconds between 600 and 86400 (the kubelet's range)",
+                &d.projected_token_lifetime.to_string(),
+            ));
+        }
+        if d.upstream_latency_ms > 10_000 {
+            return Err(invalid(
+                "dev.upstream_latency_ms",
+                "milliseconds between 0 and 10000",
+                &d.upstream_latency_ms.to_string(),
+            ));
+        }
+        for sa in &d.service_accounts {
+            if !is_dns_label(&sa.namespace) || !is_dns_subdomain(&sa.name) {
+                return Err(invalid(
+                    "dev.service_accounts",
+                    "namespace and name as DNS-1123 names",
+                    &format!("{}/{}", sa.namespace, sa.name),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An https URL, or http to a loopback host (emulators, local proxies).
+pub(super) fn check_endpoint(value: &str) -> Result<(), &'static str> {
+    const EXPECTED: &str =
+        "an https:// URL (http:// only for loopback hosts) without query or fragment";
+    let url = url::Url::parse(value).map_err(|_| EXPECTED)?;
+    let loopback = match url.host() {
+        Some(url::Host::Domain(d)) => d == "localhost",
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    };
+    let scheme_ok = url.scheme() == "https" || (url.scheme() == "http" && loopback);
+    if !scheme_ok || url.query().is_some() || url.fragment().is_some() || url.host().is_none() {
+        return Err(EXPECTED);
+    }
+    Ok(())
+}
+
+fn is_provider_name(s: &str) -> bool {
+    let Some(rest) = s.strip_prefix("//iam.googleapis.com/projects/") else {
+        return false;
+    };
+    let parts: Vec<&str> = rest.split('/').collect();
+    matches!(
+        parts.as_slice(),
+        [number, "locations", "global", "workloadIdentityPools", pool, "providers", provider]
+            if !number.is_empty() && number.bytes().all(|b| b.is_ascii_digit())
+                && !pool.is_empty() && !provider.is_empty()
+    )
+}
+
+fn is_project_id(s: &str) -> bool {
+    (6..=30).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.starts_with(|c: char| c.is_ascii_lowercase())
+}
+
+/// A Kubernetes resource quantity: a decimal number, then an optional
+/// binary (`Ki`…`Ei`) or decimal (`n`, `u`, `m`, `k`, `M`…`E`) suffix, or
+/// an exponent (`1e3`). Checked here so that a typo fails at start rather
+/// than in every pod the webhook admits.
+pub(super) fn is_quantity(s: &str) -> bool {
+    let s = s.strip_prefix('+').unwrap_or(s);
+    let digits = s
+        .bytes()
+        .take_while(|b| b.is_ascii_digit() || *b == b'.')
+        .count();
+    let (number, suffix) = s.split_at(digits);
+    let valid_number = number.bytes().filter(|b| *b == b'.').count() <= 1
+        && number.bytes().any(|b| b.is_ascii_digit());
+    let valid_suffix = match suffix {
+        "" | "n" | "u" | "m" | "k" | "M" | "G" | "T" | "P" | "E" => true,
+        "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei" => true,
+        exp => exp.strip_prefix(['e', 'E']).is_some_and(|e| {
+            let e = e.strip_prefix(['+', '-']).unwrap_or(e);
+            !e.is_empty() && e.bytes().all(|b| b.is_ascii_digit())
+        }),
+    };
+    s.len() <= 64 && valid_number && valid_suffix
+}
+
+fn is_tenant(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 256
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+}
