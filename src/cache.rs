@@ -24,6 +24,7 @@
 //! time; a credential's wall-clock expiry is converted once, when stored.
 
 pub mod fairness;
+mod key;
 pub mod limits;
 mod refreshes;
 
@@ -40,138 +41,13 @@ use crate::secret::SecretString;
 use crate::telemetry::metrics::{cloud_label, Metrics, ReasonLabel, UpstreamLabel};
 use fairness::NewKeyBuckets;
 pub use fairness::{CallerLimit, CallerLimits};
+pub use key::{CacheKey, KeyRef};
 use limits::UpstreamLimits;
-use refreshes::Refreshes;
+use refreshes::{random_unit, schedule_refresh, Refreshes};
+pub use refreshes::{refresh_at, MIN_REFRESH_AHEAD};
 
 /// The longest a subject token is taken to stay valid (a year).
 const SUBJECT_LIFETIME_CAP_SECS: u64 = 365 * 24 * 3600;
-
-/// What a cache entry is for. Two requests share an entry only when every
-/// field is equal, so different identities, scopes or service accounts can
-/// never receive each other's credentials.
-#[derive(Clone, Debug, PartialEq, Eq)]
-
-pub struct CacheKey {
-    /// The cloud the credential is for.
-    pub cloud: Cloud,
-    /// The identity's tenant, project or account.
-    pub account: String,
-    /// Client id, service account email / principal, or role ARN.
-    pub identity: String,
-    /// Resource, sorted scope set, or ID-token audience.
-    pub scope: String,
-    /// The caller's namespace: ServiceAccounts of different namespaces never
-    /// share an entry, even when bound to the same identity.
-    pub namespace: String,
-    /// The caller's ServiceAccount name.
-    pub service_account: String,
-    /// Set when the cache is scoped per pod.
-    pub pod_uid: Option<String>,
-}
-
-/// A [`CacheKey`] borrowed from the request it is for: what a lookup
-/// hashes and compares, so a cache hit copies no text. Only an insertion
-/// makes the owned key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KeyRef<'a> {
-    /// See [`CacheKey::cloud`].
-    pub cloud: Cloud,
-    /// See [`CacheKey::account`].
-    pub account: &'a str,
-    /// See [`CacheKey::identity`].
-    pub identity: &'a str,
-    /// See [`CacheKey::scope`].
-    pub scope: &'a str,
-    /// See [`CacheKey::namespace`].
-    pub namespace: &'a str,
-    /// See [`CacheKey::service_account`].
-    pub service_account: &'a str,
-    /// See [`CacheKey::pod_uid`].
-    pub pod_uid: Option<&'a str>,
-}
-
-impl KeyRef<'_> {
-    /// The owned key.
-    pub fn to_key(&self) -> CacheKey {
-        CacheKey {
-            cloud: self.cloud,
-            account: self.account.to_string(),
-            identity: self.identity.to_string(),
-            scope: self.scope.to_string(),
-            namespace: self.namespace.to_string(),
-            service_account: self.service_account.to_string(),
-            pod_uid: self.pod_uid.map(str::to_string),
-        }
-    }
-}
-
-impl CacheKey {
-    /// The key, borrowed.
-    pub fn as_ref(&self) -> KeyRef<'_> {
-        KeyRef {
-            cloud: self.cloud,
-            account: &self.account,
-            identity: &self.identity,
-            scope: &self.scope,
-            namespace: &self.namespace,
-            service_account: &self.service_account,
-            pod_uid: self.pod_uid.as_deref(),
-        }
-    }
-}
-
-/// Longest key hashed in one write; a longer one (a long scope) is hashed
-/// field by field.
-const ONE_WRITE: usize = 320;
-
-impl std::hash::Hash for KeyRef<'_> {
-    /// The fields, each after its length, in one write to the hasher: a
-    /// SipHash write has a fixed cost besides its bytes, and field by field
-    /// (the derived hash: twelve writes) it was the largest part of a
-    /// cache hit's lookup.
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        let fields = [
-            self.account,
-            self.identity,
-            self.scope,
-            self.namespace,
-            self.service_account,
-            self.pod_uid.unwrap_or(""),
-        ];
-        let mut buf = [0u8; ONE_WRITE];
-        buf[0] = self.cloud as u8;
-        buf[1] = u8::from(self.pod_uid.is_some());
-        let mut at = 2;
-        for field in fields {
-            let end = at + 2 + field.len();
-            let (Some(slot), Ok(len)) = (buf.get_mut(at..end), u16::try_from(field.len())) else {
-                // Too long for one write.
-                self.cloud.hash(state);
-                self.pod_uid.is_some().hash(state);
-                fields.hash(state);
-                return;
-            };
-            slot[..2].copy_from_slice(&len.to_le_bytes());
-            slot[2..].copy_from_slice(field.as_bytes());
-            at = end;
-        }
-        state.write(&buf[..at]);
-    }
-}
-
-// INVARIANT: a key hashes exactly as its borrowed form does, and compares
-// equal to it field by field; lookups by `KeyRef` depend on both.
-impl std::hash::Hash for CacheKey {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.as_ref().hash(state)
-    }
-}
-
-impl hashbrown::Equivalent<Arc<CacheKey>> for KeyRef<'_> {
-    fn equivalent(&self, key: &Arc<CacheKey>) -> bool {
-        *self == CacheKey::as_ref(key)
-    }
-}
 
 /// The entries' map: keyed by [`CacheKey`], looked up by [`KeyRef`], with
 /// std's randomly keyed SipHash (scopes are caller-chosen text).
@@ -931,91 +807,6 @@ impl Inner {
     }
 }
 
-/// Schedules a refresh of `key`'s value `generation` at `at`. Runs inside
-/// the runtime (an exchange's task), where the refresh task is started on
-/// first use.
-fn schedule_refresh(inner: &Arc<Inner>, key: Arc<CacheKey>, generation: u64, at: Instant) {
-    inner.refreshes.schedule(at, key, generation);
-    if inner.refreshes.start() {
-        inner.spawn(run_refreshes(
-            Arc::downgrade(inner),
-            inner.refreshes.waker(),
-        ));
-    }
-}
-
-/// The cache's one refresh task: refreshes what is due, then sleeps until
-/// the next item is due or an earlier one is scheduled; ends once the
-/// cache is dropped.
-async fn run_refreshes(inner: Weak<Inner>, wake: Arc<tokio::sync::Notify>) {
-    loop {
-        // INVARIANT: registered for a wake-up before the schedule is read,
-        // so an item scheduled in between is not slept past.
-        let notified = wake.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        let next = {
-            let Some(inner) = inner.upgrade() else {
-                return;
-            };
-            let (due, next) = inner.refreshes.take_due(Instant::now());
-            for (key, generation) in due {
-                inner.refresh(&key, generation);
-            }
-            next
-        };
-        match next {
-            Some(at) => {
-                tokio::select! {
-                    () = tokio::time::sleep_until(at) => {}
-                    () = &mut notified => {}
-                }
-            }
-            None => notified.await,
-        }
-    }
-}
-
-/// When to refresh a credential fetched at `fetched` that expires at
-/// `expires`: at half its lifetime, no later than the cloud's refresh
-/// window before expiry, and always before the cache stops serving it
-/// (`min_remaining` before expiry), never sooner than a quarter of its
-/// lifetime unless that deadline comes first; spread at random over up to
-/// a tenth of the lifetime before that.
-///
-/// `None` when the cache can serve the credential for less than
-/// [`MIN_REFRESH_AHEAD`]: refreshing such a credential ahead would call
-/// the cloud again at once, and again for its successor, until the entry
-/// idled out. The next request after it stops being served exchanges.
-///
-/// The spread matters at scale: thousands of credentials fetched in the
-/// same minute (a node's pods starting together, a DaemonSet rolled out)
-/// would otherwise come due together every period. Each refresh draws
-/// anew, so the rounds drift apart instead of staying in step.
-pub fn refresh_at(cloud: Cloud, fetched: Instant, expires: Instant) -> Option<Instant> {
-    // INVARIANT: due before the credential stops being served, or callers
-    // would wait on an exchange between the two.
-    let serving_until = expires.checked_sub(cloud.min_remaining() + Duration::from_secs(1))?;
-    if serving_until < fetched + MIN_REFRESH_AHEAD {
-        return None;
-    }
-    let lifetime = expires.saturating_duration_since(fetched);
-    let half = fetched + lifetime / 2;
-    let latest = expires
-        .checked_sub(cloud.refresh_window())
-        .unwrap_or(fetched);
-    let floor = fetched + (lifetime / 4).max(Duration::from_secs(1));
-    let at = half.min(latest).max(floor).min(serving_until);
-    let spread = (lifetime / 10).min(at.saturating_duration_since(floor.min(at)));
-    let jitter = spread.mul_f64(random_unit());
-    Some(at.checked_sub(jitter).unwrap_or(at))
-}
-
-/// The shortest time a credential must be servable from the cache for it
-/// to be refreshed ahead ([`refresh_at`]): at most two refreshes a minute
-/// per entry, however short the credentials a cloud hands out.
-pub const MIN_REFRESH_AHEAD: Duration = Duration::from_secs(30);
-
 /// Drops entries nobody asked for within the idle TTL.
 async fn sweep(inner: Weak<Inner>) {
     loop {
@@ -1044,16 +835,6 @@ async fn sweep(inner: Weak<Inner>) {
             inner.metrics.cache_entries.set(entries.len() as i64);
         }
     }
-}
-
-/// A uniform random number in [0, 1).
-fn random_unit() -> f64 {
-    use aws_lc_rs::rand::SecureRandom;
-    let mut buf = [0u8; 8];
-    if aws_lc_rs::rand::SystemRandom::new().fill(&mut buf).is_err() {
-        return 0.5;
-    }
-    (u64::from_le_bytes(buf) >> 11) as f64 / (1u64 << 53) as f64
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
-//! The refresh-ahead schedule: every entry's next refresh in one ordered
-//! map, served by one task.
+//! Refresh ahead: when a credential is refreshed ([`refresh_at`]), and the
+//! schedule holding every entry's next refresh in one ordered map, served
+//! by one task ([`schedule_refresh`]).
 //!
 //! A Tokio task and timer per entry, each with its own copy of the key,
 //! cost about 0.6 KiB per entry (measured with heaptrack on an agent
@@ -19,7 +20,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::CacheKey;
+use std::sync::Weak;
+use std::time::Duration;
+
+use super::{CacheKey, Inner};
+use crate::cloud::Cloud;
 
 /// When each entry is to be refreshed next.
 pub(super) struct Refreshes {
@@ -168,4 +173,104 @@ mod tests {
         assert!(r.start());
         assert!(!r.start(), "the task is started once");
     }
+}
+
+/// Schedules a refresh of `key`'s value `generation` at `at`. Runs inside
+/// the runtime (an exchange's task), where the refresh task is started on
+/// first use.
+pub(super) fn schedule_refresh(
+    inner: &Arc<Inner>,
+    key: Arc<CacheKey>,
+    generation: u64,
+    at: Instant,
+) {
+    inner.refreshes.schedule(at, key, generation);
+    if inner.refreshes.start() {
+        inner.spawn(run_refreshes(
+            Arc::downgrade(inner),
+            inner.refreshes.waker(),
+        ));
+    }
+}
+
+/// The cache's one refresh task: refreshes what is due, then sleeps until
+/// the next item is due or an earlier one is scheduled; ends once the
+/// cache is dropped.
+async fn run_refreshes(inner: Weak<Inner>, wake: Arc<tokio::sync::Notify>) {
+    loop {
+        // INVARIANT: registered for a wake-up before the schedule is read,
+        // so an item scheduled in between is not slept past.
+        let notified = wake.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let next = {
+            let Some(inner) = inner.upgrade() else {
+                return;
+            };
+            let (due, next) = inner.refreshes.take_due(Instant::now());
+            for (key, generation) in due {
+                inner.refresh(&key, generation);
+            }
+            next
+        };
+        match next {
+            Some(at) => {
+                tokio::select! {
+                    () = tokio::time::sleep_until(at) => {}
+                    () = &mut notified => {}
+                }
+            }
+            None => notified.await,
+        }
+    }
+}
+
+/// When to refresh a credential fetched at `fetched` that expires at
+/// `expires`: at half its lifetime, no later than the cloud's refresh
+/// window before expiry, and always before the cache stops serving it
+/// (`min_remaining` before expiry), never sooner than a quarter of its
+/// lifetime unless that deadline comes first; spread at random over up to
+/// a tenth of the lifetime before that.
+///
+/// `None` when the cache can serve the credential for less than
+/// [`MIN_REFRESH_AHEAD`]: refreshing such a credential ahead would call
+/// the cloud again at once, and again for its successor, until the entry
+/// idled out. The next request after it stops being served exchanges.
+///
+/// The spread matters at scale: thousands of credentials fetched in the
+/// same minute (a node's pods starting together, a DaemonSet rolled out)
+/// would otherwise come due together every period. Each refresh draws
+/// anew, so the rounds drift apart instead of staying in step.
+pub fn refresh_at(cloud: Cloud, fetched: Instant, expires: Instant) -> Option<Instant> {
+    // INVARIANT: due before the credential stops being served, or callers
+    // would wait on an exchange between the two.
+    let serving_until = expires.checked_sub(cloud.min_remaining() + Duration::from_secs(1))?;
+    if serving_until < fetched + MIN_REFRESH_AHEAD {
+        return None;
+    }
+    let lifetime = expires.saturating_duration_since(fetched);
+    let half = fetched + lifetime / 2;
+    let latest = expires
+        .checked_sub(cloud.refresh_window())
+        .unwrap_or(fetched);
+    let floor = fetched + (lifetime / 4).max(Duration::from_secs(1));
+    let at = half.min(latest).max(floor).min(serving_until);
+    let spread = (lifetime / 10).min(at.saturating_duration_since(floor.min(at)));
+    let jitter = spread.mul_f64(random_unit());
+    Some(at.checked_sub(jitter).unwrap_or(at))
+}
+
+/// The shortest time a credential must be servable from the cache for it
+/// to be refreshed ahead ([`refresh_at`]): at most two refreshes a minute
+/// per entry, however short the credentials a cloud hands out.
+pub const MIN_REFRESH_AHEAD: Duration = Duration::from_secs(30);
+
+/// A uniform random number in [0, 1).
+pub(super) fn random_unit() -> f64 {
+    use aws_lc_rs::rand::SecureRandom;
+    let mut buf = [0u8; 8];
+    if aws_lc_rs::rand::SystemRandom::new().fill(&mut buf).is_err() {
+        return 0.5;
+    }
+    (u64::from_le_bytes(buf) >> 11) as f64 / (1u64 << 53) as f64
 }
