@@ -170,7 +170,7 @@ impl SidecarShape {
     /// container the mutation builds (with an AWS binding, so that every
     /// variable it may carry is listed).
     pub fn of(config: &InjectionConfig) -> SidecarShape {
-        let built = super::mutate::sidecar(config, "", true);
+        let built = super::inject::sidecar(config, "", true);
         let fixed_env = built
             .env
             .unwrap_or_default()
@@ -183,7 +183,7 @@ impl SidecarShape {
             command: built.command.unwrap_or_default(),
             args: built.args.unwrap_or_default(),
             fixed_env,
-            post_start: super::mutate::wait_ready_command(config),
+            post_start: super::inject::wait_ready_command(config),
         }
     }
 

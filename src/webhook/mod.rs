@@ -43,6 +43,7 @@
 //! `lanyard.dev/skip-containers` to keep theirs.
 
 pub mod guard;
+mod inject;
 pub mod mutate;
 mod own;
 pub mod patch;
