@@ -105,76 +105,6 @@ impl Refreshes {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::cloud::Cloud;
-    use std::time::Duration;
-
-    fn key(name: &str) -> Arc<CacheKey> {
-        Arc::new(CacheKey {
-            cloud: Cloud::Azure,
-            account: "tenant".into(),
-            identity: "client".into(),
-            scope: "https://storage.azure.com/".into(),
-            namespace: "default".into(),
-            service_account: name.into(),
-            pod_uid: None,
-        })
-    }
-
-    #[tokio::test]
-    async fn due_items_come_out_in_order_and_later_ones_stay() {
-        let r = Refreshes::new();
-        let t0 = Instant::now();
-        r.schedule(t0 + Duration::from_secs(30), key("c"), 1);
-        r.schedule(t0 + Duration::from_secs(10), key("a"), 7);
-        r.schedule(t0 + Duration::from_secs(10), key("b"), 2);
-        r.schedule(t0 + Duration::from_secs(20), key("a"), 8);
-        assert_eq!(r.len(), 4);
-
-        let (due, next) = r.take_due(t0 + Duration::from_secs(5));
-        assert!(due.is_empty());
-        assert_eq!(next, Some(t0 + Duration::from_secs(10)));
-
-        // Due at exactly `now` counts; equal times in scheduling order.
-        let (due, next) = r.take_due(t0 + Duration::from_secs(20));
-        let names: Vec<(&str, u64)> = due
-            .iter()
-            .map(|(k, g)| (k.service_account.as_str(), *g))
-            .collect();
-        assert_eq!(names, [("a", 7), ("b", 2), ("a", 8)]);
-        assert_eq!(next, Some(t0 + Duration::from_secs(30)));
-        assert_eq!(r.len(), 1);
-
-        let (due, next) = r.take_due(t0 + Duration::from_secs(60));
-        assert_eq!(due.len(), 1);
-        assert_eq!(next, None);
-        assert_eq!(r.len(), 0);
-    }
-
-    #[tokio::test]
-    async fn an_earlier_item_wakes_the_task_a_later_one_does_not() {
-        let r = Refreshes::new();
-        let wake = r.waker();
-        let t0 = Instant::now();
-        r.schedule(t0 + Duration::from_secs(10), key("a"), 1);
-        // The first item is the earliest: its permit is stored.
-        tokio::time::timeout(Duration::from_secs(5), wake.notified())
-            .await
-            .expect("woken for the first item");
-        r.schedule(t0 + Duration::from_secs(20), key("b"), 1);
-        let later = tokio::time::timeout(Duration::from_millis(50), wake.notified()).await;
-        assert!(later.is_err(), "woken for an item due after the earliest");
-        r.schedule(t0 + Duration::from_secs(5), key("c"), 1);
-        tokio::time::timeout(Duration::from_secs(5), wake.notified())
-            .await
-            .expect("woken for an earlier item");
-        assert!(r.start());
-        assert!(!r.start(), "the task is started once");
-    }
-}
-
 /// Schedules a refresh of `key`'s value `generation` at `at`. Runs inside
 /// the runtime (an exchange's task), where the refresh task is started on
 /// first use.
@@ -273,4 +203,74 @@ pub(super) fn random_unit() -> f64 {
         return 0.5;
     }
     (u64::from_le_bytes(buf) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cloud::Cloud;
+    use std::time::Duration;
+
+    fn key(name: &str) -> Arc<CacheKey> {
+        Arc::new(CacheKey {
+            cloud: Cloud::Azure,
+            account: "tenant".into(),
+            identity: "client".into(),
+            scope: "https://storage.azure.com/".into(),
+            namespace: "default".into(),
+            service_account: name.into(),
+            pod_uid: None,
+        })
+    }
+
+    #[tokio::test]
+    async fn due_items_come_out_in_order_and_later_ones_stay() {
+        let r = Refreshes::new();
+        let t0 = Instant::now();
+        r.schedule(t0 + Duration::from_secs(30), key("c"), 1);
+        r.schedule(t0 + Duration::from_secs(10), key("a"), 7);
+        r.schedule(t0 + Duration::from_secs(10), key("b"), 2);
+        r.schedule(t0 + Duration::from_secs(20), key("a"), 8);
+        assert_eq!(r.len(), 4);
+
+        let (due, next) = r.take_due(t0 + Duration::from_secs(5));
+        assert!(due.is_empty());
+        assert_eq!(next, Some(t0 + Duration::from_secs(10)));
+
+        // Due at exactly `now` counts; equal times in scheduling order.
+        let (due, next) = r.take_due(t0 + Duration::from_secs(20));
+        let names: Vec<(&str, u64)> = due
+            .iter()
+            .map(|(k, g)| (k.service_account.as_str(), *g))
+            .collect();
+        assert_eq!(names, [("a", 7), ("b", 2), ("a", 8)]);
+        assert_eq!(next, Some(t0 + Duration::from_secs(30)));
+        assert_eq!(r.len(), 1);
+
+        let (due, next) = r.take_due(t0 + Duration::from_secs(60));
+        assert_eq!(due.len(), 1);
+        assert_eq!(next, None);
+        assert_eq!(r.len(), 0);
+    }
+
+    #[tokio::test]
+    async fn an_earlier_item_wakes_the_task_a_later_one_does_not() {
+        let r = Refreshes::new();
+        let wake = r.waker();
+        let t0 = Instant::now();
+        r.schedule(t0 + Duration::from_secs(10), key("a"), 1);
+        // The first item is the earliest: its permit is stored.
+        tokio::time::timeout(Duration::from_secs(5), wake.notified())
+            .await
+            .expect("woken for the first item");
+        r.schedule(t0 + Duration::from_secs(20), key("b"), 1);
+        let later = tokio::time::timeout(Duration::from_millis(50), wake.notified()).await;
+        assert!(later.is_err(), "woken for an item due after the earliest");
+        r.schedule(t0 + Duration::from_secs(5), key("c"), 1);
+        tokio::time::timeout(Duration::from_secs(5), wake.notified())
+            .await
+            .expect("woken for an earlier item");
+        assert!(r.start());
+        assert!(!r.start(), "the task is started once");
+    }
 }

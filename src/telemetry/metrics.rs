@@ -131,8 +131,11 @@ pub struct Metrics {
     pub audit_export_max_backlog: Gauge,
     /// Run before each [`Metrics::render`]: gauges read from state that is
     /// cheaper to look at once per scrape than to keep current.
-    before_render: std::sync::Mutex<Vec<Box<dyn Fn(&Metrics) + Send + Sync>>>,
+    before_render: std::sync::Mutex<Vec<ScrapeUpdate>>,
 }
+
+/// A gauge update run at each scrape ([`Metrics::before_render`]).
+type ScrapeUpdate = Box<dyn Fn(&Metrics) + Send + Sync>;
 
 /// An audit exporter's label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
