@@ -262,6 +262,10 @@ pub struct AuditConfig {
     pub file_keep: usize,
     /// Sync each batch of records before the credentials leave.
     pub fsync: bool,
+    /// Write a `checkpoint` record to the file this often (seconds), idle
+    /// or not, so that collectors tell a quiet node from a silent one; 0:
+    /// never.
+    pub checkpoint_seconds: u64,
     /// Ship the file's records to syslog: `relp://HOST:PORT` (each
     /// acknowledged), `tls://HOST:PORT` (RFC 5425) or `tcp://HOST:PORT`.
     /// Needs `file`: the exporter follows it.
@@ -295,6 +299,7 @@ impl Default for AuditConfig {
             file_max_age_seconds: 24 * 3600,
             file_keep: 10,
             fsync: true,
+            checkpoint_seconds: 600,
             syslog: None,
             syslog_ca: None,
             http: None,

@@ -95,6 +95,7 @@ fn audit_file_sink(
         keep: 2,
         fsync: true,
         handling: "refused",
+        checkpoint_every: None,
     };
     let file = FileSink::open(options, origin.clone(), metrics.clone()).unwrap();
     lanyard::audit::sinks::Sinks::new(origin, Default::default(), metrics).with_file(file)

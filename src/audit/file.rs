@@ -47,6 +47,8 @@ pub struct FileOptions {
     /// What the sink's outage record says happened to records it could not
     /// write: `refused` or `issued_unrecorded`.
     pub handling: &'static str,
+    /// Write a `checkpoint` record this often, idle or not; `None`: never.
+    pub checkpoint_every: Option<Duration>,
 }
 
 /// Why the sink cannot start.
@@ -113,6 +115,11 @@ impl FileSink {
             failure: None,
             written: written.clone(),
             batch: Vec::new(),
+            checkpoint: Checkpoints {
+                last: Instant::now(),
+                records: 0,
+                seq: None,
+            },
         };
         writer.ensure_open().map_err(|error| FileError::Io {
             path: writer.options.path.clone(),
@@ -275,6 +282,18 @@ struct Writer {
     batch: Vec<u8>,
     /// Removes rotated files beyond `keep`.
     retention: Retention,
+    /// The checkpoints this writer keeps.
+    checkpoint: Checkpoints,
+}
+
+/// Where the writer's checkpoints stand.
+struct Checkpoints {
+    /// When the last was written (or the writer started).
+    last: Instant,
+    /// Records chained since then, checkpoints not counted.
+    records: u64,
+    /// The last one's `seq`.
+    seq: Option<u64>,
 }
 
 /// Removes the oldest rotated files beyond `keep`, on a thread of its own.
@@ -329,7 +348,19 @@ impl Writer {
     fn run(mut self, queue: Arc<Queue>) {
         let _stop = StopOnDrop(queue.clone());
         let mut taken = Taken::new();
-        while queue.take(&mut taken) {
+        loop {
+            let due = self
+                .options
+                .checkpoint_every
+                .map(|every| self.checkpoint.last + every);
+            if !queue.take(&mut taken, due) {
+                break;
+            }
+            // INVARIANT: a checkpoint is written between batches, never
+            // inside one, so its `prev` is the head of everything before.
+            if due.is_some_and(|due| Instant::now() >= due) {
+                self.write_checkpoint();
+            }
             if taken.reopen {
                 self.file = None;
                 tracing::info!(path = %self.options.path.display(), "reopening the audit file");
@@ -427,6 +458,9 @@ impl Writer {
                         records = f.records,
                         "audit file writable again; the outage is recorded in it"
                     );
+                }
+                if let (Some(new), old) = (&link, &self.link) {
+                    self.checkpoint.records += new.seq - old.as_ref().map_or(0, |l| l.seq + 1) + 1;
                 }
                 self.link = link;
                 self.publish_seq();
@@ -540,8 +574,54 @@ impl Writer {
         let link = chain::append(&body, self.link.as_ref(), &mut buf);
         self.append(&buf)?;
         self.link = Some(link);
+        self.checkpoint.records += 1;
         self.publish_seq();
         Ok(())
+    }
+
+    /// Writes a `checkpoint` record (opening or rotating the file first, as
+    /// a batch would). A failure is left to the next batch to report: it
+    /// finds the file closed and reopens it.
+    fn write_checkpoint(&mut self) {
+        let every = self.options.checkpoint_every.unwrap_or_default();
+        self.checkpoint.last = Instant::now();
+        let written = self.ensure_open().and_then(|()| {
+            if self.rotation_due() {
+                self.rotate()?;
+            }
+            let mut body = Vec::new();
+            record::write(
+                &self.origin,
+                Subject::Checkpoint {
+                    interval_seconds: every.as_secs(),
+                    records: self.checkpoint.records,
+                    previous_checkpoint_seq: self.checkpoint.seq,
+                },
+                &mut body,
+            );
+            let mut buf = Vec::new();
+            let link = chain::append(&body, self.link.as_ref(), &mut buf);
+            if let Err(e) = self.append(&buf) {
+                if let Some(open) = &self.file {
+                    let _ = open.file.set_len(open.size);
+                }
+                self.file = None;
+                return Err(e);
+            }
+            Ok(link)
+        });
+        match written {
+            Ok(link) => {
+                self.checkpoint.seq = Some(link.seq);
+                self.checkpoint.records = 0;
+                self.link = Some(link);
+                self.publish_seq();
+                self.written.notify_waiters();
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, path = %self.options.path.display(), "cannot write an audit checkpoint");
+            }
+        }
     }
 
     /// Where an unreadable file is kept: outside the rotated files'
@@ -734,6 +814,7 @@ mod tests {
             keep: 10,
             fsync: true,
             handling: "refused",
+            checkpoint_every: None,
         }
     }
 
@@ -776,6 +857,65 @@ mod tests {
         // '-' sorts before '.', so they do; the active file comes last.
         files.sort();
         files
+    }
+
+    #[tokio::test]
+    async fn checkpoints_come_while_idle_and_count_the_records_between() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let every = Duration::from_millis(150);
+        let s = sink(FileOptions {
+            checkpoint_every: Some(every),
+            ..options(&path)
+        });
+        for i in 0..3 {
+            s.write(&record(i)).await.unwrap();
+        }
+        // Idle for three intervals and more: the checkpoints keep coming.
+        tokio::time::sleep(every * 3 + Duration::from_millis(100)).await;
+        s.write(&record(3)).await.unwrap();
+        tokio::time::sleep(every + Duration::from_millis(100)).await;
+        drop(s);
+        let v = verify::verify(std::slice::from_ref(&path)).unwrap();
+        let lines: Vec<serde_json::Value> = std::fs::read_to_string(&path)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(v.records, lines.len() as u64);
+        let checkpoints: Vec<&serde_json::Value> =
+            lines.iter().filter(|r| r["type"] == "checkpoint").collect();
+        assert!(checkpoints.len() >= 3, "{lines:#?}");
+        // The first counts the three records before it; the idle ones none;
+        // one after record 3 counts it. Each names the one before it.
+        assert_eq!(checkpoints[0]["records"], 3);
+        assert_eq!(checkpoints[0]["interval_seconds"], 0);
+        assert!(checkpoints[0].get("previous_checkpoint_seq").is_none());
+        for pair in checkpoints.windows(2) {
+            assert_eq!(pair[1]["previous_checkpoint_seq"], pair[0]["seq"]);
+        }
+        let counted: u64 = checkpoints
+            .iter()
+            .map(|c| c["records"].as_u64().unwrap())
+            .sum();
+        let last_seq = checkpoints.last().unwrap()["seq"].as_u64().unwrap();
+        let before_last = lines
+            .iter()
+            .filter(|r| r["type"] != "checkpoint" && r["seq"].as_u64().unwrap() < last_seq)
+            .count() as u64;
+        assert_eq!(counted, before_last);
+        assert!(
+            checkpoints.iter().skip(1).any(|c| c["records"] == 0),
+            "an idle interval's checkpoint counts nothing: {checkpoints:#?}"
+        );
+        let record_3 = lines.iter().find(|r| r["n"] == 3).unwrap()["seq"]
+            .as_u64()
+            .unwrap();
+        let next = checkpoints
+            .iter()
+            .find(|c| c["seq"].as_u64().unwrap() > record_3)
+            .expect("a checkpoint after record 3");
+        assert_eq!(next["records"], 1, "it counts record 3: {checkpoints:#?}");
     }
 
     #[tokio::test]

@@ -232,18 +232,32 @@ impl Queue {
     }
 
     /// The writer's side: waits for records (or a reopen) and moves them
-    /// into `into`, which must be empty. `false` once closed and empty.
-    pub(super) fn take(&self, into: &mut Taken) -> bool {
+    /// into `into`, which must be empty; returns with `into` still empty
+    /// at `until`, when given. `false` once closed and empty.
+    pub(super) fn take(&self, into: &mut Taken, until: Option<std::time::Instant>) -> bool {
         let mut w = self.lock();
         while w.ends.is_empty() && !w.reopen {
             if w.closed {
                 return false;
             }
             w.writer_asleep = true;
-            w = self
-                .records_waiting
-                .wait(w)
-                .unwrap_or_else(|p| p.into_inner());
+            w = match until {
+                None => self
+                    .records_waiting
+                    .wait(w)
+                    .unwrap_or_else(|p| p.into_inner()),
+                Some(until) => {
+                    let left = until.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() {
+                        w.writer_asleep = false;
+                        return true;
+                    }
+                    self.records_waiting
+                        .wait_timeout(w, left)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0
+                }
+            };
         }
         w.writer_asleep = false;
         std::mem::swap(&mut w.bytes, &mut into.bytes);
@@ -297,7 +311,7 @@ mod tests {
             let _stop = StopOnDrop(queue.clone());
             let mut taken = Taken::new();
             let mut batches = Vec::new();
-            while queue.take(&mut taken) {
+            while queue.take(&mut taken, None) {
                 if taken.len() == 0 {
                     taken.answer(Ok(()), usize::MAX);
                     continue;
@@ -429,7 +443,7 @@ mod tests {
         let thread = std::thread::spawn(move || {
             let _stop = StopOnDrop(q.clone());
             let mut taken = Taken::new();
-            assert!(q.take(&mut taken));
+            assert!(q.take(&mut taken, None));
             panic!("the writer fails while writing");
         });
         let outcome = queue.write(b"first").await;
@@ -444,7 +458,7 @@ mod tests {
         let q = queue.clone();
         let thread = std::thread::spawn(move || {
             let mut taken = Taken::new();
-            let woke = q.take(&mut taken);
+            let woke = q.take(&mut taken, None);
             (woke, taken.reopen, taken.len())
         });
         std::thread::sleep(Duration::from_millis(20));

@@ -72,6 +72,19 @@ pub enum Subject<'a> {
         /// `rotated`, `reopened` or `previous file unreadable`.
         reason: &'a str,
     },
+    /// A chain's heartbeat, written every `audit.checkpoint_seconds` even
+    /// when nothing else is: its `prev` is the chain's head, so a
+    /// collector tells a quiet node (checkpoints keep coming) from one that
+    /// went silent or lost its tail before export (they stop).
+    Checkpoint {
+        /// The interval the writer keeps.
+        interval_seconds: u64,
+        /// Records chained since the previous checkpoint (or since the
+        /// writer started), checkpoints not counted.
+        records: u64,
+        /// The previous checkpoint's `seq`, when this writer wrote one.
+        previous_checkpoint_seq: Option<u64>,
+    },
 }
 
 /// What happened to an exporter, recorded once it is over.
@@ -210,6 +223,12 @@ enum Body<'a> {
         #[serde(skip_serializing_if = "Option::is_none")]
         previous_file: Option<&'a str>,
         reason: &'a str,
+    },
+    Checkpoint {
+        interval_seconds: u64,
+        records: u64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        previous_checkpoint_seq: Option<u64>,
     },
     Export {
         exporter: &'static str,
@@ -358,6 +377,19 @@ pub fn write(origin: &Origin, subject: Subject<'_>, out: &mut Vec<u8>) {
             Body::Rotation {
                 previous_file,
                 reason,
+            },
+        ),
+        Subject::Checkpoint {
+            interval_seconds,
+            records,
+            previous_checkpoint_seq,
+        } => (
+            SystemTime::now(),
+            "checkpoint",
+            Body::Checkpoint {
+                interval_seconds,
+                records,
+                previous_checkpoint_seq,
             },
         ),
         Subject::Export(x) => (

@@ -87,6 +87,8 @@ pub fn audit(config: &Config, role: &'static str, metrics: Arc<Metrics>) -> anyh
             keep: a.file_keep,
             fsync: a.fsync,
             handling: a.on_failure.handling(),
+            checkpoint_every: (a.checkpoint_seconds > 0)
+                .then(|| Duration::from_secs(a.checkpoint_seconds)),
         };
         let file = FileSink::open(options, origin.clone(), metrics.clone())?;
         reopen_on_hangup(file.clone());

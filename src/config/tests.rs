@@ -99,6 +99,15 @@ fn bad_values_name_the_key() {
         assert!(m.contains("dev.namespace"), "{m}");
         let m = message(load(None, json!({"log_format": "xml"})));
         assert!(m.contains("log_format"), "{m}");
+        let m = message(load(None, json!({"audit": {"checkpoint_seconds": 5}})));
+        assert!(
+            m.contains("audit.checkpoint_seconds") && m.contains("from 10 to 86400"),
+            "{m}"
+        );
+        for fine in [0, 10, 86_400] {
+            let c = load(None, json!({"audit": {"checkpoint_seconds": fine}})).unwrap();
+            assert_eq!(c.audit.checkpoint_seconds, fine);
+        }
         Ok(())
     });
 }

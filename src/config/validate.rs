@@ -282,6 +282,14 @@ impl Config {
             }
             check_endpoint(url).map_err(|expected| invalid("audit.http", expected, url))?;
         }
+        let every = self.audit.checkpoint_seconds;
+        if every != 0 && !(10..=86_400).contains(&every) {
+            return Err(invalid(
+                "audit.checkpoint_seconds",
+                "0 (no checkpoints) or seconds from 10 to 86400",
+                &every.to_string(),
+            ));
+        }
         if self.audit.export_max_backlog == 0 {
             return Err(invalid(
                 "audit.export_max_backlog",
