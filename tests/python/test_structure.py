@@ -1,0 +1,32 @@
+"""The source tree's shape: no module in src/ grows past 1,000 lines before
+its tests (issue 42's bound; a longer one is split by concern)."""
+
+from __future__ import annotations
+
+from conftest import ROOT
+
+MAX_LINES = 1000
+
+
+def lines_before_tests(text: str) -> int:
+    """Lines up to a module's `#[cfg(test)]` test module (all of them when
+    it has none in the file)."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.strip() == "#[cfg(test)]" and i + 1 < len(lines) and lines[i + 1].startswith("mod tests"):
+            return i
+    return len(lines)
+
+
+def test_no_module_in_src_is_over_1000_lines_before_its_tests():
+    sizes = {str(p.relative_to(ROOT)): lines_before_tests(p.read_text()) for p in (ROOT / "src").rglob("*.rs")}
+    assert len(sizes) > 50, sizes
+    # Test modules in files of their own (`mod tests;`) are tests entirely.
+    over = {path: n for path, n in sizes.items() if n > MAX_LINES and not path.endswith("/tests.rs")}
+    assert over == {}, f"split these by concern: {over}"
+
+
+def test_the_measure_counts_up_to_the_test_module():
+    text = "fn a() {}\n\n#[cfg(test)]\nmod tests {\n    #[test]\n    fn t() {}\n}\n"
+    assert lines_before_tests(text) == 2
+    assert lines_before_tests("fn a() {}\n#[cfg(test)]\nfn helper() {}\n") == 3
