@@ -3,10 +3,17 @@
 //! (`hash`), and how a line is read back.
 //!
 //! A record `{...}` becomes, in the file,
-//! `{...,"seq":N,"prev":"P"` + `,"hash":"H"}` where `H` is the SHA-256 of
-//! the bytes `{...,"seq":N,"prev":"P"}`: the hash covers exactly the bytes
-//! written before it, so checking a line needs no canonical JSON, only the
-//! line. Editing any byte of a record breaks its own hash; replacing a
+//! `{...,"seq":N,"prev":"P","chain":"C"` + `,"hash":"H"}` where `H` is the
+//! SHA-256 of the bytes `{...,"seq":N,"prev":"P","chain":"C"}`: the hash
+//! covers exactly the bytes written before it, so checking a line needs no
+//! canonical JSON, only the line.
+//!
+//! `chain` names the chain: the hash of its first record (which, having
+//! no hash before it, carries no `chain` itself). A collector holding the
+//! records of many nodes and many chains (a node's agent begins a new one
+//! on a new volume) groups them by it. A chain begun by a version that
+//! wrote no `chain` is named, from the first record written after it, by
+//! the hash of the last record before it. Editing any byte of a record breaks its own hash; replacing a
 //! record with one whose hash is recomputed breaks the next record's
 //! `prev`; deleting, inserting or reordering records breaks `seq`.
 
@@ -24,6 +31,21 @@ pub struct Link {
     pub seq: u64,
     /// Its own hash, hex.
     pub hash: String,
+    /// The chain's name: its first record's hash (empty for a record of a
+    /// chain that names none, written before chains were named).
+    pub chain: String,
+}
+
+impl Link {
+    /// The name the next record carries: this chain's, or (after a record
+    /// of an unnamed chain) this record's hash.
+    fn chain_for_next(&self) -> &str {
+        if self.chain.is_empty() {
+            &self.hash
+        } else {
+            &self.chain
+        }
+    }
 }
 
 /// Appends to `out` the line (newline included) of `record` (one JSON
@@ -43,15 +65,22 @@ pub fn append(record: &[u8], prev: Option<&Link>, out: &mut Vec<u8>) -> Link {
     out.extend_from_slice(itoa::Buffer::new().format(seq).as_bytes());
     out.extend_from_slice(b",\"prev\":\"");
     out.extend_from_slice(prev_hash.as_bytes());
+    let chain = prev.map(Link::chain_for_next);
+    if let Some(chain) = chain {
+        out.extend_from_slice(b"\",\"chain\":\"");
+        out.extend_from_slice(chain.as_bytes());
+    }
     out.extend_from_slice(b"\"}");
     let hash = hex_digest(Sha256::digest(&out[start..]));
     out.pop();
     out.extend_from_slice(HASH_KEY);
     out.extend_from_slice(&hash);
     out.extend_from_slice(b"\"}\n");
+    let hash = String::from_utf8_lossy(&hash).into_owned();
     Link {
         seq,
-        hash: String::from_utf8_lossy(&hash).into_owned(),
+        chain: chain.map_or_else(|| hash.clone(), str::to_string),
+        hash,
     }
 }
 
@@ -111,13 +140,23 @@ pub fn read(line: &[u8]) -> Result<Read, LineError> {
         kind: String,
         #[serde(default)]
         previous_file: Option<String>,
+        #[serde(default)]
+        chain: Option<String>,
     }
     let fields: Fields =
         serde_json::from_slice(line).map_err(|e| LineError::Malformed(e.to_string()))?;
+    let hash = String::from_utf8_lossy(&computed).into_owned();
+    let chain = match fields.chain {
+        Some(chain) => chain,
+        // A chain's first record names the chain by its own hash.
+        None if fields.seq == 0 && fields.prev == GENESIS => hash.clone(),
+        None => String::new(),
+    };
     Ok(Read {
         link: Link {
             seq: fields.seq,
-            hash: String::from_utf8_lossy(&computed).into_owned(),
+            hash,
+            chain,
         },
         prev: fields.prev,
         kind: fields.kind,
@@ -136,6 +175,44 @@ fn hex_digest(digest: impl AsRef<[u8]>) -> [u8; 64] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn records_name_their_chain_by_its_first_record() {
+        let mut out = Vec::new();
+        let a = append(br#"{"type":"x"}"#, None, &mut out);
+        let b = append(br#"{"type":"y"}"#, Some(&a), &mut out);
+        let c = append(br#"{"type":"z"}"#, Some(&b), &mut out);
+        assert_eq!(a.chain, a.hash);
+        assert_eq!(
+            (b.chain.as_str(), c.chain.as_str()),
+            (a.hash.as_str(), a.hash.as_str())
+        );
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(!lines[0].contains("\"chain\""), "{}", lines[0]);
+        for (line, link) in lines.iter().zip([&a, &b, &c]) {
+            assert_eq!(&read(line.as_bytes()).unwrap().link, link);
+        }
+        // A chain written before chains were named (no `chain`): the next
+        // record names it by the last unnamed record's hash, and so on.
+        let mut legacy = b"{\"type\":\"x\",\"seq\":7,\"prev\":\"".to_vec();
+        legacy.extend_from_slice(GENESIS.replace('0', "1").as_bytes());
+        legacy.extend_from_slice(b"\"}");
+        let hash = hex_digest(Sha256::digest(&legacy));
+        legacy.pop();
+        legacy.extend_from_slice(HASH_KEY);
+        legacy.extend_from_slice(&hash);
+        legacy.extend_from_slice(b"\"}");
+        let old = read(&legacy).unwrap().link;
+        assert_eq!(old.chain, "");
+        let mut out = Vec::new();
+        let next = append(br#"{"type":"y"}"#, Some(&old), &mut out);
+        let after = append(br#"{"type":"y"}"#, Some(&next), &mut out);
+        assert_eq!(
+            (next.chain.as_str(), after.chain.as_str()),
+            (old.hash.as_str(), old.hash.as_str())
+        );
+    }
 
     #[test]
     fn lines_chain_and_read_back() {
