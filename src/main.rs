@@ -53,6 +53,22 @@ enum AuditCommand {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
+    /// Verify what a collector holds (rsyslog's or an HTTP collector's
+    /// JSON Lines, many nodes and chains in any order): per chain, the
+    /// sequence range, gaps, forks, unlinked records and stale
+    /// checkpoints; exit 1 when any chain is not intact.
+    VerifyCollected {
+        /// A chain whose last checkpoint is older than this many seconds
+        /// is stale (unless a later chain of its node replaced it).
+        #[arg(long, default_value_t = 1800)]
+        stale_after: u64,
+        /// The report as JSON.
+        #[arg(long)]
+        json: bool,
+        /// The collector's files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -215,6 +231,15 @@ fn main() -> ExitCode {
             lanyard::policy::cases::test_command(&dir, &cases)
         }
         Command::Audit(AuditCommand::Verify { files }) => lanyard::audit::verify::command(&files),
+        Command::Audit(AuditCommand::VerifyCollected {
+            stale_after,
+            json,
+            files,
+        }) => lanyard::audit::collected::command(
+            &files,
+            std::time::Duration::from_secs(stale_after),
+            json,
+        ),
         Command::Webhook(args) => cli::run(
             global,
             args.overrides(global),

@@ -13,6 +13,7 @@
 //! ([`verify`]) checks. `docs/audit.md` documents the record.
 
 pub mod chain;
+pub mod collected;
 mod credential_record;
 #[cfg(test)]
 mod examples;

@@ -7,6 +7,7 @@ import gzip
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,7 +15,22 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from azure.identity import ManagedIdentityCredential
 
-from conftest import Dev
+from conftest import Dev, lanyard_binary
+
+
+def raw_elements(array: str) -> list[str]:
+    """The elements of a JSON array as the text they were sent as, which a
+    collector keeps so that each record's hash still checks."""
+    decoder = json.JSONDecoder()
+    out, at = [], array.index("[") + 1
+    while True:
+        while array[at] in " \t\r\n,":
+            at += 1
+        if array[at] == "]":
+            return out
+        _, end = decoder.raw_decode(array, at)
+        out.append(array[at:end])
+        at = end
 
 
 class Collector:
@@ -23,6 +39,7 @@ class Collector:
     def __init__(self):
         self.mode = "ok"
         self.received = []  # every record of every accepted batch, repeats included
+        self.lines = []  # the same, each element's bytes as sent (docs/audit.md's layout)
         self.attempts = {}  # mode -> POSTs answered in it
         self.auth = []
         collector = self
@@ -56,9 +73,11 @@ class Collector:
                     self.end_headers()
                     return
                 assert self.headers.get("Content-Encoding") == "gzip"
-                records = json.loads(gzip.decompress(body))
+                text = gzip.decompress(body).decode()
+                records = json.loads(text)
                 assert int(self.headers.get("X-Lanyard-Records")) == len(records)
                 collector.received.extend(records)
+                collector.lines.extend(raw_elements(text))
                 self.send_response(204)
                 self.end_headers()
 
@@ -149,6 +168,19 @@ def test_every_record_arrives_once_the_collector_recovers(tmp_path, collector, m
         assert token not in text
     for log in ("first.log", "second.log"):
         assert "collector-secret-1" not in (tmp_path / log).read_text(errors="replace")
+    # What the collector holds, kept as JSON Lines, verifies as one chain;
+    # the SIGKILL's repeated deliveries are counted, not reported.
+    held = tmp_path / "collector.jsonl"
+    held.write_text("\n".join(collector.lines) + "\n")
+    verified = subprocess.run([lanyard_binary(), "audit", "verify-collected", "--json", str(held)],
+                              capture_output=True, text=True, timeout=60)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    report = json.loads(verified.stdout)
+    assert report["problems"] == [] and len(report["chains"]) == 1, report
+    chain = report["chains"][0]
+    distinct = {r["id"] for r in collector.received}
+    assert chain["records"] == len(distinct) and chain["gaps"] == [] and chain["first_seq"] == 0, chain
+    assert report["repeats"] == len(collector.lines) - len(distinct)
 
 
 def plain_env(monkeypatch):

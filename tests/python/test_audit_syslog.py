@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from azure.identity import ManagedIdentityCredential
 
-from conftest import Dev, stop_process
+from conftest import Dev, lanyard_binary, stop_process
 
 RSYSLOGD = shutil.which("rsyslogd") or ("/usr/sbin/rsyslogd" if os.path.exists("/usr/sbin/rsyslogd") else None)
 MODULES = Path("/usr/lib/x86_64-linux-gnu/rsyslog")
@@ -32,6 +32,7 @@ class Rsyslog:
         self.work = work
         self.relp_port = relp_port
         self.out = work / "received.log"
+        self.records = work / "all-nodes.jsonl"
         self.proc = None
 
     def start(self):
@@ -52,6 +53,10 @@ input(type="imtcp" address="127.0.0.1" port="0" listenPortFileName="{w}/tls.port
       streamDriver.name="ossl" streamDriver.mode="1" streamDriver.authMode="anon")
 template(name="text" type="string" string="%msgid% %msg%\\n")
 action(type="omfile" file="{self.out}" template="text")
+# docs/audit.md's receiver: each record as one line, what
+# `lanyard audit verify-collected` reads.
+template(name="lanyard-record" type="string" string="%msg%\\n")
+action(type="omfile" file="{self.records}" template="lanyard-record")
 """)
         self.log = open(w / "rsyslogd.log", "ab")
         self.proc = subprocess.Popen(
@@ -185,6 +190,22 @@ def test_relp_delivers_every_record_across_an_rsyslog_restart(tmp_path, rsyslog,
     text = rsyslog.out.read_text()
     for token in dev.issued:
         assert token not in text, "a token reached syslog"
+    # What rsyslog holds verifies as one whole chain, repeats and all; with
+    # a line taken out, the gap is named.
+    verified = collected_verify(rsyslog.records)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert ", 1 chain\n" in verified.stdout and "ok: syslog-test/lanyard-dev-node/dev chain" in verified.stdout, verified.stdout
+    lines = rsyslog.records.read_text().splitlines()
+    seq = json.loads(lines[5])["seq"]
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("\n".join(line for line in lines if json.loads(line)["seq"] != seq) + "\n")
+    verified = collected_verify(cut)
+    assert verified.returncode == 1 and f"missing {seq}" in verified.stdout, verified.stdout
+
+
+def collected_verify(*files):
+    return subprocess.run([lanyard_binary(), "audit", "verify-collected", *map(str, files)],
+                          capture_output=True, text=True, timeout=60)
 
 
 def test_the_exporter_resumes_from_its_cursor_after_lanyard_restarts(tmp_path, rsyslog, monkeypatch, clean):
