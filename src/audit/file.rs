@@ -1015,6 +1015,13 @@ mod tests {
             first["seq"], 3,
             "the sequence goes on from the last readable record"
         );
+        // One chain rule (docs/audit.md, Restarts): it follows that record
+        // and keeps the chain's name.
+        let set_aside = std::fs::read_to_string(&aside[0]).unwrap();
+        let last: serde_json::Value =
+            serde_json::from_str(set_aside.lines().nth(2).unwrap()).unwrap();
+        assert_eq!(first["prev"], last["hash"]);
+        assert_eq!(first["chain"], last["chain"]);
         assert_eq!(
             verify::verify(std::slice::from_ref(&path)).unwrap().records,
             2
