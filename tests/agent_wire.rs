@@ -12,7 +12,10 @@ use lanyard::cloud::TokenRequest;
 use serde_json::{json, Value};
 
 fn fixtures() -> Value {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/agent-api/v1.json");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/agent-api/v1.json"
+    );
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 

@@ -216,13 +216,22 @@ pub fn verify(
         }
     }
     let threshold = now.checked_sub(stale_after).map(super::record::rfc3339);
+    // The records of chains written before chains were named: a named
+    // chain that continues one begins at the record after it.
+    let unnamed: std::collections::HashSet<String> = chains
+        .iter()
+        .filter(|((_, _, _, name), _)| name.is_empty())
+        .flat_map(|(_, held)| held.values().flatten().map(|h| h.hash.clone()))
+        .collect();
     for ((cluster, node, role, name), held) in chains {
+        let continues = unnamed.contains(&name);
         report.chains.push(judge(
             cluster,
             node,
             role,
             name,
             &held,
+            continues,
             threshold.as_deref(),
         ));
     }
@@ -256,6 +265,7 @@ fn judge(
     role: String,
     name: String,
     held: &BTreeMap<u64, Vec<Held>>,
+    continues: bool,
     threshold: Option<&str>,
 ) -> ChainReport {
     let (first_seq, last_seq) = match (held.keys().next(), held.keys().next_back()) {
@@ -264,11 +274,11 @@ fn judge(
     };
     let mut gaps = Vec::new();
     // Records before the first held are missing unless it begins the chain:
-    // the genesis record, or a named chain's first record after an unnamed
-    // one (it follows the record whose hash names the chain).
+    // the genesis record, or (`continues`) the first named record after a
+    // held unnamed one, which names the chain by that record's hash. An
+    // unnamed chain's beginning is unknown.
     if let Some(first) = held.get(&first_seq).and_then(|v| v.first()) {
-        let begins =
-            (first_seq == 0 && first.prev == GENESIS) || (!name.is_empty() && first.prev == name);
+        let begins = (first_seq == 0 && first.prev == GENESIS) || (continues && first.prev == name);
         if !begins && first_seq > 0 && !name.is_empty() {
             gaps.push((0, first_seq - 1));
         }
@@ -488,6 +498,9 @@ mod tests {
         let report = verify_lines(&held, HOUR);
         assert_eq!(report.chains[0].gaps, vec![(7, 7)]);
         assert!(!report.ok());
+        // The chain's first record not held: missing too.
+        let report = verify_lines(&a[1..], HOUR);
+        assert_eq!(report.chains[0].gaps, vec![(0, 0)]);
         // A record altered at the collector: its own hash fails.
         let mut altered = a.clone();
         altered[4] = altered[4].replace("credential", "Credential");
