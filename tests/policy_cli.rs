@@ -104,3 +104,25 @@ fn a_wrong_expectation_fails_the_test_naming_the_case_and_the_policies() {
     );
     assert!(text(&out).contains("cases.yaml"), "{}", text(&out));
 }
+
+#[test]
+fn cases_are_decided_in_the_cluster_they_name() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("p.cedar"),
+        "@id(\"prod-data-only-in-prod\") forbid (principal, action, resource) when { resource.id == \"arn:aws:iam::111122223333:role/prod-data\" && !(context.cluster like \"prod-*\") };\n@id(\"all\") permit (principal, action, resource);\n",
+    )
+    .unwrap();
+    let case = "cases:\n  - name: the prod role\n    principal: { namespace: ray, service_account: ray-worker }\n    action: aws_credentials\n    identity: { cloud: aws, id: \"arn:aws:iam::111122223333:role/prod-data\", account: \"111122223333\" }\n    expect: deny\n    policies: [prod-data-only-in-prod]\n";
+    let d = dir.path().to_str().unwrap();
+    let cases = dir.path().join("cases.yaml");
+    for (cluster, code) in [("staging-eu-1", 0), ("prod-eu-1", 1), ("", 0)] {
+        let head = match cluster {
+            "" => String::new(),
+            name => format!("cluster: {name}\n"),
+        };
+        std::fs::write(&cases, format!("{head}{case}")).unwrap();
+        let out = lanyard(&["policy", "test", d, cases.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(code), "{cluster}: {}", text(&out));
+    }
+}

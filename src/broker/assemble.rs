@@ -191,14 +191,16 @@ fn reopen_on_hangup(file: FileSink) {
 /// each reload logged, counted and audited.
 fn policy(
     dir: &Path,
+    cluster: &str,
     every: Duration,
     metrics: Arc<Metrics>,
     audit: Arc<dyn AuditSink>,
 ) -> anyhow::Result<Arc<CedarPolicy>> {
-    let policy =
-        Arc::new(CedarPolicy::load(dir).map_err(|e| {
-            anyhow::anyhow!("the policy set in {} is invalid:\n{e}", dir.display())
-        })?);
+    let policy = Arc::new(
+        CedarPolicy::load(dir)
+            .map_err(|e| anyhow::anyhow!("the policy set in {} is invalid:\n{e}", dir.display()))?
+            .with_cluster(cluster),
+    );
     let shown = dir.display().to_string();
     // The set in force at start is as much a part of the trail as each
     // reload: it is counted and audited the same way.
@@ -251,6 +253,7 @@ pub fn broker(config: &Config, parts: Parts, http: reqwest::Client) -> anyhow::R
     if let Some(dir) = &config.policy.dir {
         broker = broker.with_policy(policy(
             dir,
+            &config.audit.cluster,
             Duration::from_secs(config.policy.reload_seconds),
             parts.metrics,
             parts.audit,

@@ -6,6 +6,7 @@
 //! A CASES file (YAML) lists requests and what must be decided:
 //!
 //! ```yaml
+//! cluster: aks-westeurope-1   # optional: context.cluster
 //! cases:
 //!   - name: team-a worker gets storage
 //!     principal: { namespace: team-a, service_account: ray-worker }
@@ -34,6 +35,10 @@ use crate::token::{Caller, ObjectRef};
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Cases {
+    /// The cluster the cases are decided in (`context.cluster`); `""`
+    /// when not given, as on an agent without `audit.cluster`.
+    #[serde(default)]
+    pub cluster: String,
     /// The cases, run in order.
     pub cases: Vec<Case>,
 }
@@ -339,7 +344,10 @@ pub fn test_command(dir: &Path, cases: &Path) -> std::process::ExitCode {
         }
     };
     let file = cases.display().to_string();
-    let outcomes = match read(cases).and_then(|c| run(&policy, &c, &file)) {
+    let outcomes = match read(cases).and_then(|c| {
+        let policy = policy.with_cluster(c.cluster.clone());
+        run(&policy, &c, &file)
+    }) {
         Ok(o) => o,
         Err(e) => {
             eprintln!("{e}");

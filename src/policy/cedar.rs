@@ -45,6 +45,8 @@ pub struct CedarPolicy {
     authorizer: Authorizer,
     entities: EntityCache,
     decisions: DecisionCache,
+    /// This cluster's name (`audit.cluster`), as `context.cluster`.
+    cluster: String,
     /// What the last refusal refused (the digest of the files, or the
     /// read error): the same refusal is reported once, however its
     /// diagnostics are ordered.
@@ -147,8 +149,18 @@ impl CedarPolicy {
             authorizer: Authorizer::new(),
             entities: EntityCache::default(),
             decisions: DecisionCache::default(),
+            cluster: String::new(),
             last_rejected: Mutex::new(None),
         })
+    }
+
+    /// Names this cluster in every decision's context (`context.cluster`),
+    /// so that one policy set can serve a fleet; unset: `""`.
+    // INVARIANT: set before the first decision: the decision cache does not
+    // key on the cluster, which is the same for every decision after.
+    pub fn with_cluster(mut self, cluster: impl Into<String>) -> Self {
+        self.cluster = cluster.into();
+        self
     }
 
     /// The directory the set comes from.
@@ -377,7 +389,7 @@ impl DecisionCache {
 impl CedarPolicy {
     /// Evaluates `input` against `loaded`.
     fn evaluate(&self, input: &PolicyInput<'_>, loaded: &Loaded) -> Decision {
-        let built = entities::cedar_request(input)
+        let built = entities::cedar_request(input, &self.cluster)
             .and_then(|request| Ok((request, self.entities.get_or_build(input)?)));
         let (request, entities) = match built {
             Ok(r) => r,

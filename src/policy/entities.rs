@@ -49,9 +49,12 @@ pub fn action_name(kind: Kind) -> Option<&'static str> {
     }
 }
 
-/// The Cedar request and entities for `input`.
-pub fn request(input: &PolicyInput<'_>) -> Result<(Request, Entities), MappingError> {
-    Ok((cedar_request(input)?, entities(input)?))
+/// The Cedar request and entities for `input` in `cluster`.
+pub fn request(
+    input: &PolicyInput<'_>,
+    cluster: &str,
+) -> Result<(Request, Entities), MappingError> {
+    Ok((cedar_request(input, cluster)?, entities(input)?))
 }
 
 /// The uids a request names: principal, pod, resource.
@@ -174,8 +177,9 @@ pub fn entities(input: &PolicyInput<'_>) -> Result<Entities, MappingError> {
     Ok(entities)
 }
 
-/// The Cedar request for `input`: principal, action, resource, context.
-pub fn cedar_request(input: &PolicyInput<'_>) -> Result<Request, MappingError> {
+/// The Cedar request for `input` in `cluster`: principal, action,
+/// resource, context.
+pub fn cedar_request(input: &PolicyInput<'_>, cluster: &str) -> Result<Request, MappingError> {
     let Uids {
         principal,
         pod,
@@ -200,6 +204,7 @@ pub fn cedar_request(input: &PolicyInput<'_>) -> Result<Request, MappingError> {
         ),
         ("surface".to_string(), string(request.surface.name())),
         ("node".to_string(), string(node)),
+        ("cluster".to_string(), string(cluster)),
         (
             "time".to_string(),
             RestrictedExpression::new_long(i64::try_from(time).unwrap_or(i64::MAX)),

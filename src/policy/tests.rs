@@ -74,6 +74,22 @@ fn allowed(condition: &str) -> bool {
 }
 
 #[test]
+fn the_cluster_is_in_the_context_as_the_agent_names_it() {
+    let text = "@id(\"west\")\npermit (principal, action, resource) when { context.cluster == \"aks-westeurope-1\" };\n";
+    let dir = dir_with(&[("p.cedar", text)]);
+    let here = CedarPolicy::load(dir.path())
+        .unwrap()
+        .with_cluster("aks-westeurope-1");
+    assert!(matches!(decide(&here), Decision::Allow { .. }));
+    let elsewhere = CedarPolicy::load(dir.path())
+        .unwrap()
+        .with_cluster("gke-us-central1-2");
+    assert!(matches!(decide(&elsewhere), Decision::Deny { .. }));
+    // Unnamed, it is "".
+    assert!(allowed(r#"context.cluster == """#));
+}
+
+#[test]
 fn every_attribute_lands_where_the_schema_says() {
     let holds = [
         r#"principal == ServiceAccount::"team-a/ray-worker""#,
@@ -117,7 +133,7 @@ fn the_request_conforms_to_the_schema() {
         lifetime: Some(Duration::from_secs(60)),
         time: SystemTime::now(),
     };
-    let (request, entities) = super::entities::request(&input).unwrap();
+    let (request, entities) = super::entities::request(&input, "aks-westeurope-1").unwrap();
     let schema = super::schema::schema();
     cedar_policy::Request::new(
         request.principal().unwrap().clone(),
