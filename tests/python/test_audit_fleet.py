@@ -6,9 +6,10 @@ hit: a record lost between exporter and collector, a file's tail removed
 before its exporter shipped it, a record altered at the collector, a node
 gone silent, an exporter killed and restarted (repeats only, no gap).
 
-The nodes are `lanyard dev` processes (each with its own issuer and
-emulated clouds), named by `audit.cluster` and `dev.node_name`, writing
-checkpoints every 10 s."""
+Each cluster is a fake API server with its own issuer and an emulated
+Entra ID; each node runs `lanyard agent` with the cluster's name in
+`audit.cluster`, checkpoints every 10 s, and answers its pod's token
+requests on the agent API."""
 
 from __future__ import annotations
 
@@ -25,7 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Dev, lanyard_binary
+import yaml
+
+from chart import FakeKube, free_ports
+from conftest import lanyard_binary, stop_process
 from test_audit_http import raw_elements
 from test_audit_syslog import RSYSLOGD, rsyslog  # noqa: F401  (a pytest fixture)
 
@@ -81,44 +85,103 @@ class Collector:
         self.server.server_close()
 
 
-class Node:
-    """A `lanyard dev` standing for one node of one cluster."""
+TENANT = "5f0c8b0e-6a3b-4c1e-9a51-3d2f1e0c7b21"
+PROVIDER = "//iam.googleapis.com/projects/123456789012/locations/global/workloadIdentityPools/fleet/providers/cluster"
+CLIENT_ID = "8c1e7a52-4b3f-4d8e-9f0a-2b6c5d4e3f21"
 
-    def __init__(self, work: Path, cluster: str, name: str, export: dict):
+
+class Cluster:
+    """A fake API server with its own issuer and an emulated Entra ID, one
+    ServiceAccount bound to an Azure identity, and a pod on each node."""
+
+    def __init__(self, work: Path, name: str, nodes: list[str]):
+        self.name = name
+        clouds = work / f"{name}-clouds.json"
+        clouds.write_text(json.dumps({
+            "azure_tenant_id": TENANT, "gcp_provider": PROVIDER,
+            "identities": [{"namespace": "ray", "service_account": "ray-worker", "azure_client_id": CLIENT_ID,
+                            "gcp_service_account": "ray@fleet.iam.gserviceaccount.com",
+                            "aws_role_arn": "arn:aws:iam::111122223333:role/ray"}]}))
+        self.kube = FakeKube(work / f"{name}-kube", clouds=clouds)
+        self.kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ray"}})
+        self.kube.apply({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {
+            "name": "ray-worker", "namespace": "ray", "annotations": {"azure.workload.identity/client-id": CLIENT_ID}}})
+        for node in nodes:
+            self.kube.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"worker-{node}", "namespace": "ray"},
+                             "spec": {"nodeName": node, "serviceAccountName": "ray-worker",
+                                      "containers": [{"name": "ray"}]}})
+
+    def token(self, node: str) -> str:
+        body = json.dumps({"namespace": "ray", "pod": f"worker-{node}", "audiences": ["api://AzureADTokenExchange"],
+                           "expiration_seconds": 3600}).encode()
+        request = urllib.request.Request(f"{self.kube.control}/token", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=5) as r:
+            return json.loads(r.read())["token"]
+
+    def stop(self):
+        self.kube.stop()
+
+
+class Node:
+    """A node of a cluster: its agent (`lanyard agent`), the node's audit
+    file, and an exporter to the fleet's collector."""
+
+    def __init__(self, work: Path, cluster: Cluster, name: str, export: dict):
         self.cluster, self.name = cluster, name
-        self.work = work / f"{cluster}-{name}"
+        self.work = work / f"{cluster.name}-{name}"
         self.work.mkdir(parents=True, exist_ok=True)
         self.audit = self.work / "audit.jsonl"
-        self.env = {"LANYARD_AUDIT_FILE": str(self.audit), "LANYARD_AUDIT_CLUSTER": cluster,
-                    "LANYARD_DEV_NODE_NAME": name, "LANYARD_AUDIT_CHECKPOINT_SECONDS": str(CHECKPOINT_SECONDS),
-                    "RUST_LOG": "info", **export}
+        self.config = self.work / "agent.yaml"
+        self.config.write_text(yaml.safe_dump({
+            "azure": {"authority_host": cluster.kube.info["azure"], "tenant_id": TENANT},
+            "audit": {"file": str(self.audit), "cluster": cluster.name, "checkpoint_seconds": CHECKPOINT_SECONDS,
+                      **export}}))
+        self.port, self.admin = free_ports(2)
         self.starts = 0
-        self.dev = None
+        self.proc = None
         self.start()
 
     def start(self):
         self.starts += 1
-        self.dev = Dev([], self.work / f"lanyard-{self.starts}.log", extra_env=self.env)
+        env = {"PATH": "/usr/bin:/bin", "KUBECONFIG": self.cluster.kube.kubeconfig, "RUST_LOG": "info"}
+        self.proc = subprocess.Popen([lanyard_binary(), "--config", str(self.config), "agent",
+                                      "--listen", f"127.0.0.1:{self.port}", "--admin-listen", f"127.0.0.1:{self.admin}",
+                                      "--node-name", self.name], env=env, stdout=subprocess.DEVNULL,
+                                     stderr=open(self.work / f"agent-{self.starts}.log", "wb"))
+        wait_for(lambda: self.proc.poll() is None and ready(f"http://127.0.0.1:{self.admin}/readyz"),
+                 f"the agent of {self.name} is ready")
 
     def ask(self, n: int, prefix: str = "app"):
-        base = self.dev.exports["AZURE_POD_IDENTITY_AUTHORITY_HOST"]
+        """`n` credential requests from the node's pod, each for a new scope."""
+        token = self.cluster.token(self.name)
         for i in range(n):
-            url = (f"{base}/metadata/identity/oauth2/token?api-version=2018-02-01"
-                   f"&resource=api://{prefix}-{self.starts}-{i}")
-            with urllib.request.urlopen(urllib.request.Request(url, headers={"Metadata": "true"}), timeout=30) as r:
+            body = json.dumps({"cloud": "azure", "kind": "access_token",
+                               "scopes": [f"api://{prefix}-{self.starts}-{i}/.default"],
+                               "surface": "azure_imds"}).encode()
+            request = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/token", data=body, headers={
+                "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=30) as r:
                 assert r.status == 200
 
     def ids(self) -> set[str]:
         return {json.loads(line)["id"] for line in self.audit.read_text().splitlines()}
 
     def kill(self):
-        os.kill(self.dev.proc.pid, signal.SIGKILL)
-        self.dev.proc.wait()
-        self.dev.log.close()
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
 
     def stop(self):
-        if self.dev.proc.poll() is None:
-            self.dev.stop()
+        if self.proc.poll() is None:
+            stop_process(self.proc)
+
+
+def ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
 
 
 def held_ids(*files: Path) -> set[str]:
@@ -155,14 +218,18 @@ def by_node(report: dict) -> dict[str, list[dict]]:
 def test_two_clusters_one_collector_clean_then_every_fault_named(tmp_path, rsyslog):  # noqa: F811
     collector = Collector(tmp_path / "collector.jsonl")
     ca = str(rsyslog.work / "ca.pem")
-    nodes = []
+    clusters, nodes = [], []
     try:
+        east = Cluster(tmp_path, "east", ["east-1", "east-2"])
+        clusters.append(east)
+        west = Cluster(tmp_path, "west", ["west-1", "west-2"])
+        clusters.append(west)
+        assert east.kube.api != west.kube.api
         nodes = [
-            Node(tmp_path, "east", "east-1", {"LANYARD_AUDIT_SYSLOG": f"relp://127.0.0.1:{rsyslog.relp_port}"}),
-            Node(tmp_path, "east", "east-2", {"LANYARD_AUDIT_SYSLOG": f"tls://localhost:{rsyslog.port('tls')}",
-                                              "LANYARD_AUDIT_SYSLOG_CA": ca}),
-            Node(tmp_path, "west", "west-1", {"LANYARD_AUDIT_HTTP": f"{collector.base}/west-1"}),
-            Node(tmp_path, "west", "west-2", {"LANYARD_AUDIT_HTTP": f"{collector.base}/west-2"}),
+            Node(tmp_path, east, "east-1", {"syslog": f"relp://127.0.0.1:{rsyslog.relp_port}"}),
+            Node(tmp_path, east, "east-2", {"syslog": f"tls://localhost:{rsyslog.port('tls')}", "syslog_ca": ca}),
+            Node(tmp_path, west, "west-1", {"http": f"{collector.base}/west-1"}),
+            Node(tmp_path, west, "west-2", {"http": f"{collector.base}/west-2"}),
         ]
         east1, east2, west1, west2 = nodes
         held = (rsyslog.records, collector.path)
@@ -243,4 +310,6 @@ def test_two_clusters_one_collector_clean_then_every_fault_named(tmp_path, rsysl
     finally:
         for node in nodes:
             node.stop()
+        for cluster in clusters:
+            cluster.stop()
         collector.stop()
