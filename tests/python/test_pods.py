@@ -360,6 +360,8 @@ def test_agent_restart_under_three_calling_pods_recovers_without_a_wrong_credent
         e2e.figures["restart_calls_during_outage"] += len(during)
         e2e.figures.setdefault("restart_failed_calls", 0)
         e2e.figures["restart_failed_calls"] += sum(not l["ok"] for l in lines)
+        e2e.figures.setdefault("restart_failures", []).extend(
+            f"{l['cloud']}: {l['error'][:300]}" for l in lines if not l["ok"])
         e2e.figures["agent_restart_s"] = round(restarted - began, 2)
         # Every cloud answers again once the agent is back.
         recovered = {l["cloud"] for l in lines if l["ok"] and l["started"] > restarted + 1}
