@@ -244,14 +244,12 @@ pub fn verify(
             &b.last_record,
         ))
     });
-    for i in 0..report.chains.len() {
-        let later = report.chains[i + 1..].iter().any(|c| {
-            let this = &report.chains[i];
-            (&c.cluster, &c.node, &c.role) == (&this.cluster, &this.node, &this.role)
-        });
-        let chain = &mut report.chains[i];
-        chain.superseded = later;
-        if later {
+    // Sorted so, a chain is superseded when the next one has its origin.
+    for i in 1..report.chains.len() {
+        let (before, after) = report.chains.split_at_mut(i);
+        let (chain, next) = (&mut before[i - 1], &after[0]);
+        if (&chain.cluster, &chain.node, &chain.role) == (&next.cluster, &next.node, &next.role) {
+            chain.superseded = true;
             chain.stale = false;
         }
     }
