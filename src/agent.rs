@@ -14,7 +14,8 @@ use crate::directory::file::StaticDirectory;
 use crate::directory::kube::{Invalidate, KubeDirectory, Watch};
 use crate::directory::Directory;
 use crate::http::{
-    bind, drain, per_thread, spawn_server, wait_for_signal, Limits, Shutdown, DRAIN_TIMEOUT,
+    bind, drain, per_thread, shutdown_delay, spawn_server, wait_for_signal, Limits, Shutdown,
+    DRAIN_TIMEOUT,
 };
 use crate::pod_events::Explained;
 use crate::telemetry::metrics::Metrics;
@@ -153,9 +154,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let admin_addr = admin.local_addr()?;
     let admin_server = spawn_server(
         admin,
-        crate::telemetry::admin_router(metrics.clone(), readiness),
+        crate::telemetry::admin_router(metrics.clone(), readiness.clone()),
         shutdown.clone(),
     );
+    let delay = std::time::Duration::from_secs(config.shutdown_delay_seconds);
     let broker = Arc::new(broker(&config, metrics).await?);
     let api = per_thread::bind(config.listen, "agent API", per_thread::default_threads()).await?;
     let api_addr = api.local_addr();
@@ -181,7 +183,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         condition.set();
     }
     tracing::info!(api = %api_addr, admin = %admin_addr, node = ?node, "lanyard agent serving");
-    wait_for_signal().await;
+    let signal = wait_for_signal().await;
+    // INVARIANT: the listeners stay open through the delay; only then does
+    // the trigger stop accepting and drain what is in flight.
+    shutdown_delay(signal, delay, &readiness).await;
     tracing::info!("shutting down");
     trigger.trigger();
     drain(servers, DRAIN_TIMEOUT).await;

@@ -492,6 +492,10 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Address of `/metrics`, `/healthz` and `/readyz`.
     pub admin_listen: SocketAddr,
+    /// How long the agent and the webhook keep serving after SIGTERM,
+    /// not ready, before they stop listening (endpoints drop the pod
+    /// meanwhile; see [`crate::http::shutdown_delay`]).
+    pub shutdown_delay_seconds: u64,
     /// The credential cache (`cache.*`, `LANYARD_CACHE_*`).
     pub cache: CacheSettings,
     /// The node agent's trust and bindings (`cluster.*`).
@@ -521,6 +525,7 @@ impl Default for Config {
             log_level: "info".into(),
             listen: SocketAddr::from(([127, 0, 0, 1], 8642)),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 8643)),
+            shutdown_delay_seconds: 0,
             cache: CacheSettings::default(),
             cluster: ClusterConfig::default(),
             policy: PolicySettings::default(),

@@ -456,7 +456,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         service_account = %config.dev.service_account,
         "lanyard dev ready"
     );
-    wait_for_signal().await;
+    let _ = wait_for_signal().await;
     tracing::info!("shutting down");
     stack.stop().await;
     Ok(())

@@ -278,7 +278,7 @@ fn standalone_broker(config: &Config) -> anyhow::Result<crate::broker::Broker> {
 /// Runs the sidecar until SIGINT/SIGTERM.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let sidecar = Sidecar::start(&config).await?;
-    wait_for_signal().await;
+    let _ = wait_for_signal().await;
     tracing::info!("shutting down");
     sidecar.stop().await;
     Ok(())

@@ -32,7 +32,13 @@ const ALIASES: [(&str, &str); 2] = [
     ("token_dir", "sidecar.token_dir"),
 ];
 /// Top-level keys settable from the environment.
-const TOP_LEVEL: [&str; 4] = ["log_format", "log_level", "listen", "admin_listen"];
+const TOP_LEVEL: [&str; 5] = [
+    "log_format",
+    "log_level",
+    "listen",
+    "admin_listen",
+    "shutdown_delay_seconds",
+];
 
 /// Turns figment's errors into messages that name the key and where the
 /// bad value came from (file, environment variable or flag).

@@ -14,6 +14,11 @@ fn invalid(key: &'static str, expected: &'static str, got: &str) -> ConfigError 
     }
 }
 
+/// The longest shutdown delay: with the drain's 10 s it must stay inside
+/// a pod's termination grace period (the chart's is 30 s; Kubernetes'
+/// default too), or the kubelet kills the role mid-drain.
+const MAX_SHUTDOWN_DELAY: u64 = 60;
+
 impl Config {
     /// Semantic checks that types alone cannot express, section by section.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -26,7 +31,15 @@ impl Config {
         self.check_audit()?;
         self.check_sidecar()?;
         self.check_webhook()?;
-        self.check_dev()
+        self.check_dev()?;
+        if self.shutdown_delay_seconds > MAX_SHUTDOWN_DELAY {
+            return Err(invalid(
+                "shutdown_delay_seconds",
+                "seconds from 0 to 60",
+                &self.shutdown_delay_seconds.to_string(),
+            ));
+        }
+        Ok(())
     }
 
     /// The Azure section: the cloud, authority, tenant and audience.

@@ -50,8 +50,18 @@ pub fn client() -> reqwest::Client {
         .expect("failed to initialise the HTTP client (TLS backend)")
 }
 
-/// Resolves on SIGINT or SIGTERM: how every role is asked to stop.
-pub async fn wait_for_signal() {
+/// The signal a role was asked to stop with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopSignal {
+    /// SIGINT (Ctrl-C): a person at a terminal; stop at once.
+    Interrupt,
+    /// SIGTERM: what the kubelet sends when it deletes the pod.
+    Terminate,
+}
+
+/// Resolves on SIGINT or SIGTERM, saying which: how every role is asked to
+/// stop.
+pub async fn wait_for_signal() -> StopSignal {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
@@ -67,8 +77,38 @@ pub async fn wait_for_signal() {
     #[cfg(not(unix))]
     let term = std::future::pending::<()>();
     tokio::select! {
-        _ = ctrl_c => {}
-        _ = term => {}
+        _ = ctrl_c => StopSignal::Interrupt,
+        _ = term => StopSignal::Terminate,
+    }
+}
+
+/// After SIGTERM, keeps the role serving for `delay` while `/readyz` says
+/// `shutting down` (a second signal, or SIGINT in the first place, skips
+/// the wait).
+///
+/// The kubelet's SIGTERM and the endpoints' update race: for a second or
+/// more after it, Services (kube-proxy's rules, the API server's webhook
+/// client) still route new connections to the pod. A role that stopped
+/// listening at once would refuse them: a pod created then would be
+/// refused by the webhook, an SDK call on the node would find no agent.
+/// Serving through the delay lets the update land first; the chart's
+/// `terminationGracePeriodSeconds` covers the delay and the drain.
+pub async fn shutdown_delay(
+    signal: StopSignal,
+    delay: Duration,
+    readiness: &crate::telemetry::Readiness,
+) {
+    readiness.stop();
+    if signal == StopSignal::Interrupt || delay.is_zero() {
+        return;
+    }
+    tracing::info!(
+        seconds = delay.as_secs(),
+        "SIGTERM: still serving while endpoints stop routing here (another signal stops at once)"
+    );
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => {}
+        _ = wait_for_signal() => {}
     }
 }
 

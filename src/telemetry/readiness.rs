@@ -15,6 +15,11 @@
 //! condition would have been added. Conditions only ever become met; losing
 //! a dependency later (a watch that drops) is the component's own business
 //! (reflectors keep serving their last list and resync).
+//!
+//! The one way back to "not ready" is [`Readiness::stop`], at SIGTERM: the
+//! role keeps serving for its shutdown delay while `/readyz` says
+//! `shutting down`, so endpoints stop routing to it before it stops
+//! listening ([`crate::http::shutdown_delay`]).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -30,6 +35,7 @@ struct State {
 pub struct Readiness {
     conditions: Arc<[Arc<State>]>,
     unmet: Arc<AtomicUsize>,
+    stopping: Arc<AtomicBool>,
 }
 
 /// Declares a [`Readiness`]'s conditions; see [`Readiness::builder`].
@@ -58,18 +64,31 @@ impl Readiness {
         Readiness::builder().build()
     }
 
-    /// Names of the conditions not met yet, in declaration order.
+    /// Names of the conditions not met yet, in declaration order, then
+    /// `shutting down` once [`Readiness::stop`] was called.
     pub fn unmet(&self) -> Vec<&'static str> {
-        self.conditions
+        let mut unmet: Vec<&'static str> = self
+            .conditions
             .iter()
             .filter(|c| !c.met.load(Ordering::Acquire))
             .map(|c| c.name)
-            .collect()
+            .collect();
+        if self.stopping.load(Ordering::Acquire) {
+            unmet.push("shutting down");
+        }
+        unmet
     }
 
-    /// Whether every condition is met.
+    /// Whether every condition is met and the process is not stopping.
     pub fn is_ready(&self) -> bool {
-        self.unmet.load(Ordering::Acquire) == 0
+        self.unmet.load(Ordering::Acquire) == 0 && !self.stopping.load(Ordering::Acquire)
+    }
+
+    /// Not ready from now on, for good: the process is stopping.
+    pub fn stop(&self) {
+        if !self.stopping.swap(true, Ordering::AcqRel) {
+            tracing::info!("not ready: shutting down");
+        }
     }
 }
 
@@ -94,6 +113,7 @@ impl ReadinessBuilder {
         Readiness {
             conditions: self.conditions.into(),
             unmet: self.unmet,
+            stopping: Arc::default(),
         }
     }
 }
@@ -143,5 +163,21 @@ mod tests {
     #[test]
     fn nothing_to_wait_for_is_ready() {
         assert!(Readiness::ready().is_ready());
+    }
+
+    #[test]
+    fn stopping_is_not_ready_for_good() {
+        let mut builder = Readiness::builder();
+        let keys = builder.condition("issuer keys loaded");
+        let readiness = builder.build();
+        readiness.clone().stop();
+        assert!(!readiness.is_ready());
+        assert_eq!(readiness.unmet(), ["issuer keys loaded", "shutting down"]);
+        keys.set();
+        assert!(
+            !readiness.is_ready(),
+            "a condition met later does not undo it"
+        );
+        assert_eq!(readiness.unmet(), ["shutting down"]);
     }
 }

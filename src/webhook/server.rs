@@ -534,7 +534,7 @@ pub async fn run(config: crate::config::Config) -> anyhow::Result<()> {
     let admin_addr = admin.local_addr()?;
     let admin_task = crate::http::spawn_server(
         admin,
-        crate::telemetry::admin_router(metrics.clone(), readiness),
+        crate::telemetry::admin_router(metrics.clone(), readiness.clone()),
         shutdown,
     );
     // Static ServiceAccounts when configured (non-Kubernetes tests and
@@ -577,7 +577,15 @@ pub async fn run(config: crate::config::Config) -> anyhow::Result<()> {
     .await?;
     certificate.set();
     tracing::info!(addr = %server.addr, admin = %admin_addr, "lanyard webhook serving");
-    crate::http::wait_for_signal().await;
+    let signal = crate::http::wait_for_signal().await;
+    // INVARIANT: reviews are still served through the delay, while the
+    // endpoints drop this replica; only then does the server drain.
+    crate::http::shutdown_delay(
+        signal,
+        Duration::from_secs(config.shutdown_delay_seconds),
+        &readiness,
+    )
+    .await;
     tracing::info!("shutting down");
     trigger.trigger();
     server.stop().await;

@@ -11,8 +11,11 @@ import base64
 import copy
 import json
 import os
+import signal
 import ssl
 import subprocess
+import time
+import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
@@ -143,7 +146,17 @@ def test_pods_are_restricted_and_never_on_the_host_network(rendered):
     env = {e["name"]: e for e in agent["containers"][0]["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     ds = find(objects, "DaemonSet")
-    assert ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"]
+    rolling = ds["spec"]["updateStrategy"]["rollingUpdate"]
+    if agent["containers"][0]["ports"][0].get("hostPort"):
+        # Two agents cannot hold the node's port: the old one stops first.
+        assert rolling["maxSurge"] == 0 and rolling["maxUnavailable"], rolling
+    else:
+        # Behind the node-local Service the new agent is ready first.
+        assert rolling["maxSurge"] and rolling["maxUnavailable"] == 0, rolling
+    for kind, role in (("DaemonSet", "agent"), ("Deployment", "webhook")):
+        # The grace period covers the shutdown delay and the drain.
+        config = yaml.safe_load(find(objects, "ConfigMap", "lanyard-config")["data"][f"{role}.yaml"])
+        assert pod_spec(objects, kind)["terminationGracePeriodSeconds"] == config["shutdown_delay_seconds"] + 25
 
 
 def test_the_agent_is_reached_on_its_own_node():
@@ -288,6 +301,14 @@ def ready(url: str) -> bool:
         return r.status == 200
 
 
+def readyz(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
 def review(pod: dict, namespace: str) -> dict:
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
         "uid": str(uuid.uuid4()), "kind": {"group": "", "version": "v1", "kind": "Pod"},
@@ -351,6 +372,21 @@ def test_the_rendered_agent_and_webhook_start_and_the_ray_example_is_injected(tm
                    (tmp_path / "webhook" / "volumes" / "audit" / "audit.jsonl").read_text().splitlines()]
         admissions = [r for r in records if r["type"] == "admission"]
         assert len(admissions) == len(templates), records
+        # SIGTERM, as the kubelet sends it: each role is not ready at once,
+        # yet serves through the chart's shutdown delay (5 s), then exits.
+        for role in roles:
+            role.proc.send_signal(signal.SIGTERM)
+        term = time.monotonic()
+        for admin in (agent_admin, hook_admin):
+            wait_for(lambda: readyz(f"http://127.0.0.1:{admin}/readyz") == (503, "not ready: shutting down"),
+                     "not ready after SIGTERM", timeout=3)
+        assert post_review(hook_port, ca, "/mutate", review(pod, "ray"))["allowed"] is True
+        assert readyz(f"http://127.0.0.1:{agent_port}/healthz") == (200, "ok")
+        assert time.monotonic() - term < 5, "the delay was over before the checks"
+        exits = [role.proc.wait(timeout=30) for role in roles]
+        stopped_after = time.monotonic() - term
+        assert exits == [0, 0], exits
+        assert 5 <= stopped_after < 15, stopped_after
     finally:
         codes = [r.stop() for r in roles]
         kube.stop()

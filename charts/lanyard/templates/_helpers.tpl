@@ -110,10 +110,12 @@ at Lanyard's defaults.
 {{- $cache := dict "max_entries" $v.cache.maxEntries "upstream_concurrency" $v.cache.upstreamConcurrency -}}
 {{- $config := dict "azure" $azure "gcp" $gcp "aws" $aws "audit" $audit -}}
 {{- if eq $role "agent" -}}
+{{- $_ := set $config "shutdown_delay_seconds" $v.agent.shutdownDelaySeconds -}}
 {{- $_ := set $config "cluster" $cluster -}}
 {{- $_ := set $config "policy" $policy -}}
 {{- $_ := set $config "cache" $cache -}}
 {{- else -}}
+{{- $_ := set $config "shutdown_delay_seconds" $v.webhook.shutdownDelaySeconds -}}
 {{- $_ := set $config "webhook" $webhook -}}
 {{- end -}}
 {{- toYaml $config -}}
