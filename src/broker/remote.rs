@@ -34,11 +34,21 @@ pub const AGENT_CONCURRENCY: usize = 16;
 /// SDKs retry a 503 sooner than they would wait.
 const AGENT_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// Pauses before sending again a request that never reached the agent
-/// (refused, or a pooled connection the agent closed as it was reused):
-/// long enough for a restarting agent to listen again, short against the
-/// SDKs' own retry intervals (Azure's first is 0.8 s).
-const RESEND_AFTER: [Duration; 2] = [Duration::from_millis(50), Duration::from_millis(250)];
+/// Pauses before sending again a request that never reached the agent:
+/// refused while the agent restarts (a rolling update with `hostPort`, a
+/// crash), or a pooled connection the agent closed as it was reused. They
+/// hold such a request up to 0.7 s in all, what an agent restarting in
+/// place takes to listen again (0.2 s measured in the pod harness's
+/// upgrade scenario), yet under the shortest SDK read timeout (the AWS
+/// SDK for JavaScript's container provider: 1 s) so the SDK gets the
+/// sidecar's 503 and retries rather than a timeout of its own.
+const RESEND_AFTER: [Duration; 5] = [
+    Duration::from_millis(50),
+    Duration::from_millis(100),
+    Duration::from_millis(150),
+    Duration::from_millis(200),
+    Duration::from_millis(200),
+];
 
 /// A client of the node agent's `/v1/token`.
 pub struct RemoteBroker {
@@ -326,10 +336,57 @@ mod tests {
         assert!(err.to_string().contains("HTTP 500"), "{err}");
         assert_eq!(connections.load(Ordering::SeqCst), 1);
         // Dropped more often than it is sent again: unreachable.
-        let (addr, connections) = raw_agent(vec![None, None, None, None]).await;
+        let (addr, connections) = raw_agent(vec![None; 1 + RESEND_AFTER.len() + 1]).await;
         let broker = RemoteBroker::new(&format!("http://{addr}"));
         let err = broker.request(&subject, &request).await.unwrap_err();
         assert!(err.to_string().contains("node agent unreachable"), "{err}");
         assert_eq!(connections.load(Ordering::SeqCst), 1 + RESEND_AFTER.len());
+    }
+
+    #[tokio::test]
+    async fn a_request_is_held_while_the_agent_restarts_and_served_once_it_listens() {
+        let request = TokenRequest::new(Cloud::Azure, Kind::Identity, Surface::AzureImds);
+        let subject = SecretString::from("projected".to_string());
+        // A port nothing listens on for 300 ms: connections are refused.
+        let addr = {
+            let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            probe.local_addr().unwrap()
+        };
+        let seen = Arc::new(Seen::default());
+        let router = axum::Router::new()
+            .route(TOKEN_PATH, axum::routing::post(token))
+            .with_state(seen.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.set_reuseaddr(true).unwrap();
+            socket.bind(addr).unwrap();
+            let listener = socket.listen(64).unwrap();
+            axum::serve(
+                listener,
+                router.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .await
+        });
+        let broker = RemoteBroker::new(&format!("http://{addr}"));
+        let began = Instant::now();
+        let grant = broker
+            .request(&subject, &request)
+            .await
+            .expect("answered once the agent listens again");
+        assert_eq!(grant.identity.id, "client");
+        assert_eq!(seen.answered.load(Ordering::SeqCst), 1);
+        assert!(began.elapsed() >= Duration::from_millis(300));
+        // Nothing listening at all: unreachable once the pauses are spent.
+        let refused = {
+            let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            probe.local_addr().unwrap()
+        };
+        let broker = RemoteBroker::new(&format!("http://{refused}"));
+        let began = Instant::now();
+        let err = broker.request(&subject, &request).await.unwrap_err();
+        assert!(err.to_string().contains("node agent unreachable"), "{err}");
+        let held: Duration = RESEND_AFTER.iter().sum();
+        assert!(began.elapsed() >= held, "{:?}", began.elapsed());
     }
 }

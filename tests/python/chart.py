@@ -61,10 +61,11 @@ class Container:
     """A rendered container run as a local process."""
 
     def __init__(self, objects: list[dict], kind: str, binary: str, workdir: Path,
-                 downward: dict[str, str], kubeconfig: str, prefix: list[str] | None = None):
+                 downward: dict[str, str], kubeconfig: str, prefix: list[str] | None = None,
+                 extra_env: dict[str, str] | None = None):
         """`prefix` runs the process through another command (a network
         namespace, a mount of the node's trust store) that ends by exec'ing
-        the container's own argv."""
+        the container's own argv; `extra_env` adds to the container's env."""
         workdir.mkdir(parents=True, exist_ok=True)
         spec = pod_spec(objects, kind)
         (container,) = spec["containers"]
@@ -98,6 +99,7 @@ class Container:
             else:
                 field = var["valueFrom"]["fieldRef"]["fieldPath"]
                 env[var["name"]] = downward[field]
+        env.update(extra_env or {})
         # The image's entrypoint is `lanyard`; `command` would replace it.
         assert "command" not in container, container.get("command")
         self.argv = [binary] + [rewrite(a) for a in container.get("args", [])]

@@ -174,6 +174,13 @@ class Cluster:
         self.nodes: list[Node] = []
         self.api = self.netns("api")
         ip("-n", self.api, "link", "add", "br0", "type", "bridge")
+        # INVARIANT: every bridge has a MAC address of its own. A bridge
+        # without one takes the lowest of its ports' and changes it when a
+        # port joins (a new pod, node or webhook replica); every neighbour's
+        # ARP entry for the gateway then points at the old address, and the
+        # path is dead until it expires (about 30 s: the agent unreachable
+        # from a pod that had just reached it).
+        ip("-n", self.api, "link", "set", "br0", "address", "02:00:0a:fa:00:01")
         ip("-n", self.api, "addr", "add", f"{API_IP}/24", "dev", "br0")
         for addr in CLOUD_IPS.values():
             ip("-n", self.api, "addr", "add", f"{addr}/24", "dev", "br0")
@@ -195,6 +202,17 @@ class Cluster:
         self.processes.append(proc)
         return proc
 
+    def add_host(self, role: str, address: str) -> str:
+        """A namespace of its own on br0 at `address`: another pod of the
+        control plane (a second webhook replica)."""
+        ns = self.netns(role)
+        peer = f"h{len(self.namespaces)}"
+        ip("link", "add", "eth0", "netns", ns, "type", "veth", "peer", peer, "netns", self.api)
+        ip("-n", self.api, "link", "set", peer, "master", "br0", "up")
+        ip("-n", ns, "addr", "add", f"{address}/24", "dev", "eth0")
+        ip("-n", ns, "link", "set", "eth0", "up")
+        return ns
+
     def add_node(self, name: str) -> "Node":
         index = len(self.nodes)
         hosts = "127.0.0.1\tlocalhost\n" + "".join(
@@ -206,6 +224,7 @@ class Cluster:
         ip("-n", ns, "addr", "add", f"{address}/24", "dev", "eth0")
         ip("-n", ns, "link", "set", "eth0", "up")
         ip("-n", ns, "link", "add", "cbr0", "type", "bridge")
+        ip("-n", ns, "link", "set", "cbr0", "address", f"02:00:0a:fb:{index:02x}:01")
         ip("-n", ns, "addr", "add", f"10.251.{index}.1/24", "dev", "cbr0")
         ip("-n", ns, "link", "set", "cbr0", "up")
         subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.ip_forward=1"], check=True)
@@ -420,10 +439,17 @@ class Admission:
     and objectSelector match is called and its patch applied, then each
     such validating webhook, whose refusal refuses the request. Namespace
     labels are the harness's (with `kubernetes.io/metadata.name`, as the API
-    server sets it)."""
+    server sets it).
+
+    The webhook Service's ready endpoints are `endpoints` (base URLs), used
+    in turn, one per call, as the API server's client balances over them;
+    a rolling update changes the list as the endpoints controller would."""
 
     def __init__(self, cluster: Cluster, objects: list[dict], url: str, ca_pem: str, service_name: str):
-        self.cluster, self.url, self.service_name = cluster, url, service_name
+        self.cluster, self.service_name = cluster, service_name
+        self.endpoints = [url]
+        self._turn = 0
+        self._lock = threading.Lock()
         self.tls = ssl.create_default_context(cadata=ca_pem)
         self.mutating = [w for o in objects if o["kind"] == "MutatingWebhookConfiguration" for w in o["webhooks"]]
         self.validating = [w for o in objects if o["kind"] == "ValidatingWebhookConfiguration" for w in o["webhooks"]]
@@ -441,6 +467,12 @@ class Admission:
         return (ruled and selector_matches(hook.get("namespaceSelector"), labels)
                 and selector_matches(hook.get("objectSelector"), pod["metadata"].get("labels", {})))
 
+    def endpoint(self) -> str:
+        """The next ready endpoint, in turn."""
+        with self._lock:
+            self._turn += 1
+            return self.endpoints[self._turn % len(self.endpoints)]
+
     def _call(self, hook: dict, pod: dict, operation: str, sub: str, old: dict | None) -> dict:
         path = hook["clientConfig"]["service"]["path"]
         review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
@@ -449,7 +481,7 @@ class Admission:
             "namespace": pod["metadata"]["namespace"], "operation": operation,
             "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
             "object": pod, "oldObject": old, "dryRun": False}}
-        r = request(self.cluster.api, "POST", self.url + path, body=review, tls=self.tls,
+        r = request(self.cluster.api, "POST", self.endpoint() + path, body=review, tls=self.tls,
                     server_hostname=self.service_name)
         assert r.status == 200, r.body
         self.calls.append((hook["name"], operation))

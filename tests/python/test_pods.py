@@ -14,6 +14,7 @@ import copy
 import json
 import os
 import shutil
+import signal
 import statistics
 import tempfile
 import threading
@@ -35,6 +36,10 @@ TENANT = "5f0c8b0e-6a3b-4c1e-9a51-3d2f1e0c7b21"
 PROVIDER = ("//iam.googleapis.com/projects/123456789012/locations/global/"
             "workloadIdentityPools/e2e/providers/cluster")
 AGENT_PORT, AGENT_ADMIN, HOOK_PORT, HOOK_ADMIN = 8700, 8701, 8443, 8444
+# How long the harness's endpoints keep routing to a replica after its
+# SIGTERM: the endpoints controller and the API server's view lag the
+# kubelet (a second or more in a real cluster).
+ENDPOINTS_LAG = 1.0
 EXAMPLE_SA = list(yaml.safe_load_all((ROOT / "docs/examples/ray-serviceaccount.yaml").read_text()))
 RAY = EXAMPLE_SA[1]["metadata"]["annotations"]
 
@@ -90,8 +95,11 @@ class E2E:
             "gcp": {"workloadIdentityProvider": PROVIDER, "projectId": "lanyard-e2e",
                     "projectNumber": "123456789012"},
             "aws": {"region": "us-east-1"},
-            "agent": {"port": AGENT_PORT, "adminPort": AGENT_ADMIN, "reachVia": "hostPort"},
-            "webhook": {"port": HOOK_PORT, "adminPort": HOOK_ADMIN},
+            # Shutdown delays shorter than the chart's 5 s: the harness's
+            # endpoints lag by ENDPOINTS_LAG, not by a real cluster's seconds.
+            "agent": {"port": AGENT_PORT, "adminPort": AGENT_ADMIN, "reachVia": "hostPort",
+                      "shutdownDelaySeconds": 1},
+            "webhook": {"port": HOOK_PORT, "adminPort": HOOK_ADMIN, "shutdownDelaySeconds": 2},
             "guard": {"enabled": True},
         }
         self.objects = render(self.values)
@@ -120,28 +128,86 @@ class E2E:
         self.bin_dir = Path(lanyard_binary()).parent
         self.pods: list[Pod] = []
 
-    def start_agent(self, node) -> Container:
-        agent = Container(self.objects, "DaemonSet", lanyard_binary(), self.workdir / f"agent-{node.name}",
+    def start_agent(self, node, binary: str | None = None, generation: int = 0) -> Container:
+        # LANYARD_E2E_AGENT_LOG: a log filter for the agents (RUST_LOG), to
+        # debug a failing run.
+        debug = {"RUST_LOG": os.environ["LANYARD_E2E_AGENT_LOG"]} if os.environ.get("LANYARD_E2E_AGENT_LOG") else {}
+        workdir = self.workdir / (f"agent-{node.name}" + (f"-{generation}" if generation else ""))
+        agent = Container(self.objects, "DaemonSet", binary or lanyard_binary(), workdir,
                           {"spec.nodeName": node.name, "status.hostIP": node.address}, self.kube.kubeconfig,
-                          prefix=["ip", "netns", "exec", node.ns, *with_trust_store(self.bundle)])
+                          prefix=["ip", "netns", "exec", node.ns, *with_trust_store(self.bundle)], extra_env=debug)
         self.roles.append(agent)
         wait_for(lambda: agent.proc.poll() is None and request(
             node.ns, "GET", f"http://127.0.0.1:{AGENT_ADMIN}/readyz").status == 200,
             f"the agent on {node.name} is ready", timeout=60)
         return agent
 
-    def restart_agent(self, node) -> None:
-        self.agents[node.name].stop()
-        self.agents[node.name] = self.start_agent(node)
+    def upgrade_agent(self, node) -> dict:
+        """The DaemonSet's rolling update on `node` with reachVia hostPort
+        (maxSurge 0): the old agent gets SIGTERM and, once it has exited,
+        the new one starts from the new image (here another copy of the
+        binary: this build is both versions; tests/agent_wire.rs holds the
+        older sidecars' requests to the frozen wire format). Returns the
+        timeline."""
+        new_binary = self.workdir / "image-next" / "lanyard"
+        if not new_binary.exists():
+            new_binary.parent.mkdir(exist_ok=True)
+            shutil.copy2(lanyard_binary(), new_binary)
+        old = self.agents[node.name]
+        t = {"sigterm": time.time()}
+        code = old.stop()
+        t["old_exited"] = time.time()
+        assert code == 0, old.output()[-2000:]
+        self.agents[node.name] = self.start_agent(node, str(new_binary), generation=1)
+        t["new_ready"] = time.time()
+        return t
 
-    def run_pod(self, node, template: dict, name: str, namespace: str, rotate_every: float | None = None
-                ) -> Pod:
-        """Admission, scheduling onto `node`, storage, then the kubelet."""
+    def roll_webhook(self, role: str, address: str, new_env: dict[str, str] | None = None) -> dict:
+        """The webhook Deployment's rolling update as the chart sets it
+        (maxSurge 1, maxUnavailable 0): a new replica in a namespace of its
+        own at `address` starts, joins the Service's endpoints once its
+        readiness probe passes, then the old one gets SIGTERM and leaves the
+        endpoints ENDPOINTS_LAG later. Returns the timeline and the old
+        replica's exit code."""
+        ns = self.cluster.add_host(role, address)
+        new = Container(self.objects, "Deployment", lanyard_binary(), self.workdir / role,
+                        {"spec.nodeName": "control-plane", "status.hostIP": address}, self.kube.kubeconfig,
+                        prefix=["ip", "netns", "exec", ns], extra_env=new_env)
+        self.roles.append(new)
+        t = {"started": time.time()}
+        wait_for(lambda: new.proc.poll() is None and request(
+            ns, "GET", f"http://127.0.0.1:{HOOK_ADMIN}/readyz").status == 200, f"webhook {role} is ready")
+        t["new_ready"] = time.time()
+        old, old_url = self.webhook, self.admission.endpoints[-1]
+        self.admission.endpoints = [old_url, f"https://{address}:{HOOK_PORT}"]
+        time.sleep(0.3)
+        old.proc.send_signal(signal.SIGTERM)
+        t["sigterm"] = time.time()
+        time.sleep(ENDPOINTS_LAG)
+        self.admission.endpoints = self.admission.endpoints[1:]
+        t["dropped"] = time.time()
+        t["old_code"] = old.proc.wait(timeout=40)
+        t["old_exited"] = time.time()
+        old.log.close()
+        self.webhook = new
+        return t
+
+    def run_pod(self, node, template: dict, name: str, namespace: str, rotate_every: float | None = None,
+                sidecar_env: dict[str, str] | None = None) -> Pod:
+        """Admission, scheduling onto `node`, storage, then the kubelet.
+        `sidecar_env` is a test's lever on the injected sidecar (added to
+        its env after admission), never something a pod could do."""
         pod = {"apiVersion": "v1", "kind": "Pod",
                "metadata": {**copy.deepcopy(template.get("metadata", {})), "name": name, "namespace": namespace},
                "spec": copy.deepcopy(template["spec"])}
         mutated = self.admission.admit(pod)
         mutated["spec"]["nodeName"] = node.name
+        if os.environ.get("LANYARD_E2E_SIDECAR_LOG"):
+            # A log filter for the sidecars (RUST_LOG), to debug a failing run.
+            sidecar_env = {**(sidecar_env or {}), "RUST_LOG": os.environ["LANYARD_E2E_SIDECAR_LOG"]}
+        if sidecar_env:
+            sidecar = next(c for c in mutated["spec"]["initContainers"] if c.get("restartPolicy") == "Always")
+            sidecar.setdefault("env", []).extend({"name": k, "value": v} for k, v in sidecar_env.items())
         stored = self.kube.apply(mutated)
         running = Pod(self.cluster, self.kube, node, stored, self.bin_dir, rotate_every)
         self.pods.append(running)
@@ -166,7 +232,7 @@ class E2E:
         any log of Lanyard's: agents, webhook, sidecars."""
         issued = {line["credential"] for out in self.workdir.glob("pod-*/*.out")
                   for line in results(out) if line["ok"]}
-        logs = [*self.workdir.glob("agent-*/*.log"), *self.workdir.glob("webhook/*.log"),
+        logs = [*self.workdir.glob("agent-*/*.log"), *self.workdir.glob("webhook*/*.log"),
                 *self.workdir.glob("pod-*-lanyard*.log"), *self.workdir.glob("pod-*-rogue.log")]
         found = []
         for log in logs:
@@ -326,46 +392,112 @@ def test_token_rotation_while_the_app_keeps_calling_fails_no_call(e2e):
     assert_all_ok_and_owned(e2e, lines, IDENTITIES[0])
 
 
-def test_agent_restart_under_three_calling_pods_recovers_without_a_wrong_credential(e2e):
+def test_agent_upgrade_under_three_calling_pods_fails_no_call(e2e):
+    """The agent DaemonSet rolls on a node while three pods call every
+    cloud: the old agent serves through its shutdown delay, then the
+    sidecars hold the requests that find no agent until the new one
+    listens. No SDK call fails, and none gets another pod's credential.
+
+    The sidecars run with grant reuse off, so that every SDK call crosses
+    to the agent: with the default window (10 s) a call repeated during
+    the upgrade is answered from the sidecar's last grant and never meets
+    the gap at all."""
     node = e2e.nodes[0]
     _, worker = ray_templates()
-    pods = [e2e.run_pod(node, worker, f"ray-data-worker-r{i}", "ray") for i in range(2)]
-    pods.append(e2e.run_pod(node, plain_template("etl-runner"), "etl-r", "etl"))
+    every_call = {"LANYARD_SIDECAR_GRANT_REUSE_SECONDS": "0"}
+    pods = [e2e.run_pod(node, worker, f"ray-data-worker-u{i}", "ray", sidecar_env=every_call) for i in range(2)]
+    pods.append(e2e.run_pod(node, plain_template("etl-runner"), "etl-u", "etl", sidecar_env=every_call))
     owners = [IDENTITIES[0], IDENTITIES[0], IDENTITIES[1]]
-    stop_file = e2e.workdir / "stop-restart"
+    stop_file = e2e.workdir / "stop-upgrade"
     apps = [pod.start_app(pod.app_containers()[0], ["--count", "100000", "--interval", "0.05",
                                                     "--stop-file", str(stop_file)]) for pod in pods]
     wait_for(lambda: all(len(results(out)) >= 6 for _, out in apps), "every pod has called", timeout=60)
-    began = time.time()
-    e2e.restart_agent(node)
-    restarted = time.time()
-    wait_for(lambda: all(any(l["ok"] and l["started"] > restarted for l in results(out)) for _, out in apps),
-               "every pod got credentials again after the restart", timeout=60)
+    t = e2e.upgrade_agent(node)
+    wait_for(lambda: all(any(l["ok"] and l["started"] > t["new_ready"] for l in results(out)) for _, out in apps),
+             "every pod got credentials from the new agent", timeout=60)
     time.sleep(1)
     stop_file.write_text("")
     for proc, _ in apps:
         assert proc.proc.wait(timeout=60) == 0, proc.output()
+    gap = [l for _, out in apps for l in results(out) if l["started"] < t["new_ready"] and l["t"] > t["old_exited"]]
+    # Each failure with its call's start and end against the old agent's
+    # exit (seconds), to tell where in the upgrade it fell.
+    failed = [f"{l['cloud']} [{l['started'] - t['old_exited']:+.2f}, {l['t'] - t['old_exited']:+.2f}] s: "
+              f"{l['error'][:300]}" for _, out in apps for l in results(out) if not l["ok"]]
+    e2e.figures["upgrade_old_agent_served_s"] = round(t["old_exited"] - t["sigterm"], 2)
+    e2e.figures["upgrade_no_agent_s"] = round(t["new_ready"] - t["old_exited"], 2)
+    e2e.figures["upgrade_sigterm_s"] = round(t["sigterm"] - t["old_exited"], 2)
+    e2e.figures["upgrade_calls_across_gap"] = len(gap)
+    e2e.figures["upgrade_slowest_call_s"] = round(max((l["t"] - l["started"] for l in gap), default=0), 2)
+    e2e.figures["upgrade_failed_calls"] = failed
+    assert gap, "no call spanned the time without an agent"
+    assert not failed, failed
     for (_, out), ident in zip(apps, owners):
-        lines = results(out)
         want = expected(ident)
-        for line in lines:
-            if line["ok"]:
-                assert e2e.whose(line) == want[line["cloud"]]
-        # Calls were in flight while the agent was down: the SDKs retried
-        # (their own retry policies, against the sidecar's 503s) and most
-        # came through.
-        during = [l for l in lines if l["started"] < restarted and l["t"] > began]
-        assert during, "no call overlapped the restart"
-        e2e.figures.setdefault("restart_calls_during_outage", 0)
-        e2e.figures["restart_calls_during_outage"] += len(during)
-        e2e.figures.setdefault("restart_failed_calls", 0)
-        e2e.figures["restart_failed_calls"] += sum(not l["ok"] for l in lines)
-        e2e.figures.setdefault("restart_failures", []).extend(
-            f"{l['cloud']}: {l['error'][:300]}" for l in lines if not l["ok"])
-        e2e.figures["agent_restart_s"] = round(restarted - began, 2)
-        # Every cloud answers again once the agent is back.
-        recovered = {l["cloud"] for l in lines if l["ok"] and l["started"] > restarted + 1}
-        assert recovered == {"azure", "gcp", "aws"}, (recovered, [l for l in lines if not l["ok"]][-3:])
+        for line in results(out):
+            assert e2e.whose(line) == want[line["cloud"]]
+
+
+def admit_while(e2e: E2E, stop: threading.Event, prefix: str) -> list[dict]:
+    """Creates opted-in pods through admission every 20 ms until `stop`:
+    each outcome, with whether the stored pod has its sidecar. A webhook
+    that cannot be reached refuses the pod (failurePolicy Fail)."""
+    outcomes, i = [], 0
+    while not stop.is_set():
+        template = plain_template("etl-runner")
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {**template["metadata"], "name": f"{prefix}-{i}",
+                                                               "namespace": "etl"}, "spec": template["spec"]}
+        began = time.time()
+        try:
+            stored = e2e.admission.admit(copy.deepcopy(pod))
+            sidecars = [c for c in stored["spec"].get("initContainers", []) if c.get("restartPolicy") == "Always"]
+            outcomes.append({"t": began, "ok": True, "sidecar": len(sidecars) == 1})
+        except (OSError, Refused, AssertionError) as e:
+            outcomes.append({"t": began, "ok": False, "error": f"{type(e).__name__}: {str(e)[:200]}"})
+        i += 1
+        time.sleep(0.02)
+    return outcomes
+
+
+def roll_under_creations(e2e: E2E, role: str, address: str, new_env: dict | None = None) -> tuple[dict, list]:
+    stop = threading.Event()
+    outcomes: list[dict] = []
+    creator = threading.Thread(target=lambda: outcomes.extend(admit_while(e2e, stop, role)))
+    creator.start()
+    try:
+        time.sleep(0.3)
+        t = e2e.roll_webhook(role, address, new_env)
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        creator.join(timeout=30)
+    return t, outcomes
+
+
+def test_the_webhook_rolls_while_pods_are_created_and_refuses_none(e2e):
+    """Every pod created during the webhook's rolling update is admitted
+    with its sidecar: the old replica answers reviews through its shutdown
+    delay while the endpoints drop it. The same roll from a replica
+    without the delay refuses the pods routed to it in the meantime, so the
+    first half can fail."""
+    t, outcomes = roll_under_creations(e2e, "webhook-b", "10.250.0.21", {"LANYARD_SHUTDOWN_DELAY_SECONDS": "0"})
+    refused = [o for o in outcomes if not o["ok"]]
+    during = [o for o in outcomes if t["sigterm"] <= o["t"] <= t["dropped"]]
+    e2e.figures["webhook_roll"] = {"creations": len(outcomes), "during_lag": len(during), "refused": len(refused),
+                                   "old_served_after_sigterm_s": round(t["old_exited"] - t["sigterm"], 2)}
+    assert t["old_code"] == 0
+    assert len(during) >= 10, f"only {len(during)} creations while the endpoints lagged"
+    assert not refused, refused[:3]
+    assert all(o["sidecar"] for o in outcomes), "a pod was admitted without its sidecar"
+    # The control: replica b runs without a shutdown delay.
+    t, outcomes = roll_under_creations(e2e, "webhook-c", "10.250.0.22")
+    refused = [o for o in outcomes if not o["ok"]]
+    e2e.figures["webhook_roll_without_delay"] = {"creations": len(outcomes), "refused": len(refused),
+                                                 "refused_for_s": round(max(o["t"] for o in refused) - min(
+                                                     o["t"] for o in refused), 2) if refused else 0}
+    assert refused, "the roll without a shutdown delay refused no pod: the harness cannot see refusals"
+    assert all(t["sigterm"] <= o["t"] <= t["dropped"] + 0.1 for o in refused), refused[:3]
+    assert all(o["sidecar"] for o in outcomes if o["ok"])
 
 
 def test_a_deleted_pod_stops_getting_credentials(e2e):
