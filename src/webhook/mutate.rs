@@ -439,37 +439,13 @@ fn mutate_with(
             ),
         });
     }
-    let skip: BTreeSet<&str> = annotations
-        .get(SKIP_CONTAINERS_ANNOTATION)
-        .map(|v| {
-            v.split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .collect()
-        })
-        .unwrap_or_default();
-    let targets: Vec<(&'static str, usize, &Container)> = init
-        .iter()
-        .enumerate()
-        .map(|(i, c)| ("initContainers", i, c))
-        .chain(
-            spec.containers
-                .iter()
-                .enumerate()
-                .map(|(i, c)| ("containers", i, c)),
-        )
-        .filter(|(_, _, c)| {
-            c.name != SIDECAR_NAME && c.name != REDIRECT_NAME && !skip.contains(c.name.as_str())
-        })
-        .collect();
-    for name in &skip {
-        if !init.iter().chain(&spec.containers).any(|c| c.name == *name) {
-            warnings.push(format!(
-                "lanyard: {SKIP_CONTAINERS_ANNOTATION} names {name:?}, which is not a container of pod {pod_ref}"
-            ));
-        }
-    }
-
+    let targets = targets(
+        init,
+        &spec.containers,
+        &annotations,
+        &pod_ref,
+        &mut warnings,
+    );
     let identity_header = existing_sidecar
         .and_then(|c| literal_env(c, "IDENTITY_HEADER"))
         .or_else(|| {
@@ -498,127 +474,22 @@ fn mutate_with(
         }),
     }
     .vars();
+    let plan = ContainerPlan {
+        wanted: &wanted,
+        clouds: &clouds,
+        azure: azure.is_some(),
+        aws,
+        identity_header: &identity_header,
+    };
 
     let mut ops = Vec::new();
     let mut touched = Vec::new();
-    for (list, index, container) in &targets {
-        let before = ops.len();
-        let container_ptr = [*list, &index.to_string()];
-        let env = container.env.as_deref().unwrap_or_default();
-        let names: HashMap<&str, (usize, &EnvVar)> = env
-            .iter()
-            .enumerate()
-            .map(|(i, e)| (e.name.as_str(), (i, e)))
-            .collect();
-        let mut additions: Vec<EnvVar> = Vec::new();
-        for (name, value) in &wanted {
-            if names.contains_key(name) {
-                continue;
-            }
-            // A container that chose its region in one of the two region
-            // variables gets that choice in the other too (a dependent
-            // variable, expanded by the kubelet from the earlier entry), so
-            // botocore and the other SDKs never disagree on the region.
-            let chosen = REGION_PAIR
-                .iter()
-                .find(|(this, other)| this == name && names.contains_key(other));
-            match chosen {
-                Some((_, other)) => additions.push(plain_env(name, &format!("$({other})"))),
-                None => additions.push(plain_env(name, value)),
-            }
-        }
-        for secret in ["IDENTITY_HEADER", "MSI_SECRET"] {
-            let Some((_, var)) = names.get(secret).filter(|_| azure.is_some()) else {
-                continue;
-            };
-            if var.value_from.is_some() || var.value.as_deref() != Some(&identity_header) {
-                warnings.push(format!(
-                    "lanyard: container {:?} sets its own {secret}, which differs from the sidecar's; its App Service credential requests will be refused",
-                    container.name
-                ));
-            }
-        }
-        let proxy = no_proxy_plan(
-            &names,
-            container.env_from.as_ref().is_some_and(|f| !f.is_empty()),
-        );
-        for (i, value) in proxy.replace {
-            // An empty value is left out of the pod the API server sends
-            // (`value` is omitempty), and `replace` needs the member to
-            // exist: `add` sets it either way.
-            let has_value = env.get(i).is_some_and(|var| var.value.is_some());
-            let op = if has_value { Op::Replace } else { Op::Add };
-            ops.push(operation(
-                op,
-                &[
-                    "spec",
-                    container_ptr[0],
-                    container_ptr[1],
-                    "env",
-                    &i.to_string(),
-                    "value",
-                ],
-                &value,
-            )?);
-        }
-        additions.extend(proxy.add);
-        for name in proxy.cannot_extend {
-            warnings.push(format!(
-                "lanyard: container {:?} takes {name} from a reference that cannot be extended; make sure it excludes {LOOPBACK} or its SDKs may send credential requests to a proxy",
-                container.name
-            ));
-        }
-        for (cloud, name, why) in CONFLICTS {
-            if clouds.contains(cloud) && names.contains_key(name) {
-                warnings.push(format!(
-                    "lanyard: container {:?} sets {name}: {why}, so it will not use Lanyard's {cloud} credentials",
-                    container.name
-                ));
-            }
-        }
-        push_list_items(
-            &mut ops,
-            &["spec", container_ptr[0], container_ptr[1], "env"],
-            env.is_empty(),
-            additions.iter().map(to_json).collect::<Result<_, _>>()?,
-        )?;
-        if aws {
-            let mounts = container.volume_mounts.as_deref().unwrap_or_default();
-            if !mounts.iter().any(|m| m.name == APP_TOKEN_VOLUME) {
-                if mounts
-                    .iter()
-                    .any(|m| m.mount_path.trim_end_matches('/') == APP_TOKEN_DIR)
-                {
-                    warnings.push(format!(
-                        "lanyard: container {:?} already mounts something at {APP_TOKEN_DIR}; the app token is not mounted and its AWS credential requests will be refused",
-                        container.name
-                    ));
-                } else {
-                    push_list_items(
-                        &mut ops,
-                        &["spec", container_ptr[0], container_ptr[1], "volumeMounts"],
-                        mounts.is_empty(),
-                        vec![to_json(&mount(APP_TOKEN_VOLUME, APP_TOKEN_DIR))?],
-                    )?;
-                }
-            }
-        }
-        if ops.len() > before {
-            touched.push(container.name.clone());
+    for target in &targets {
+        if patch_container(*target, &plan, &mut ops, &mut warnings)? {
+            touched.push(target.2.name.clone());
         }
     }
-
-    for container in init.iter().chain(&spec.containers) {
-        for port in container.ports.as_deref().unwrap_or_default() {
-            let p = port.container_port;
-            if p == i32::from(config.port) || p == i32::from(config.probe_port) {
-                warnings.push(format!(
-                    "lanyard: container {:?} declares port {p}, which Lanyard's sidecar listens on; one of them will fail to bind",
-                    container.name
-                ));
-            }
-        }
-    }
+    port_conflicts(init.iter().chain(&spec.containers), config, &mut warnings);
 
     let volumes = spec.volumes.as_deref().unwrap_or_default();
     let mut new_volumes = Vec::new();
@@ -638,35 +509,17 @@ fn mutate_with(
         host_aliases(spec, &mut ops, &mut warnings)?;
     }
 
-    // Last, so that the init container indices used above still hold. The
-    // redirect goes first: it installs its rule and exits before the
-    // sidecar, and so before anything that could call 169.254.169.254.
+    // INVARIANT: last, so that the init container indices used above
+    // still hold.
     let sidecar_added = !present.sidecar;
     let redirect_added = transparent && !present.redirect;
-    let mut new_init = Vec::new();
-    if let Some(redirect) = own_redirect.filter(|_| redirect_added) {
-        new_init.push(to_json(&redirect)?);
-    }
-    if sidecar_added {
-        new_init.push(to_json(&sidecar(config, &identity_header, aws))?);
-    }
-    if init.is_empty() {
-        push_list_items(&mut ops, &["spec", "initContainers"], true, new_init)?;
-    } else {
-        // Before the sidecar when the pod has one, else at the front.
-        let at = init
-            .iter()
-            .position(|c| c.name == SIDECAR_NAME)
-            .unwrap_or(0);
-        for (offset, container) in new_init.into_iter().enumerate() {
-            let index = (at + offset).to_string();
-            ops.push(operation(
-                Op::Add,
-                &["spec", "initContainers", &index],
-                &container,
-            )?);
-        }
-    }
+    let new_sidecar = sidecar_added.then(|| sidecar(config, &identity_header, aws));
+    add_init_containers(
+        init,
+        own_redirect.filter(|_| redirect_added).as_ref(),
+        new_sidecar.as_ref(),
+        &mut ops,
+    )?;
 
     Ok(Mutation {
         patch: Patch(ops),
@@ -679,6 +532,222 @@ fn mutate_with(
             already_injected: present.sidecar,
         },
     })
+}
+
+/// The containers that get the SDK environment, with the list each is in
+/// and its index there: every container but Lanyard's own and those
+/// [`SKIP_CONTAINERS_ANNOTATION`] names (each name that is no container of
+/// the pod is a warning).
+fn targets<'p>(
+    init: &'p [Container],
+    containers: &'p [Container],
+    annotations: &BTreeMap<String, String>,
+    pod_ref: &str,
+    warnings: &mut Vec<String>,
+) -> Vec<(&'static str, usize, &'p Container)> {
+    let skip: BTreeSet<&str> = annotations
+        .get(SKIP_CONTAINERS_ANNOTATION)
+        .map(|v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    for name in &skip {
+        if !init.iter().chain(containers).any(|c| c.name == *name) {
+            warnings.push(format!(
+                "lanyard: {SKIP_CONTAINERS_ANNOTATION} names {name:?}, which is not a container of pod {pod_ref}"
+            ));
+        }
+    }
+    init.iter()
+        .enumerate()
+        .map(|(i, c)| ("initContainers", i, c))
+        .chain(
+            containers
+                .iter()
+                .enumerate()
+                .map(|(i, c)| ("containers", i, c)),
+        )
+        .filter(|(_, _, c)| {
+            c.name != SIDECAR_NAME && c.name != REDIRECT_NAME && !skip.contains(c.name.as_str())
+        })
+        .collect()
+}
+
+/// What every targeted container is given, decided once per pod.
+struct ContainerPlan<'a> {
+    /// The SDK variables, by name.
+    wanted: &'a [(&'static str, String)],
+    /// The clouds injected.
+    clouds: &'a [Cloud],
+    azure: bool,
+    aws: bool,
+    /// The sidecar's `IDENTITY_HEADER`.
+    identity_header: &'a str,
+}
+
+/// Appends to `ops` what one container needs: the SDK variables it does
+/// not set itself, `NO_PROXY` covering the loopback, and (with AWS) the app
+/// token's mount; and warns of what it sets that will defeat them. Returns
+/// whether any operation was added.
+fn patch_container(
+    (list, index, container): (&'static str, usize, &Container),
+    plan: &ContainerPlan<'_>,
+    ops: &mut Vec<Operation>,
+    warnings: &mut Vec<String>,
+) -> Result<bool, Denial> {
+    let before = ops.len();
+    let index = index.to_string();
+    let env = container.env.as_deref().unwrap_or_default();
+    let names: HashMap<&str, (usize, &EnvVar)> = env
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (e.name.as_str(), (i, e)))
+        .collect();
+    let mut additions: Vec<EnvVar> = Vec::new();
+    for (name, value) in plan.wanted {
+        if names.contains_key(name) {
+            continue;
+        }
+        // A container that chose its region in one of the two region
+        // variables gets that choice in the other too (a dependent
+        // variable, expanded by the kubelet from the earlier entry), so
+        // botocore and the other SDKs never disagree on the region.
+        let chosen = REGION_PAIR
+            .iter()
+            .find(|(this, other)| this == name && names.contains_key(other));
+        match chosen {
+            Some((_, other)) => additions.push(plain_env(name, &format!("$({other})"))),
+            None => additions.push(plain_env(name, value)),
+        }
+    }
+    for secret in ["IDENTITY_HEADER", "MSI_SECRET"] {
+        let Some((_, var)) = names.get(secret).filter(|_| plan.azure) else {
+            continue;
+        };
+        if var.value_from.is_some() || var.value.as_deref() != Some(plan.identity_header) {
+            warnings.push(format!(
+                "lanyard: container {:?} sets its own {secret}, which differs from the sidecar's; its App Service credential requests will be refused",
+                container.name
+            ));
+        }
+    }
+    let proxy = no_proxy_plan(
+        &names,
+        container.env_from.as_ref().is_some_and(|f| !f.is_empty()),
+    );
+    for (i, value) in proxy.replace {
+        // An empty value is left out of the pod the API server sends
+        // (`value` is omitempty), and `replace` needs the member to
+        // exist: `add` sets it either way.
+        let has_value = env.get(i).is_some_and(|var| var.value.is_some());
+        let op = if has_value { Op::Replace } else { Op::Add };
+        let at = i.to_string();
+        ops.push(operation(
+            op,
+            &["spec", list, &index, "env", &at, "value"],
+            &value,
+        )?);
+    }
+    additions.extend(proxy.add);
+    for name in proxy.cannot_extend {
+        warnings.push(format!(
+            "lanyard: container {:?} takes {name} from a reference that cannot be extended; make sure it excludes {LOOPBACK} or its SDKs may send credential requests to a proxy",
+            container.name
+        ));
+    }
+    for (cloud, name, why) in CONFLICTS {
+        if plan.clouds.contains(cloud) && names.contains_key(name) {
+            warnings.push(format!(
+                "lanyard: container {:?} sets {name}: {why}, so it will not use Lanyard's {cloud} credentials",
+                container.name
+            ));
+        }
+    }
+    push_list_items(
+        ops,
+        &["spec", list, &index, "env"],
+        env.is_empty(),
+        additions.iter().map(to_json).collect::<Result<_, _>>()?,
+    )?;
+    if plan.aws {
+        let mounts = container.volume_mounts.as_deref().unwrap_or_default();
+        if !mounts.iter().any(|m| m.name == APP_TOKEN_VOLUME) {
+            if mounts
+                .iter()
+                .any(|m| m.mount_path.trim_end_matches('/') == APP_TOKEN_DIR)
+            {
+                warnings.push(format!(
+                    "lanyard: container {:?} already mounts something at {APP_TOKEN_DIR}; the app token is not mounted and its AWS credential requests will be refused",
+                    container.name
+                ));
+            } else {
+                push_list_items(
+                    ops,
+                    &["spec", list, &index, "volumeMounts"],
+                    mounts.is_empty(),
+                    vec![to_json(&mount(APP_TOKEN_VOLUME, APP_TOKEN_DIR))?],
+                )?;
+            }
+        }
+    }
+    Ok(ops.len() > before)
+}
+
+/// Warns of every container port the sidecar's own ports would collide
+/// with (the pod shares one network namespace).
+fn port_conflicts<'p>(
+    containers: impl Iterator<Item = &'p Container>,
+    config: &InjectionConfig,
+    warnings: &mut Vec<String>,
+) {
+    for container in containers {
+        for port in container.ports.as_deref().unwrap_or_default() {
+            let p = port.container_port;
+            if p == i32::from(config.port) || p == i32::from(config.probe_port) {
+                warnings.push(format!(
+                    "lanyard: container {:?} declares port {p}, which Lanyard's sidecar listens on; one of them will fail to bind",
+                    container.name
+                ));
+            }
+        }
+    }
+}
+
+/// Adds the redirect and the sidecar init containers (each when given).
+/// The redirect goes first: it installs its rule and exits before the
+/// sidecar starts, and so before anything that could call
+/// 169.254.169.254. They go before the pod's own sidecar when it has one
+/// (reinvocation), else at the front.
+fn add_init_containers(
+    init: &[Container],
+    redirect: Option<&Container>,
+    sidecar: Option<&Container>,
+    ops: &mut Vec<Operation>,
+) -> Result<(), Denial> {
+    let new_init = redirect
+        .into_iter()
+        .chain(sidecar)
+        .map(to_json)
+        .collect::<Result<Vec<_>, _>>()?;
+    if init.is_empty() {
+        return push_list_items(ops, &["spec", "initContainers"], true, new_init);
+    }
+    let at = init
+        .iter()
+        .position(|c| c.name == SIDECAR_NAME)
+        .unwrap_or(0);
+    for (offset, container) in new_init.into_iter().enumerate() {
+        let index = (at + offset).to_string();
+        ops.push(operation(
+            Op::Add,
+            &["spec", "initContainers", &index],
+            &container,
+        )?);
+    }
+    Ok(())
 }
 
 /// Transparent mode's `hostAliases` entry: [`METADATA_HOSTNAMES`] to the
