@@ -186,7 +186,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let signal = wait_for_signal().await;
     // INVARIANT: the listeners stay open through the delay; only then does
     // the trigger stop accepting and drain what is in flight.
-    shutdown_delay(signal, delay, &readiness).await;
+    shutdown_delay(signal, delay, || readiness.stop()).await;
     tracing::info!("shutting down");
     trigger.trigger();
     drain(servers, DRAIN_TIMEOUT).await;

@@ -601,5 +601,5 @@ fn refusal(error: RequestError, cloud: Cloud, caller: &Caller) -> BrokerError {
 }
 
 // The pipeline tests mint tokens with the built-in issuer.
-#[cfg(all(test, feature = "dev"))]
+#[cfg(test)]
 mod tests;

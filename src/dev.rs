@@ -12,10 +12,6 @@ use crate::cloud::Cloud;
 use crate::config::{Config, DEV_GCP_PROJECT_ID, DEV_GCP_PROJECT_NUMBER, DEV_GCP_PROVIDER};
 use crate::directory::annotations;
 use crate::directory::file::{ServiceAccountEntry, StaticDirectory};
-use crate::emulator::aws::{AwsEmulatorConfig, AwsRole, AwsSts, OidcProvider};
-use crate::emulator::entra::{App, Entra, FederatedCredential};
-use crate::emulator::gcp::{Gcp, GcpEmulatorConfig, GcpServiceAccount, WorkloadIdentityProvider};
-use crate::emulator::{Issuer, PodIdentity, SigningKey};
 use crate::http::{
     bind, drain, per_thread, spawn_server, wait_for_signal, Shutdown, ShutdownTrigger,
     DRAIN_TIMEOUT,
@@ -27,6 +23,10 @@ use crate::serve::token_shelf::TokenShelf;
 use crate::serve::{self, SubjectTokens, Surfaces};
 use crate::telemetry::Readiness;
 use crate::token::{KeySet, KeySource, Verifier};
+use lanyard_emulators::aws::{AwsEmulatorConfig, AwsRole, AwsSts, OidcProvider};
+use lanyard_emulators::entra::{App, Entra, FederatedCredential};
+use lanyard_emulators::gcp::{Gcp, GcpEmulatorConfig, GcpServiceAccount, WorkloadIdentityProvider};
+use lanyard_emulators::{Issuer, PodIdentity, SigningKey};
 
 /// Projected tokens for the dev pod, minted by the built-in issuer and
 /// re-minted at 80% of their lifetime, as the kubelet rotates them.
@@ -227,7 +227,7 @@ impl DevStack {
         // The emulated services have trusted the built-in issuer all along:
         // its keys are not fetched on the first exchange, which the
         // emulated upstream latency already stands for.
-        let unloaded = |e: crate::token::KeysError| {
+        let unloaded = |e: lanyard_emulators::jwks::KeysError| {
             anyhow::anyhow!("an emulator cannot load the built-in issuer's keys: {e}")
         };
         if let Some(entra) = &entra {
@@ -391,7 +391,7 @@ impl DevStack {
         .map(|(name, value)| (name.to_string(), value))
         .collect();
         if dev.upstream_latency_ms > 0 {
-            let latency = crate::emulator::faults::Fault::Latency {
+            let latency = lanyard_emulators::faults::Fault::Latency {
                 ms: dev.upstream_latency_ms,
             };
             let emulated = [

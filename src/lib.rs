@@ -4,10 +4,12 @@
 //! cloud credentials come out on the metadata-style endpoints each cloud's
 //! SDKs already speak. See `docs/architecture.md` for the module map.
 //!
-//! The default-on `dev` feature adds `lanyard dev` ([`dev`]) and what only
-//! it needs ([`emulator`]: the built-in issuer and the cloud emulators).
-//! The agent, sidecar and webhook do not depend on it, so the product
-//! builds, and ships, without it (`--no-default-features`).
+//! The default-on `dev` feature adds `lanyard dev` ([`dev`]), which wires
+//! the product to the `lanyard-emulators` crate (the built-in issuer and
+//! the cloud emulators). Without the feature that crate is not a
+//! dependency at all (`--no-default-features`); with it, only `dev` may
+//! name it (`scripts/module-cycles` fails otherwise); and it does not
+//! depend on this crate.
 
 pub mod agent;
 pub mod audit;
@@ -19,8 +21,6 @@ pub mod config;
 #[cfg(feature = "dev")]
 pub mod dev;
 pub mod directory;
-#[cfg(feature = "dev")]
-pub mod emulator;
 pub mod http;
 pub mod names;
 pub mod pod_events;

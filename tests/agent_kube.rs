@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, PodSpec, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use lanyard::emulator::PodIdentity;
+use lanyard_emulators::PodIdentity;
 use lanyard_fake_kube::FakeKube;
 use serde_json::{json, Value};
 use support::*;
@@ -573,7 +573,7 @@ async fn the_agent_rides_out_an_issuer_key_outage_and_picks_up_a_rotated_key() {
     // makes the agent try to fetch the keys, which fails: it cannot be
     // checked yet, a retryable 503 and no verdict on the token.
     c.up.issuer
-        .rotate(lanyard::emulator::SigningKey::generate_rs256().unwrap());
+        .rotate(lanyard_emulators::SigningKey::generate_rs256().unwrap());
     c.kube.set_issuer_keys(c.up.issuer.jwks());
     let rotated = mint();
     let (status, body) = ask(port, &rotated).await;

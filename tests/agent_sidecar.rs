@@ -13,7 +13,7 @@ use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use lanyard::emulator::{Issuer, PodIdentity, SigningKey};
+use lanyard_emulators::{Issuer, PodIdentity, SigningKey};
 use serde_json::Value;
 use support::*;
 

@@ -10,12 +10,12 @@ use std::time::Duration;
 
 use lanyard::cloud::aws::{AwsCredentials, AwsExchanger};
 use lanyard::cloud::CloudError;
-use lanyard::emulator::aws::{
-    AwsEmulatorConfig, AwsRole, AwsSts, OidcProvider, DEFAULT_AUDIENCE, STS_NAMESPACE,
-};
-use lanyard::emulator::{Issuer, PodIdentity, SigningKey};
 use lanyard::http::{bind, spawn_server, Shutdown, ShutdownTrigger};
 use lanyard::secret::{ExposeSecret, SecretString};
+use lanyard_emulators::aws::{
+    AwsEmulatorConfig, AwsRole, AwsSts, OidcProvider, DEFAULT_AUDIENCE, STS_NAMESPACE,
+};
+use lanyard_emulators::{Issuer, PodIdentity, SigningKey};
 
 const ACCOUNT: &str = "123456789012";
 const ROLE: &str = "arn:aws:iam::123456789012:role/ray-data";

@@ -284,7 +284,7 @@ async fn throttled_sts_is_a_retryable_429_then_recovers() {
 
 #[tokio::test]
 async fn external_sts_endpoint_is_used_and_untrusted_subject_is_access_denied() {
-    use lanyard::emulator::aws::{AwsEmulatorConfig, AwsRole, AwsSts, OidcProvider};
+    use lanyard_emulators::aws::{AwsEmulatorConfig, AwsRole, AwsSts, OidcProvider};
     use std::sync::Arc;
     // STS listens first so its URL can be configured as the override.
     let listener = lanyard::http::bind("127.0.0.1:0".parse().unwrap(), "sts")

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lanyard::emulator::{Issuer, SigningKey};
+use lanyard_emulators::{Issuer, SigningKey};
 use serde_json::Value;
 use support::*;
 

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use lanyard::cloud::azure::{AzureExchanger, AzureRequest};
 use lanyard::cloud::CloudError;
-use lanyard::emulator::entra::FEDERATION_AUDIENCE;
-use lanyard::emulator::SigningKey;
 use lanyard::secret::{ExposeSecret, SecretString};
+use lanyard_emulators::entra::FEDERATION_AUDIENCE;
+use lanyard_emulators::SigningKey;
 use support::*;
 
 const SCOPE: &str = "https://storage.azure.com/.default";

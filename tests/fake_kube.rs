@@ -20,8 +20,8 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
-use lanyard::emulator::{Issuer, PodIdentity, SigningKey};
 use lanyard::http::{bind, spawn_server, Shutdown, ShutdownTrigger};
+use lanyard_emulators::{Issuer, PodIdentity, SigningKey};
 use lanyard_fake_kube::{FakeKube, FAKE_USER};
 use serde_json::Value;
 

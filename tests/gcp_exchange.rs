@@ -12,12 +12,12 @@ use jsonwebtoken::jwk::JwkSet;
 use jsonwebtoken::{DecodingKey, Validation};
 use lanyard::cloud::gcp::GcpExchanger;
 use lanyard::cloud::CloudError;
-use lanyard::emulator::gcp::{
-    principal_for, Gcp, GcpEmulatorConfig, GcpServiceAccount, WorkloadIdentityProvider,
-};
-use lanyard::emulator::{Issuer, PodIdentity, SigningKey};
 use lanyard::http::{bind, spawn_server, Shutdown, ShutdownTrigger};
 use lanyard::secret::{ExposeSecret, SecretString};
+use lanyard_emulators::gcp::{
+    principal_for, Gcp, GcpEmulatorConfig, GcpServiceAccount, WorkloadIdentityProvider,
+};
+use lanyard_emulators::{Issuer, PodIdentity, SigningKey};
 
 const PROJECT_NUMBER: &str = "123456789012";
 const POOL: &str = "lanyard-dev";

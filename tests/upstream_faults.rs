@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lanyard::dev::DevStack;
-use lanyard::emulator::faults::{Fault, Faults};
+use lanyard_emulators::faults::{Fault, Faults};
 use support::{dev_stack, export};
 
 #[derive(Clone, Copy, Debug)]

@@ -501,7 +501,7 @@ async fn stop_drains_a_review_in_flight() {
 #[cfg(feature = "dev")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn not_ready_until_the_service_account_list_arrives() {
-    use lanyard::emulator::{Issuer, SigningKey};
+    use lanyard_emulators::{Issuer, SigningKey};
     use lanyard_fake_kube::FakeKube;
     use support::{eventually_answers, get_status, serve_router, Proc};
 

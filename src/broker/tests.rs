@@ -9,9 +9,9 @@ use super::*;
 use crate::audit::AuditError;
 use crate::cloud::{fetcher, now_unix, AccessToken, Fetcher, Selector, Surface};
 use crate::directory::file::{ServiceAccountEntry, StaticDirectory};
-use crate::emulator::{Issuer, PodIdentity, SigningKey};
 use crate::http::{bind, spawn_server, Shutdown, ShutdownTrigger};
 use crate::token::{KeySet, KeySource};
+use lanyard_emulators::{Issuer, PodIdentity, SigningKey};
 
 const AUD: &str = "test-audience";
 

@@ -82,9 +82,9 @@ pub async fn wait_for_signal() -> StopSignal {
     }
 }
 
-/// After SIGTERM, keeps the role serving for `delay` while `/readyz` says
-/// `shutting down` (a second signal, or SIGINT in the first place, skips
-/// the wait).
+/// After SIGTERM, keeps the role serving for `delay` once `not_ready` has
+/// made `/readyz` say `shutting down` (a second signal, or SIGINT in the
+/// first place, skips the wait).
 ///
 /// The kubelet's SIGTERM and the endpoints' update race: for a second or
 /// more after it, Services (kube-proxy's rules, the API server's webhook
@@ -93,12 +93,8 @@ pub async fn wait_for_signal() -> StopSignal {
 /// refused by the webhook, an SDK call on the node would find no agent.
 /// Serving through the delay lets the update land first; the chart's
 /// `terminationGracePeriodSeconds` covers the delay and the drain.
-pub async fn shutdown_delay(
-    signal: StopSignal,
-    delay: Duration,
-    readiness: &crate::telemetry::Readiness,
-) {
-    readiness.stop();
+pub async fn shutdown_delay(signal: StopSignal, delay: Duration, not_ready: impl FnOnce()) {
+    not_ready();
     if signal == StopSignal::Interrupt || delay.is_zero() {
         return;
     }

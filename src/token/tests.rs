@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::emulator::{Issuer, PodIdentity, SigningKey};
 use crate::http::{bind, spawn_server, Shutdown};
+use lanyard_emulators::{Issuer, PodIdentity, SigningKey};
 
 const AUD: &str = "api://AzureADTokenExchange";
 

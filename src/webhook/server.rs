@@ -583,7 +583,7 @@ pub async fn run(config: crate::config::Config) -> anyhow::Result<()> {
     crate::http::shutdown_delay(
         signal,
         Duration::from_secs(config.shutdown_delay_seconds),
-        &readiness,
+        || readiness.stop(),
     )
     .await;
     tracing::info!("shutting down");

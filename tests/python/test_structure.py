@@ -1,5 +1,7 @@
-"""The source tree's shape: no module in src/ grows past 1,000 lines before
-its tests (issue 42's bound; a longer one is split by concern)."""
+"""The source tree's shape: no module of the workspace's crates (the
+product in src/, the emulators, the fake API server) grows past 1,000
+lines before its tests (issue 42's bound; a longer one is split by
+concern)."""
 
 from __future__ import annotations
 
@@ -18,9 +20,13 @@ def lines_before_tests(text: str) -> int:
     return len(lines)
 
 
-def test_no_module_in_src_is_over_1000_lines_before_its_tests():
-    sizes = {str(p.relative_to(ROOT)): lines_before_tests(p.read_text()) for p in (ROOT / "src").rglob("*.rs")}
-    assert len(sizes) > 50, sizes
+CRATES = ["src", "emulators/src", "tests/fake-kube/src"]
+
+
+def test_no_module_of_a_crate_is_over_1000_lines_before_its_tests():
+    sizes = {str(p.relative_to(ROOT)): lines_before_tests(p.read_text())
+             for crate in CRATES for p in (ROOT / crate).rglob("*.rs")}
+    assert len(sizes) > 70, sizes
     # Test modules in files of their own (`mod tests;`) are tests entirely.
     over = {path: n for path, n in sizes.items() if n > MAX_LINES and not path.endswith("/tests.rs")}
     assert over == {}, f"split these by concern: {over}"

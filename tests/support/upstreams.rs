@@ -11,14 +11,14 @@ use lanyard::cloud::Cloud;
 use lanyard::config::{AwsConfig, AzureConfig, Config, GcpConfig};
 use lanyard::dev::MintedTokens;
 use lanyard::directory::file::{ServiceAccountEntry, StaticDirectory};
-use lanyard::emulator::aws::{AwsEmulatorConfig, AwsRole, AwsSts, OidcProvider};
-use lanyard::emulator::entra::{App, Entra, FederatedCredential, FEDERATION_AUDIENCE};
-use lanyard::emulator::gcp::{Gcp, GcpEmulatorConfig, GcpServiceAccount, WorkloadIdentityProvider};
-use lanyard::emulator::{Issuer, PodIdentity, SigningKey};
 use lanyard::http::{bind, spawn_server, Shutdown, ShutdownTrigger};
 use lanyard::secret::SecretString;
 use lanyard::serve::{self, Surfaces};
 use lanyard::token::{KeySet, KeySource, Verifier};
+use lanyard_emulators::aws::{AwsEmulatorConfig, AwsRole, AwsSts, OidcProvider};
+use lanyard_emulators::entra::{App, Entra, FederatedCredential, FEDERATION_AUDIENCE};
+use lanyard_emulators::gcp::{Gcp, GcpEmulatorConfig, GcpServiceAccount, WorkloadIdentityProvider};
+use lanyard_emulators::{Issuer, PodIdentity, SigningKey};
 
 pub const TENANT: &str = "3b8e4f60-1c2d-4e5f-8a9b-7c6d5e4f3a2b";
 pub const CLIENT: &str = "5f2c9e1a-8d4b-4c7e-9a13-0d6e2b7f4c21";

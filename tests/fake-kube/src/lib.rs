@@ -486,7 +486,7 @@ impl FakeKube {
 
     /// Publishes `jwks` (`{"keys": [..]}`) as the issuer's keys, in the JWKS
     /// and for TokenReview, as after the cluster's service-account key was
-    /// rotated ([`lanyard::emulator::Issuer::rotate`] and its `jwks()`).
+    /// rotated ([`lanyard_emulators::Issuer::rotate`] and its `jwks()`).
     pub fn set_issuer_keys(&self, jwks: Value) {
         *self.issuer_keys.write().unwrap_or_else(|e| e.into_inner()) = IssuerKeys::from_jwks(jwks);
     }
@@ -657,7 +657,7 @@ mod tests {
     use super::events::*;
     use super::watches::*;
     use super::*;
-    use lanyard::emulator::{Issuer, SigningKey};
+    use lanyard_emulators::{Issuer, SigningKey};
 
     fn query(q: &str) -> Query {
         Query::parse(&format!("/x?{q}").parse::<Uri>().unwrap())

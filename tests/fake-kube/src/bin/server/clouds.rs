@@ -17,10 +17,10 @@ use axum::Router;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use lanyard::emulator::aws::{AwsEmulatorConfig, AwsRole, AwsSts, OidcProvider};
-use lanyard::emulator::entra::{App, Entra, FederatedCredential};
-use lanyard::emulator::faults::{Fault, Faults};
-use lanyard::emulator::gcp::{Gcp, GcpEmulatorConfig, GcpServiceAccount, WorkloadIdentityProvider};
+use lanyard_emulators::aws::{AwsEmulatorConfig, AwsRole, AwsSts, OidcProvider};
+use lanyard_emulators::entra::{App, Entra, FederatedCredential};
+use lanyard_emulators::faults::{Fault, Faults};
+use lanyard_emulators::gcp::{Gcp, GcpEmulatorConfig, GcpServiceAccount, WorkloadIdentityProvider};
 
 /// The `--clouds` file.
 #[derive(Debug, Deserialize)]

@@ -69,7 +69,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use lanyard::emulator::{Issuer, PodIdentity, SigningKey};
+use lanyard_emulators::{Issuer, PodIdentity, SigningKey};
 use lanyard_fake_kube::FakeKube;
 
 /// The issuer URL real clusters commonly use; the agent reads it from the

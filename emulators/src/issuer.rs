@@ -10,7 +10,7 @@ use axum::{Json, Router};
 use serde_json::json;
 
 use super::keys::SigningKey;
-use crate::token::{Audience, KubernetesClaim, ObjectRef, ServiceAccountClaims};
+use crate::claims::{Audience, KubernetesClaim, ObjectRef, ServiceAccountClaims};
 
 /// The pod a token is minted for.
 #[derive(Debug, Clone)]

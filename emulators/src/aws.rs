@@ -30,8 +30,9 @@ use axum::Router;
 use quick_xml::escape::escape;
 use sha2::{Digest, Sha256};
 
-use crate::cloud::aws::{session_name_char, RoleArn};
-use crate::token::{Audience, KeySet, KeysError, Lookup};
+use crate::arn::{session_name_char, RoleArn};
+use crate::claims::Audience;
+use crate::jwks::{KeySet, KeysError, Lookup};
 
 /// The XML namespace of every STS answer.
 pub const STS_NAMESPACE: &str = "https://sts.amazonaws.com/doc/2011-06-15/";

@@ -35,8 +35,9 @@ use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
 use super::keys::SigningKey;
-use crate::secret::random_token;
-use crate::token::{Audience, KeySet, KeySource, Lookup};
+use crate::claims::random_token;
+use crate::claims::Audience;
+use crate::jwks::{KeySet, KeySource, Lookup};
 
 /// The only grant STS supports for workload identity federation.
 pub const TOKEN_EXCHANGE_GRANT: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
@@ -395,7 +396,7 @@ impl Gcp {
 
     /// Fetches the keys of every provider's issuer now, as a service that
     /// has long trusted the issuer holds them.
-    pub async fn preload_keys(&self) -> Result<(), crate::token::KeysError> {
+    pub async fn preload_keys(&self) -> Result<(), crate::jwks::KeysError> {
         for keys in self.key_sets.values() {
             keys.preload().await?;
         }

@@ -5,16 +5,23 @@
 //! and answers in the real service's error format. An emulator that accepted
 //! anything would prove nothing.
 //!
-//! Only `lanyard dev` and the tests use them, so they are compiled only with
-//! the `dev` feature: the agent, sidecar and webhook never reach for them.
-//! The fake Kubernetes API server, which only tests use, is not here but in
-//! the `lanyard-fake-kube` test-support crate (`tests/fake-kube`).
+//! A crate of their own, not a module of `lanyard`: only `lanyard dev` (the
+//! `dev` feature), the tests, the fake API server and the bench drivers
+//! use them, and the compiler keeps it so. The product library does not
+//! depend on this crate, so the agent, sidecar and webhook cannot reach for
+//! an emulator; and this crate does not depend on the product, so it checks
+//! the product's tokens and requests with code of its own (`jwks`, `claims`,
+//! `arn`), not with the verifier it is there to test. The fake Kubernetes
+//! API server is in the `lanyard-fake-kube` test-support crate.
 
+pub mod arn;
 pub mod aws;
+pub mod claims;
 pub mod entra;
 pub mod faults;
 pub mod gcp;
 pub mod issuer;
+pub mod jwks;
 pub mod keys;
 
 pub use issuer::{Issuer, PodIdentity};
@@ -24,7 +31,7 @@ pub use keys::SigningKey;
 /// first use, one per issuer, shared by all requests.
 pub struct IssuerKeys {
     http: reqwest::Client,
-    sets: std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<crate::token::KeySet>>>,
+    sets: std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<crate::jwks::KeySet>>>,
 }
 
 impl IssuerKeys {
@@ -41,7 +48,7 @@ impl IssuerKeys {
     pub async fn preload(
         &self,
         issuers: impl IntoIterator<Item = &str>,
-    ) -> Result<(), crate::token::KeysError> {
+    ) -> Result<(), crate::jwks::KeysError> {
         for issuer in issuers {
             self.get(issuer).preload().await?;
         }
@@ -51,12 +58,12 @@ impl IssuerKeys {
     /// The key set of `issuer`, found by OIDC discovery. Callers ask only
     /// for issuers they have registered, so nothing can make an emulator
     /// fetch from an arbitrary URL.
-    pub fn get(&self, issuer: &str) -> std::sync::Arc<crate::token::KeySet> {
+    pub fn get(&self, issuer: &str) -> std::sync::Arc<crate::jwks::KeySet> {
         let mut sets = self.sets.lock().unwrap_or_else(|p| p.into_inner());
         sets.entry(issuer.to_string())
             .or_insert_with(|| {
-                std::sync::Arc::new(crate::token::KeySet::new(
-                    crate::token::KeySource::Discovery {
+                std::sync::Arc::new(crate::jwks::KeySet::new(
+                    crate::jwks::KeySource::Discovery {
                         issuer: issuer.to_string(),
                     },
                     self.http.clone(),

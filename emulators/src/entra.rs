@@ -27,14 +27,16 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 
-use crate::secret::random_token;
-use crate::token::{KeySet, KeysError, Lookup};
+use crate::claims::random_token;
+use crate::jwks::{KeySet, KeysError, Lookup};
 
 use super::SigningKey;
 
 /// The audience Entra requires in federated assertions (the product's
 /// constant: the emulator checks what the exchanger is configured with).
-pub use crate::cloud::azure::FEDERATION_AUDIENCE;
+/// The audience Entra ID expects of a federated credential's assertion in
+/// the public cloud.
+pub const FEDERATION_AUDIENCE: &str = "api://AzureADTokenExchange";
 const JWT_BEARER: &str = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer";
 
 /// A federated identity credential on an app registration.
@@ -187,7 +189,7 @@ fn missing(param: &str) -> AadError {
 struct AssertionClaims {
     iss: Option<String>,
     sub: Option<String>,
-    aud: Option<crate::token::Audience>,
+    aud: Option<crate::claims::Audience>,
     exp: Option<u64>,
     nbf: Option<u64>,
 }
