@@ -64,11 +64,13 @@ use lanyard::http::{bind, per_thread, spawn_server, Limits, Shutdown, ShutdownTr
 use lanyard::secret::{ExposeSecret, SecretString};
 use lanyard::telemetry::metrics::{cloud_label, Metrics, UpstreamLabel};
 use lanyard::telemetry::LogFormat;
-use lanyard_emulators::aws::{AwsEmulatorConfig, AwsRole, AwsSts, OidcProvider};
-use lanyard_emulators::entra::{App, Entra, FederatedCredential, FEDERATION_AUDIENCE};
+use lanyard_emulators::aws::AwsSts;
+use lanyard_emulators::entra::{Entra, FEDERATION_AUDIENCE};
 use lanyard_emulators::faults::Fault;
-use lanyard_emulators::gcp::{Gcp, GcpEmulatorConfig, WorkloadIdentityProvider};
-use lanyard_emulators::{Issuer, PodIdentity, SigningKey};
+use lanyard_emulators::gcp::Gcp;
+use lanyard_emulators::{
+    Binding, CloudsConfig, EmulatorSet, Issuer, Lifetimes, PodIdentity, SigningKey,
+};
 
 const TENANT: &str = "3b8e4f60-1c2d-4e5f-8a9b-7c6d5e4f3a2b";
 const PROVIDER: &str = "//iam.googleapis.com/projects/123456789012/locations/global/workloadIdentityPools/bench/providers/cluster";
@@ -464,64 +466,40 @@ async fn upstreams(
     spawn_server(listener, issuer.router(), shutdown.clone());
     let calls = Arc::new(CallLog::new());
 
-    let apps = idents
+    let mut bindings: Vec<Binding> = idents
         .iter()
-        .filter(|i| i.cloud == Cloud::Azure)
-        .map(|i| App {
-            tenant_id: TENANT.into(),
-            client_id: i.client_id(),
-            federated: vec![FederatedCredential {
-                issuer: issuer_url.clone(),
-                subject: i.subject(),
-                audience: FEDERATION_AUDIENCE.into(),
-            }],
+        .map(|i| Binding {
+            subject: i.subject(),
+            azure_client_id: (i.cloud == Cloud::Azure).then(|| i.client_id()),
+            // Google's identities are the federated principals themselves.
+            gcp_service_account: None,
+            aws_role_arn: (i.cloud == Cloud::Aws).then(|| i.role_arn()),
         })
-        .collect::<Vec<_>>();
+        .collect();
     // Entra answers "tenant not found" to a tenant without apps.
-    let apps = if apps.is_empty() {
-        vec![App {
-            tenant_id: TENANT.into(),
-            client_id: "00000000-0000-4000-8000-ffffffffffff".into(),
-            federated: vec![],
-        }]
-    } else {
-        apps
-    };
-    let entra = Arc::new(Entra::new(
-        apps,
-        Duration::from_secs(lifetime[Cloud::Azure]),
-        lanyard::http::client(),
-    )?);
-    let gcp = Arc::new(Gcp::new(
-        GcpEmulatorConfig {
-            providers: vec![WorkloadIdentityProvider {
-                name: PROVIDER.into(),
-                issuer: issuer_url.clone(),
-                allowed_audiences: vec![],
-            }],
-            service_accounts: vec![],
-            lifetime: Duration::from_secs(lifetime[Cloud::Gcp]),
+    if !idents.iter().any(|i| i.cloud == Cloud::Azure) {
+        bindings.push(Binding {
+            subject: "system:serviceaccount:none:none".into(),
+            azure_client_id: Some("00000000-0000-4000-8000-ffffffffffff".into()),
+            ..Binding::default()
+        });
+    }
+    let EmulatorSet { entra, gcp, aws } = EmulatorSet::new(
+        &CloudsConfig {
+            issuer: issuer_url.clone(),
+            azure_tenant_id: TENANT.into(),
+            azure_audience: FEDERATION_AUDIENCE.into(),
+            gcp_provider: PROVIDER.into(),
+            gcp_allowed_audiences: vec![],
+            aws_audience: AWS_AUDIENCE.into(),
+            lifetimes: Lifetimes {
+                azure: Duration::from_secs(lifetime[Cloud::Azure]),
+                gcp: Duration::from_secs(lifetime[Cloud::Gcp]),
+            },
+            bindings,
         },
         lanyard::http::client(),
-    )?);
-    let aws = Arc::new(AwsSts::new(
-        AwsEmulatorConfig {
-            providers: vec![OidcProvider {
-                issuer: issuer_url.clone(),
-                audiences: vec![AWS_AUDIENCE.into()],
-            }],
-            roles: idents
-                .iter()
-                .filter(|i| i.cloud == Cloud::Aws)
-                .map(|i| AwsRole {
-                    arn: i.role_arn(),
-                    trusted_subjects: vec![i.subject()],
-                    max_session_duration: 43_200,
-                })
-                .collect(),
-        },
-        lanyard::http::client(),
-    ));
+    )?;
     if latency_ms > 0 {
         for faults in [&entra.faults, &gcp.faults, &aws.faults] {
             faults.push(Fault::Latency { ms: latency_ms }, None);

@@ -23,10 +23,12 @@ use crate::serve::token_shelf::TokenShelf;
 use crate::serve::{self, SubjectTokens, Surfaces};
 use crate::telemetry::Readiness;
 use crate::token::{KeySet, KeySource, Verifier};
-use lanyard_emulators::aws::{AwsEmulatorConfig, AwsRole, AwsSts, OidcProvider};
-use lanyard_emulators::entra::{App, Entra, FederatedCredential};
-use lanyard_emulators::gcp::{Gcp, GcpEmulatorConfig, GcpServiceAccount, WorkloadIdentityProvider};
-use lanyard_emulators::{Issuer, PodIdentity, SigningKey};
+use lanyard_emulators::aws::AwsSts;
+use lanyard_emulators::entra::Entra;
+use lanyard_emulators::gcp::Gcp;
+use lanyard_emulators::{
+    Binding, CloudsConfig, EmulatorSet, Issuer, Lifetimes, PodIdentity, SigningKey,
+};
 
 /// Projected tokens for the dev pod, minted by the built-in issuer and
 /// re-minted at 80% of their lifetime, as the kubelet rotates them.
@@ -133,29 +135,6 @@ impl DevStack {
             &dev.node_name,
         );
 
-        // Entra: the emulator unless an authority host is configured.
-        let (authority_host, entra) = match &config.azure.authority_host {
-            Some(host) => (host.clone(), None),
-            None => {
-                let listener = bind(dev.emulator_listen, "Entra ID emulator").await?;
-                let url = format!("http://{}", listener.local_addr()?);
-                let entra = Arc::new(Entra::new(
-                    vec![App {
-                        tenant_id: dev.azure_tenant_id.clone(),
-                        client_id: dev.azure_client_id.clone(),
-                        federated: vec![FederatedCredential {
-                            issuer: issuer.url().to_string(),
-                            subject: pod.subject(),
-                            audience: config.azure.audience.clone(),
-                        }],
-                    }],
-                    Duration::from_secs(dev.token_lifetime),
-                    http.clone(),
-                )?);
-                servers.push(spawn_server(listener, entra.router(), shutdown.clone()));
-                (url, Some(entra))
-            }
-        };
         // Google: provider and project default to the emulated pool.
         let provider = config
             .gcp
@@ -167,6 +146,35 @@ impl DevStack {
             .audience
             .clone()
             .unwrap_or_else(|| provider.clone());
+        let emulators = EmulatorSet::new(
+            &CloudsConfig {
+                issuer: issuer.url().to_string(),
+                azure_tenant_id: dev.azure_tenant_id.clone(),
+                azure_audience: config.azure.audience.clone(),
+                gcp_provider: provider.clone(),
+                gcp_allowed_audiences: vec![gcp_audience.clone()],
+                aws_audience: config.aws.audience.clone(),
+                lifetimes: Lifetimes::all(Duration::from_secs(dev.token_lifetime)),
+                bindings: vec![Binding {
+                    subject: pod.subject(),
+                    azure_client_id: Some(dev.azure_client_id.clone()),
+                    gcp_service_account: Some(dev.gcp_service_account.clone()),
+                    aws_role_arn: Some(dev.aws_role_arn.clone()),
+                }],
+            },
+            http.clone(),
+        )?;
+        // Each cloud is its emulator unless an endpoint is configured.
+        let (authority_host, entra) = match &config.azure.authority_host {
+            Some(host) => (host.clone(), None),
+            None => {
+                let listener = bind(dev.emulator_listen, "Entra ID emulator").await?;
+                let url = format!("http://{}", listener.local_addr()?);
+                let entra = emulators.entra.clone();
+                servers.push(spawn_server(listener, entra.router(), shutdown.clone()));
+                (url, Some(entra))
+            }
+        };
         let (sts_endpoint, iam_endpoint, gcp) = match (
             &config.gcp.sts_endpoint,
             &config.gcp.iamcredentials_endpoint,
@@ -175,21 +183,7 @@ impl DevStack {
             (sts, iam) => {
                 let listener = bind(dev.emulator_listen, "Google emulator").await?;
                 let url = format!("http://{}", listener.local_addr()?);
-                let gcp = Arc::new(Gcp::new(
-                    GcpEmulatorConfig {
-                        providers: vec![WorkloadIdentityProvider {
-                            name: provider.clone(),
-                            issuer: issuer.url().to_string(),
-                            allowed_audiences: vec![gcp_audience.clone()],
-                        }],
-                        service_accounts: vec![GcpServiceAccount {
-                            email: dev.gcp_service_account.clone(),
-                            members: vec![Gcp::principal_for(&provider, &pod.subject())],
-                        }],
-                        lifetime: Duration::from_secs(dev.token_lifetime),
-                    },
-                    http.clone(),
-                )?);
+                let gcp = emulators.gcp.clone();
                 servers.push(spawn_server(listener, gcp.router(), shutdown.clone()));
                 (
                     sts.clone().unwrap_or_else(|| url.clone()),
@@ -198,27 +192,12 @@ impl DevStack {
                 )
             }
         };
-
-        // AWS: the STS emulator unless an endpoint is configured.
         let (aws_endpoint, aws) = match &config.aws.sts_endpoint {
             Some(endpoint) => (endpoint.clone(), None),
             None => {
                 let listener = bind(dev.emulator_listen, "AWS STS emulator").await?;
                 let url = format!("http://{}", listener.local_addr()?);
-                let sts = Arc::new(AwsSts::new(
-                    AwsEmulatorConfig {
-                        providers: vec![OidcProvider {
-                            issuer: issuer.url().to_string(),
-                            audiences: vec![config.aws.audience.clone()],
-                        }],
-                        roles: vec![AwsRole {
-                            arn: dev.aws_role_arn.clone(),
-                            trusted_subjects: vec![pod.subject()],
-                            max_session_duration: 43_200,
-                        }],
-                    },
-                    http.clone(),
-                ));
+                let sts = emulators.aws.clone();
                 servers.push(spawn_server(listener, sts.router(), shutdown.clone()));
                 (url, Some(sts))
             }
@@ -227,18 +206,9 @@ impl DevStack {
         // The emulated services have trusted the built-in issuer all along:
         // its keys are not fetched on the first exchange, which the
         // emulated upstream latency already stands for.
-        let unloaded = |e: lanyard_emulators::jwks::KeysError| {
+        emulators.preload_keys().await.map_err(|e| {
             anyhow::anyhow!("an emulator cannot load the built-in issuer's keys: {e}")
-        };
-        if let Some(entra) = &entra {
-            entra.preload_keys().await.map_err(unloaded)?;
-        }
-        if let Some(gcp) = &gcp {
-            gcp.preload_keys().await.map_err(unloaded)?;
-        }
-        if let Some(aws) = &aws {
-            aws.preload_keys().await.map_err(unloaded)?;
-        }
+        })?;
 
         // Directory: the dev ServiceAccount plus any configured ones.
         let mut entries = vec![ServiceAccountEntry {

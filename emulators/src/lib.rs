@@ -23,9 +23,11 @@ pub mod gcp;
 pub mod issuer;
 pub mod jwks;
 pub mod keys;
+pub mod set;
 
 pub use issuer::{Issuer, PodIdentity};
 pub use keys::SigningKey;
+pub use set::{Binding, CloudsConfig, EmulatorSet, Lifetimes};
 
 /// Issuers' key sets as a cloud's token service keeps them: discovered on
 /// first use, one per issuer, shared by all requests.

@@ -15,10 +15,12 @@ use lanyard::http::{bind, spawn_server, Shutdown, ShutdownTrigger};
 use lanyard::secret::SecretString;
 use lanyard::serve::{self, Surfaces};
 use lanyard::token::{KeySet, KeySource, Verifier};
-use lanyard_emulators::aws::{AwsEmulatorConfig, AwsRole, AwsSts, OidcProvider};
-use lanyard_emulators::entra::{App, Entra, FederatedCredential, FEDERATION_AUDIENCE};
-use lanyard_emulators::gcp::{Gcp, GcpEmulatorConfig, GcpServiceAccount, WorkloadIdentityProvider};
-use lanyard_emulators::{Issuer, PodIdentity, SigningKey};
+use lanyard_emulators::aws::AwsSts;
+use lanyard_emulators::entra::{Entra, FEDERATION_AUDIENCE};
+use lanyard_emulators::gcp::Gcp;
+use lanyard_emulators::{
+    Binding, CloudsConfig, EmulatorSet, Issuer, Lifetimes, PodIdentity, SigningKey,
+};
 
 pub const TENANT: &str = "3b8e4f60-1c2d-4e5f-8a9b-7c6d5e4f3a2b";
 pub const CLIENT: &str = "5f2c9e1a-8d4b-4c7e-9a13-0d6e2b7f4c21";
@@ -69,56 +71,28 @@ pub async fn upstreams(subject: &str, lifetime: Duration) -> Upstreams {
         SigningKey::generate_rs256().unwrap(),
     ));
     spawn_server(listener, issuer.router(), shutdown.clone());
-    let entra = Arc::new(
-        Entra::new(
-            vec![App {
-                tenant_id: TENANT.into(),
-                client_id: CLIENT.into(),
-                federated: vec![FederatedCredential {
-                    issuer: issuer.url().into(),
-                    subject: subject.into(),
-                    audience: FEDERATION_AUDIENCE.into(),
-                }],
-            }],
-            lifetime,
-            lanyard::http::client(),
-        )
-        .expect("Entra emulator"),
-    );
-    let entra_url = format!("http://{}", serve(entra.router(), &shutdown).await);
-    let gcp = Arc::new(
-        Gcp::new(
-            GcpEmulatorConfig {
-                providers: vec![WorkloadIdentityProvider {
-                    name: PROVIDER.into(),
-                    issuer: issuer.url().into(),
-                    allowed_audiences: vec![],
-                }],
-                service_accounts: vec![GcpServiceAccount {
-                    email: GCP_SA.into(),
-                    members: vec![Gcp::principal_for(PROVIDER, subject)],
-                }],
-                lifetime,
-            },
-            lanyard::http::client(),
-        )
-        .unwrap(),
-    );
-    let gcp_url = format!("http://{}", serve(gcp.router(), &shutdown).await);
-    let aws = Arc::new(AwsSts::new(
-        AwsEmulatorConfig {
-            providers: vec![OidcProvider {
-                issuer: issuer.url().into(),
-                audiences: vec!["sts.amazonaws.com".into()],
-            }],
-            roles: vec![AwsRole {
-                arn: ROLE.into(),
-                trusted_subjects: vec![subject.into()],
-                max_session_duration: 43_200,
+    let set = EmulatorSet::new(
+        &CloudsConfig {
+            issuer: issuer.url().into(),
+            azure_tenant_id: TENANT.into(),
+            azure_audience: FEDERATION_AUDIENCE.into(),
+            gcp_provider: PROVIDER.into(),
+            gcp_allowed_audiences: vec![],
+            aws_audience: "sts.amazonaws.com".into(),
+            lifetimes: Lifetimes::all(lifetime),
+            bindings: vec![Binding {
+                subject: subject.into(),
+                azure_client_id: Some(CLIENT.into()),
+                gcp_service_account: Some(GCP_SA.into()),
+                aws_role_arn: Some(ROLE.into()),
             }],
         },
         lanyard::http::client(),
-    ));
+    )
+    .expect("emulators");
+    let EmulatorSet { entra, gcp, aws } = set;
+    let entra_url = format!("http://{}", serve(entra.router(), &shutdown).await);
+    let gcp_url = format!("http://{}", serve(gcp.router(), &shutdown).await);
     let aws_url = format!("http://{}", serve(aws.router(), &shutdown).await);
     Upstreams {
         issuer,

@@ -17,10 +17,8 @@ use axum::Router;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use lanyard_emulators::aws::{AwsEmulatorConfig, AwsRole, AwsSts, OidcProvider};
-use lanyard_emulators::entra::{App, Entra, FederatedCredential};
 use lanyard_emulators::faults::{Fault, Faults};
-use lanyard_emulators::gcp::{Gcp, GcpEmulatorConfig, GcpServiceAccount, WorkloadIdentityProvider};
+use lanyard_emulators::{Binding, EmulatorSet, Lifetimes};
 
 /// The `--clouds` file.
 #[derive(Debug, Deserialize)]
@@ -132,113 +130,52 @@ impl Identity {
 }
 
 /// The three emulators, started.
-pub struct Clouds {
-    pub entra: Arc<Entra>,
-    pub gcp: Arc<Gcp>,
-    pub aws: Arc<AwsSts>,
-}
+pub struct Clouds(EmulatorSet);
 
 impl Clouds {
     /// Emulators trusting `issuer` for the identities in `config`.
     pub fn new(config: &CloudsConfig, issuer: &str) -> anyhow::Result<Clouds> {
-        let http = lanyard::http::client();
-        let apps = config
-            .identities
-            .iter()
-            .filter_map(|i| {
-                i.azure_client_id.as_ref().map(|client_id| App {
-                    tenant_id: config.azure_tenant_id.clone(),
-                    client_id: client_id.clone(),
-                    federated: vec![FederatedCredential {
-                        issuer: issuer.to_string(),
+        let set = EmulatorSet::new(
+            &lanyard_emulators::CloudsConfig {
+                issuer: issuer.to_string(),
+                azure_tenant_id: config.azure_tenant_id.clone(),
+                azure_audience: config.azure_audience.clone(),
+                gcp_provider: config.gcp_provider.clone(),
+                gcp_allowed_audiences: vec![config.gcp_provider.clone()],
+                aws_audience: config.aws_audience.clone(),
+                lifetimes: Lifetimes::all(Duration::from_secs(config.lifetime_seconds)),
+                bindings: config
+                    .identities
+                    .iter()
+                    .map(|i| Binding {
                         subject: i.subject(),
-                        audience: config.azure_audience.clone(),
-                    }],
-                })
-            })
-            .collect();
-        let lifetime = Duration::from_secs(config.lifetime_seconds);
-        let entra = Arc::new(Entra::new(apps, lifetime, http.clone())?);
-        let gcp = Arc::new(Gcp::new(
-            GcpEmulatorConfig {
-                providers: vec![WorkloadIdentityProvider {
-                    name: config.gcp_provider.clone(),
-                    issuer: issuer.to_string(),
-                    allowed_audiences: vec![config.gcp_provider.clone()],
-                }],
-                service_accounts: config
-                    .identities
-                    .iter()
-                    .filter_map(|i| {
-                        i.gcp_service_account
-                            .as_ref()
-                            .map(|email| GcpServiceAccount {
-                                email: email.clone(),
-                                members: vec![Gcp::principal_for(
-                                    &config.gcp_provider,
-                                    &i.subject(),
-                                )],
-                            })
-                    })
-                    .collect(),
-                lifetime,
-            },
-            http.clone(),
-        )?);
-        let aws = Arc::new(AwsSts::new(
-            AwsEmulatorConfig {
-                providers: vec![OidcProvider {
-                    issuer: issuer.to_string(),
-                    audiences: vec![config.aws_audience.clone()],
-                }],
-                roles: config
-                    .identities
-                    .iter()
-                    .filter_map(|i| {
-                        i.aws_role_arn.as_ref().map(|arn| AwsRole {
-                            arn: arn.clone(),
-                            trusted_subjects: vec![i.subject()],
-                            max_session_duration: 43_200,
-                        })
+                        azure_client_id: i.azure_client_id.clone(),
+                        gcp_service_account: i.gcp_service_account.clone(),
+                        aws_role_arn: i.aws_role_arn.clone(),
                     })
                     .collect(),
             },
-            http,
-        ));
-        Ok(Clouds { entra, gcp, aws })
+            lanyard::http::client(),
+        )?;
+        Ok(Clouds(set))
     }
 
     /// The routers to serve: Entra's authority host, Google's STS and IAM
     /// Credentials (one host), AWS STS.
     pub fn routers(&self) -> [(&'static str, Router); 3] {
-        [
-            ("azure", self.entra.router()),
-            ("gcp", self.gcp.router()),
-            ("aws", self.aws.router()),
-        ]
+        self.0.routers()
     }
 
-    /// Which cloud issued `credential` and to whom (an Entra app as
-    /// `TENANT/CLIENT_ID`, a Google principal or service-account email, an
-    /// AWS role ARN for an access key id).
+    /// Which cloud issued `credential` and to whom, as JSON.
     pub fn whois(&self, credential: &str) -> Option<Value> {
-        [
-            ("azure", self.entra.ledger.owner(credential)),
-            ("gcp", self.gcp.ledger.owner(credential)),
-            ("aws", self.aws.ledger.owner(credential)),
-        ]
-        .into_iter()
-        .find_map(|(cloud, owner)| owner.map(|p| json!({"cloud": cloud, "principal": p})))
+        self.0
+            .whois(credential)
+            .map(|(cloud, principal)| json!({"cloud": cloud, "principal": principal}))
     }
 
     /// The faults scheduled on `cloud` (`azure`, `gcp` or `aws`).
     pub fn faults(&self, cloud: &str) -> Option<&Arc<Faults>> {
-        match cloud {
-            "azure" => Some(&self.entra.faults),
-            "gcp" => Some(&self.gcp.faults),
-            "aws" => Some(&self.aws.faults),
-            _ => None,
-        }
+        self.0.faults(cloud)
     }
 
     /// Schedules (or, for `fault=clear`, removes) faults on one cloud from
@@ -289,9 +226,9 @@ impl Clouds {
     /// Credentials issued per principal, per cloud.
     pub fn counts(&self) -> Value {
         json!({
-            "azure": self.entra.ledger.counts(),
-            "gcp": self.gcp.ledger.counts(),
-            "aws": self.aws.ledger.counts(),
+            "azure": self.0.entra.ledger.counts(),
+            "gcp": self.0.gcp.ledger.counts(),
+            "aws": self.0.aws.ledger.counts(),
         })
     }
 }

@@ -1,0 +1,207 @@
+//! The three clouds as one set, configured the way an administrator
+//! configures workload identity federation in each: per identity, an Entra
+//! app with a federated credential for the ServiceAccount's subject, a
+//! Google service account whose IAM policy lets the federated principal
+//! impersonate it, an AWS role whose trust policy names the subject.
+//!
+//! `lanyard dev`, the fake API server's `--clouds`, the integration tests'
+//! support and the bench drivers all start their emulators from here, so
+//! an emulator gains a setting in one place, and every user sets it alike.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+
+use crate::aws::{AwsEmulatorConfig, AwsRole, AwsSts, OidcProvider};
+use crate::entra::{App, Entra, FederatedCredential};
+use crate::faults::Faults;
+use crate::gcp::{Gcp, GcpEmulatorConfig, GcpServiceAccount, WorkloadIdentityProvider};
+use crate::jwks::KeysError;
+
+/// The longest AWS session the emulated roles allow (IAM's maximum).
+const MAX_SESSION_SECONDS: u64 = 43_200;
+
+/// One Kubernetes ServiceAccount and the cloud identities trusting it.
+#[derive(Debug, Clone, Default)]
+pub struct Binding {
+    /// Its tokens' `sub`: `system:serviceaccount:NAMESPACE:NAME`.
+    pub subject: String,
+    /// The Entra app (client id) that federates it.
+    pub azure_client_id: Option<String>,
+    /// The Google service account its federated principal may impersonate.
+    pub gcp_service_account: Option<String>,
+    /// The AWS role that trusts it.
+    pub aws_role_arn: Option<String>,
+}
+
+/// Each cloud's access-token lifetime.
+#[derive(Debug, Clone, Copy)]
+pub struct Lifetimes {
+    /// Entra ID's tokens.
+    pub azure: Duration,
+    /// Google's access tokens (STS and IAM Credentials).
+    pub gcp: Duration,
+}
+
+impl Lifetimes {
+    /// The same lifetime for every cloud.
+    pub fn all(lifetime: Duration) -> Self {
+        Lifetimes {
+            azure: lifetime,
+            gcp: lifetime,
+        }
+    }
+}
+
+/// How the clouds are configured to trust one issuer.
+#[derive(Debug, Clone)]
+pub struct CloudsConfig {
+    /// The issuer the clouds trust (they fetch its keys by OIDC discovery).
+    pub issuer: String,
+    /// The Entra tenant of every app.
+    pub azure_tenant_id: String,
+    /// The audience Entra expects in the assertion.
+    pub azure_audience: String,
+    /// The workload identity provider's full name.
+    pub gcp_provider: String,
+    /// Audiences the provider accepts; empty: Google's default, the
+    /// provider's own name.
+    pub gcp_allowed_audiences: Vec<String>,
+    /// The audience the AWS OIDC provider lists.
+    pub aws_audience: String,
+    /// Access-token lifetimes (AWS sessions last what the caller asks).
+    pub lifetimes: Lifetimes,
+    /// Who may federate.
+    pub bindings: Vec<Binding>,
+}
+
+/// The three emulators, configured and not yet serving: serve each
+/// [`EmulatorSet::routers`] entry where its cloud should be.
+pub struct EmulatorSet {
+    /// Entra ID.
+    pub entra: Arc<Entra>,
+    /// Google STS and IAM Credentials (one router).
+    pub gcp: Arc<Gcp>,
+    /// AWS STS.
+    pub aws: Arc<AwsSts>,
+}
+
+impl EmulatorSet {
+    /// The emulators `config` describes; each fetches the issuer's keys
+    /// with `http`.
+    pub fn new(config: &CloudsConfig, http: reqwest::Client) -> anyhow::Result<Self> {
+        let apps = config
+            .bindings
+            .iter()
+            .filter_map(|b| {
+                b.azure_client_id.as_ref().map(|client_id| App {
+                    tenant_id: config.azure_tenant_id.clone(),
+                    client_id: client_id.clone(),
+                    federated: vec![FederatedCredential {
+                        issuer: config.issuer.clone(),
+                        subject: b.subject.clone(),
+                        audience: config.azure_audience.clone(),
+                    }],
+                })
+            })
+            .collect();
+        let entra = Entra::new(apps, config.lifetimes.azure, http.clone())?;
+        let service_accounts = config
+            .bindings
+            .iter()
+            .filter_map(|b| {
+                b.gcp_service_account
+                    .as_ref()
+                    .map(|email| GcpServiceAccount {
+                        email: email.clone(),
+                        members: vec![Gcp::principal_for(&config.gcp_provider, &b.subject)],
+                    })
+            })
+            .collect();
+        let gcp = Gcp::new(
+            GcpEmulatorConfig {
+                providers: vec![WorkloadIdentityProvider {
+                    name: config.gcp_provider.clone(),
+                    issuer: config.issuer.clone(),
+                    allowed_audiences: config.gcp_allowed_audiences.clone(),
+                }],
+                service_accounts,
+                lifetime: config.lifetimes.gcp,
+            },
+            http.clone(),
+        )?;
+        let roles = config
+            .bindings
+            .iter()
+            .filter_map(|b| {
+                b.aws_role_arn.as_ref().map(|arn| AwsRole {
+                    arn: arn.clone(),
+                    trusted_subjects: vec![b.subject.clone()],
+                    max_session_duration: MAX_SESSION_SECONDS,
+                })
+            })
+            .collect();
+        let aws = AwsSts::new(
+            AwsEmulatorConfig {
+                providers: vec![OidcProvider {
+                    issuer: config.issuer.clone(),
+                    audiences: vec![config.aws_audience.clone()],
+                }],
+                roles,
+            },
+            http,
+        );
+        Ok(EmulatorSet {
+            entra: Arc::new(entra),
+            gcp: Arc::new(gcp),
+            aws: Arc::new(aws),
+        })
+    }
+
+    /// Each cloud's name (`azure`, `gcp`, `aws`) and router: Entra's
+    /// authority host, Google's STS and IAM Credentials (one host), STS.
+    pub fn routers(&self) -> [(&'static str, Router); 3] {
+        [
+            ("azure", self.entra.router()),
+            ("gcp", self.gcp.router()),
+            ("aws", self.aws.router()),
+        ]
+    }
+
+    /// Fetches the issuer's keys now, as clouds that have trusted it all
+    /// along hold them already.
+    pub async fn preload_keys(&self) -> Result<(), KeysError> {
+        self.entra.preload_keys().await?;
+        self.gcp.preload_keys().await?;
+        self.aws.preload_keys().await
+    }
+
+    /// Which cloud issued `credential` and to whom (an Entra app as
+    /// `TENANT/CLIENT_ID`, a Google principal or service-account email, an
+    /// AWS role ARN for an access key id).
+    pub fn whois(&self, credential: &str) -> Option<(&'static str, String)> {
+        [
+            ("azure", self.entra.ledger.owner(credential)),
+            ("gcp", self.gcp.ledger.owner(credential)),
+            ("aws", self.aws.ledger.owner(credential)),
+        ]
+        .into_iter()
+        .find_map(|(cloud, owner)| owner.map(|p| (cloud, p)))
+    }
+
+    /// The faults to inject into `cloud` (`azure`, `gcp` or `aws`).
+    pub fn faults(&self, cloud: &str) -> Option<&Arc<Faults>> {
+        match cloud {
+            "azure" => Some(&self.entra.faults),
+            "gcp" => Some(&self.gcp.faults),
+            "aws" => Some(&self.aws.faults),
+            _ => None,
+        }
+    }
+
+    /// Each cloud's faults, to inject the same into all.
+    pub fn all_faults(&self) -> [&Arc<Faults>; 3] {
+        [&self.entra.faults, &self.gcp.faults, &self.aws.faults]
+    }
+}
