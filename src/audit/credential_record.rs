@@ -9,12 +9,12 @@
 //! formatted on the stack, strings with nothing to escape are copied
 //! whole, every other string is written by `serde_json`'s own serializer,
 //! and the latencies from their integer microseconds
-//! ([`record::with_millis`]): the bytes are those `serde_json` writes
+//! ([`super::record_fields::with_millis`]): the bytes are those `serde_json` writes
 //! for the same record, byte for byte (a test compares them over awkward
 //! caller text). The other, rarer record types keep the derived path in
 //! [`super::record`].
 
-use super::record::{self, Origin};
+use super::record_fields::{self as fields, Origin};
 use super::{AuditEvent, CallerText};
 use crate::cache::CacheOutcome;
 use crate::telemetry::ascii_words::{any_word, byte_in, control_in};
@@ -23,12 +23,12 @@ use crate::telemetry::ascii_words::{any_word, byte_in, control_in};
 /// with id `id`.
 pub(super) fn write(origin: &Origin, e: &AuditEvent<'_>, id: uuid::Uuid, out: &mut Vec<u8>) {
     out.extend_from_slice(b"{\"schema\":");
-    string(out, record::SCHEMA);
+    string(out, fields::SCHEMA);
     out.extend_from_slice(b",\"id\":\"");
     let mut uuid = uuid::Uuid::encode_buffer();
     out.extend_from_slice(id.hyphenated().encode_lower(&mut uuid).as_bytes());
     out.extend_from_slice(b"\",\"time\":");
-    record::with_rfc3339(e.time, |t| string(out, t));
+    fields::with_rfc3339(e.time, |t| string(out, t));
     out.extend_from_slice(b",\"type\":\"credential\",\"cluster\":");
     string(out, &origin.cluster);
     out.extend_from_slice(b",\"node\":");
@@ -86,7 +86,7 @@ pub(super) fn write(origin: &Origin, e: &AuditEvent<'_>, id: uuid::Uuid, out: &m
     // (served from the cache), `refused` (Lanyard said no),
     // `upstream_error` (the cloud said no or failed).
     let mut o = Object::open(out, b",\"outcome\":{");
-    o.str(b"result", record::outcome_of(e));
+    o.str(b"result", fields::outcome_of(e));
     o.some(b"cache", e.cache.map(CacheOutcome::name));
     o.some(b"code", e.code);
     o.some(b"message", e.message.as_deref());
@@ -96,18 +96,18 @@ pub(super) fn write(origin: &Origin, e: &AuditEvent<'_>, id: uuid::Uuid, out: &m
         let mut o = Object::open(out, b",\"credential\":{");
         o.str(b"fingerprint", &c.fingerprint);
         o.key(b"expires_at");
-        record::with_rfc3339(record::unix_time(c.expires_at), |t| string(o.out, t));
+        fields::with_rfc3339(fields::unix_time(c.expires_at), |t| string(o.out, t));
         o.close();
     }
     if let Some(u) = e.upstream {
         let mut o = Object::open(out, b",\"upstream\":{");
         o.key(b"latency_ms");
-        record::with_millis(u.latency, |t| o.out.extend_from_slice(t.as_bytes()));
+        fields::with_millis(u.latency, |t| o.out.extend_from_slice(t.as_bytes()));
         o.some(b"request_id", u.request_id.as_deref());
         o.close();
     }
     out.extend_from_slice(b",\"latency_ms\":");
-    record::with_millis(e.latency, |t| out.extend_from_slice(t.as_bytes()));
+    fields::with_millis(e.latency, |t| out.extend_from_slice(t.as_bytes()));
     out.push(b'}');
 }
 
@@ -295,9 +295,9 @@ mod tests {
         let caller = e.caller;
         let pod = caller.and_then(|c| c.pod.as_ref());
         let record = Record {
-            schema: record::SCHEMA,
+            schema: fields::SCHEMA,
             id: id.to_string(),
-            time: record::rfc3339(e.time),
+            time: fields::rfc3339(e.time),
             kind: "credential",
             origin,
             caller: Caller {
@@ -325,20 +325,20 @@ mod tests {
                 policies: e.policies,
             },
             outcome: Outcome {
-                result: record::outcome_of(e),
+                result: fields::outcome_of(e),
                 cache: e.cache.map(CacheOutcome::name),
                 code: e.code,
                 message: e.message.as_deref(),
             },
             credential: e.credential.as_ref().map(|c| Credential {
                 fingerprint: &c.fingerprint,
-                expires_at: record::rfc3339(record::unix_time(c.expires_at)),
+                expires_at: fields::rfc3339(fields::unix_time(c.expires_at)),
             }),
             upstream: e.upstream.map(|u| Upstream {
-                latency_ms: record::millis(u.latency),
+                latency_ms: fields::millis(u.latency),
                 request_id: u.request_id.as_deref(),
             }),
-            latency_ms: record::millis(e.latency),
+            latency_ms: fields::millis(e.latency),
         };
         serde_json::to_vec(&record).unwrap()
     }
@@ -382,7 +382,7 @@ mod tests {
         // The sinks' entry point writes credentials this way too.
         let e = &examples.events()[0];
         let mut through_record = Vec::new();
-        record::write(&origins[0], Subject::Credential(e), &mut through_record);
+        crate::audit::record::write(&origins[0], Subject::Credential(e), &mut through_record);
         let v: serde_json::Value = serde_json::from_slice(&through_record).unwrap();
         assert_eq!(v["caller"]["pod"], "ray-worker-0");
         assert_eq!(v["latency_ms"], 0.204);

@@ -48,7 +48,7 @@ impl<'a> Fields<'a> {
             resource: Joined(e.audience.unwrap_or(e.scopes), " "),
             cache: e.cache.map_or("", CacheOutcome::name),
             policies: JoinedStrs(e.policies, ","),
-            latency_ms: super::record::millis(e.latency),
+            latency_ms: super::record_fields::millis(e.latency),
         }
     }
 }
@@ -156,7 +156,7 @@ fn render(e: &AuditEvent<'_>, f: &Fields<'_>, out: &mut String) -> fmt::Result {
     out.push_str(" token_fingerprint=");
     out.push_str(e.token_fingerprint);
     out.push_str(" latency_ms=");
-    super::record::with_millis(e.latency, |text| out.push_str(text));
+    super::record_fields::with_millis(e.latency, |text| out.push_str(text));
     Ok(())
 }
 

@@ -23,6 +23,7 @@ mod group_commit;
 pub mod http_export;
 mod log_line;
 pub mod record;
+mod record_fields;
 pub mod sinks;
 pub mod syslog;
 pub mod verify;
