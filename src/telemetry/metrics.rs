@@ -222,6 +222,17 @@ impl Metrics {
             audit_export_max_backlog: Gauge::default(),
             before_render: std::sync::Mutex::new(Vec::new()),
         };
+        // INVARIANT: the refresh counters exist at 0 for every cloud from
+        // the start, so the first failure is an increase that `rate()`
+        // sees (a series born at 1 has none, and LanyardRefreshFailing
+        // would wait for a second failure).
+        for cloud in Cloud::ALL {
+            let label = CloudLabel {
+                cloud: cloud.name(),
+            };
+            drop(m.cache_refreshes.get_or_create(&label));
+            drop(m.cache_refresh_failures.get_or_create(&label));
+        }
         registry.register(
             "cache_hits",
             "Requests served from a cached credential",
