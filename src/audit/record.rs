@@ -9,9 +9,8 @@
 //! appear as short SHA-256 fingerprints, and caller-supplied text only
 //! bounded ([`super::CallerText`]).
 //!
-//! The `credential` record, the one every request writes, is put straight
-//! into its line by [`super::credential_record`]; the rarer types below
-//! are derived.
+//! The `credential` record, the one every request writes, has a module of
+//! its own, [`super::credential_record`]; all are derived with `serde`.
 
 use std::time::SystemTime;
 

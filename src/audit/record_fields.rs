@@ -1,8 +1,8 @@
 //! The parts every audit record shares, whichever way it is written: the
 //! schema, the origin, and the times, latencies and outcome as the record
 //! puts them. [`super::record`] (the derived record types) and
-//! [`super::credential_record`] (the credential record, written straight
-//! into its line) both use them, and neither imports the other for them.
+//! [`super::credential_record`] (the credential record) both use them, and
+//! neither imports the other for them.
 
 use std::time::SystemTime;
 
