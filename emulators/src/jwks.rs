@@ -65,7 +65,8 @@ pub enum Lookup {
 
 #[derive(Default)]
 struct Fetched {
-    keys: Vec<Jwk>,
+    /// Each usable key, parsed once when fetched.
+    keys: Vec<(Jwk, DecodingKey)>,
     /// When the keys were fetched; `None` before the first success.
     at: Option<Instant>,
     /// When a fetch was last tried.
@@ -144,7 +145,13 @@ impl KeySet {
             });
         }
         let set: JwkSet = self.get_json(&discovery.jwks_uri, "JWKS").await?;
-        fetched.keys = set.keys;
+        // A key that cannot verify anything (an unknown type) is left out,
+        // as if the issuer had not published it.
+        fetched.keys = set
+            .keys
+            .into_iter()
+            .filter_map(|jwk| DecodingKey::from_jwk(&jwk).ok().map(|key| (jwk, key)))
+            .collect();
         fetched.at = Some(Instant::now());
         Ok(())
     }
@@ -180,14 +187,13 @@ impl KeySet {
 }
 
 /// The key named `kid` in `keys`, usable to verify with.
-fn find(keys: &[Jwk], kid: Option<&str>) -> Option<Lookup> {
-    let jwk = match kid {
+fn find(keys: &[(Jwk, DecodingKey)], kid: Option<&str>) -> Option<Lookup> {
+    let (jwk, key) = match kid {
         Some(kid) => keys
             .iter()
-            .find(|k| k.common.key_id.as_deref() == Some(kid))?,
+            .find(|(k, _)| k.common.key_id.as_deref() == Some(kid))?,
         None if keys.len() == 1 => &keys[0],
         None => return None,
     };
-    let key = DecodingKey::from_jwk(jwk).ok()?;
-    Some(Lookup::Found(Box::new(key), Box::new(jwk.clone())))
+    Some(Lookup::Found(Box::new(key.clone()), Box::new(jwk.clone())))
 }

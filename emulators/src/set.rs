@@ -199,9 +199,4 @@ impl EmulatorSet {
             _ => None,
         }
     }
-
-    /// Each cloud's faults, to inject the same into all.
-    pub fn all_faults(&self) -> [&Arc<Faults>; 3] {
-        [&self.entra.faults, &self.gcp.faults, &self.aws.faults]
-    }
 }

@@ -13,15 +13,15 @@
 
 use serde::Serialize;
 
-use super::record_fields::{self as fields, Origin};
-use super::AuditEvent;
+use super::record_fields::{self as fields, Origin, Rfc3339};
+use super::{AuditEvent, CallerText};
 use crate::cache::CacheOutcome;
 
 #[derive(Serialize)]
 struct Record<'a> {
     schema: &'static str,
-    id: String,
-    time: String,
+    id: uuid::Uuid,
+    time: Rfc3339,
     #[serde(rename = "type")]
     kind: &'static str,
     #[serde(flatten)]
@@ -59,8 +59,8 @@ struct Request<'a> {
     surface: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     identity: Option<&'a str>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    scopes: Vec<std::borrow::Cow<'a, str>>,
+    #[serde(skip_serializing_if = "CallerText::is_empty")]
+    scopes: CallerText<'a>,
     #[serde(skip_serializing_if = "Option::is_none")]
     audience: Option<std::borrow::Cow<'a, str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -93,7 +93,7 @@ struct Outcome<'a> {
 #[derive(Serialize)]
 struct Credential<'a> {
     fingerprint: &'a str,
-    expires_at: String,
+    expires_at: Rfc3339,
 }
 
 /// The upstream exchange a request waited on.
@@ -111,8 +111,8 @@ pub(super) fn write(origin: &Origin, e: &AuditEvent<'_>, id: uuid::Uuid, out: &m
     let pod = caller.and_then(|c| c.pod.as_ref());
     let record = Record {
         schema: fields::SCHEMA,
-        id: id.to_string(),
-        time: fields::rfc3339(e.time),
+        id,
+        time: Rfc3339(e.time),
         kind: "credential",
         origin,
         caller: Caller {
@@ -130,7 +130,7 @@ pub(super) fn write(origin: &Origin, e: &AuditEvent<'_>, id: uuid::Uuid, out: &m
             kind: e.kind.name(),
             surface: e.surface.name(),
             identity: e.identity,
-            scopes: e.scopes.iter().collect(),
+            scopes: e.scopes,
             audience: e.audience.and_then(|a| a.iter().next()),
             lifetime_seconds: e.lifetime.map(|l| l.as_secs()),
         },
@@ -147,7 +147,7 @@ pub(super) fn write(origin: &Origin, e: &AuditEvent<'_>, id: uuid::Uuid, out: &m
         },
         credential: e.credential.as_ref().map(|c| Credential {
             fingerprint: &c.fingerprint,
-            expires_at: fields::rfc3339(fields::unix_time(c.expires_at)),
+            expires_at: Rfc3339(fields::unix_time(c.expires_at)),
         }),
         upstream: e.upstream.map(|u| Upstream {
             latency_ms: fields::millis(u.latency),

@@ -144,9 +144,21 @@ impl<'a> CallerText<'a> {
         self.0.iter().map(|t| bounded(t))
     }
 
+    /// Whether there is no text.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// The texts, bounded, joined by `separator`.
     pub fn join(&self, separator: &str) -> String {
         self.iter().collect::<Vec<_>>().join(separator)
+    }
+}
+
+/// A JSON array of the texts, each bounded, written as it is read.
+impl serde::Serialize for CallerText<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.iter())
     }
 }
 
