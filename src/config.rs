@@ -562,6 +562,21 @@ pub enum ConfigError {
 }
 
 impl Config {
+    /// The audience of the projected token each cloud's exchange takes;
+    /// `None` where the cloud is not configured (Google without a
+    /// workload identity provider).
+    pub fn audiences(&self) -> PerCloud<Option<String>> {
+        PerCloud::from_fn(|cloud| match cloud {
+            Cloud::Azure => Some(self.azure.audience.clone()),
+            Cloud::Gcp => self
+                .gcp
+                .audience
+                .clone()
+                .or_else(|| self.gcp.workload_identity_provider.clone()),
+            Cloud::Aws => Some(self.aws.audience.clone()),
+        })
+    }
+
     /// Loads defaults < `file` < environment < `overrides` (flags, as a
     /// nested map of the same keys), then validates.
     pub fn load(file: Option<&Path>, overrides: serde_json::Value) -> Result<Config, ConfigError> {

@@ -8,9 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::broker::assemble::{self, Parts};
-use crate::cloud::Cloud;
+use crate::cloud::{aws, azure, gcp, Bindings, Cloud};
 use crate::config::{Config, DEV_GCP_PROJECT_ID, DEV_GCP_PROJECT_NUMBER, DEV_GCP_PROVIDER};
-use crate::directory::annotations;
 use crate::directory::file::{ServiceAccountEntry, StaticDirectory};
 use crate::http::{
     bind, drain, per_thread, spawn_server, wait_for_signal, Shutdown, ShutdownTrigger,
@@ -18,7 +17,7 @@ use crate::http::{
 };
 use crate::secret::{random_token, SecretString};
 use crate::serve::container_token::ContainerToken;
-use crate::serve::sdk_env::{AwsEnv, AzureEnv, SdkEnv};
+use crate::serve::sdk_env::{SdkDefaults, SdkEnv};
 use crate::serve::token_shelf::TokenShelf;
 use crate::serve::{self, SubjectTokens, Surfaces};
 use crate::telemetry::Readiness;
@@ -211,30 +210,31 @@ impl DevStack {
         })?;
 
         // Directory: the dev ServiceAccount plus any configured ones.
+        let dev_annotations: crate::cloud::Annotations = [
+            (
+                azure::annotations::CLIENT_ID.to_string(),
+                dev.azure_client_id.clone(),
+            ),
+            (
+                azure::annotations::TENANT_ID.to_string(),
+                dev.azure_tenant_id.clone(),
+            ),
+            (
+                gcp::annotations::SERVICE_ACCOUNT.to_string(),
+                dev.gcp_service_account.clone(),
+            ),
+            (
+                aws::annotations::ROLE_ARN.to_string(),
+                dev.aws_role_arn.clone(),
+            ),
+        ]
+        .into_iter()
+        .collect();
         let mut entries = vec![ServiceAccountEntry {
             labels: Default::default(),
             namespace: dev.namespace.clone(),
             name: dev.service_account.clone(),
-            annotations: [
-                (
-                    annotations::AZURE_CLIENT_ID.to_string(),
-                    dev.azure_client_id.clone(),
-                ),
-                (
-                    annotations::AZURE_TENANT_ID.to_string(),
-                    dev.azure_tenant_id.clone(),
-                ),
-                (
-                    annotations::GCP_SERVICE_ACCOUNT.to_string(),
-                    dev.gcp_service_account.clone(),
-                ),
-                (
-                    annotations::AWS_ROLE_ARN.to_string(),
-                    dev.aws_role_arn.clone(),
-                ),
-            ]
-            .into_iter()
-            .collect(),
+            annotations: dev_annotations.clone(),
         }];
         entries.extend(dev.service_accounts.iter().cloned());
         let directory =
@@ -343,18 +343,18 @@ impl DevStack {
 
         let host_port = surfaces_addr.to_string();
         let aws_token_file = aws_token_file.display().to_string();
+        let dev_bindings = Bindings::from_annotations(&dev_annotations);
+        let defaults = SdkDefaults {
+            azure_tenant_id: Some(dev.azure_tenant_id.clone()),
+            aws_region: Some(config.aws.region.clone()),
+        };
         let exports = SdkEnv {
             host_port: &host_port,
-            azure: Some(AzureEnv {
-                client_id: &dev.azure_client_id,
-                tenant_id: Some(&dev.azure_tenant_id),
-                identity_header: &identity_header,
-            }),
-            gcp: true,
-            aws: Some(AwsEnv {
-                token_file: &aws_token_file,
-                region: Some(&config.aws.region),
-            }),
+            clouds: &Cloud::ALL,
+            bindings: &dev_bindings,
+            defaults: &defaults,
+            identity_header: &identity_header,
+            app_token_file: &aws_token_file,
         }
         .vars()
         .into_iter()

@@ -15,6 +15,7 @@ mod support;
 
 use serde_json::{json, Value};
 
+use lanyard::cloud::Cloud;
 use lanyard::webhook::guard::{self, Guard};
 use lanyard::webhook::review::{self, Action, Scope};
 use lanyard::webhook::{mutate, InjectionConfig};
@@ -207,10 +208,8 @@ fn brokered_audiences_follow_the_configuration() {
         assert!(!guard.is_cloud_audience(audience), "{audience}");
     }
     // Without Google configured, its provider is not a cloud audience.
-    let no_google = InjectionConfig {
-        gcp_audience: None,
-        ..injection(settings)
-    };
+    let mut no_google = injection(settings);
+    no_google.audiences[Cloud::Gcp] = None;
     assert!(
         !Guard::new(&no_google, &[]).is_cloud_audience(settings["gcp_audience"].as_str().unwrap())
     );

@@ -11,8 +11,8 @@ use base64::Engine;
 use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, Volume};
 use serde_json::{json, Value};
 
-use lanyard::cloud::Cloud;
-use lanyard::directory::{AzureBinding, Bindings};
+use lanyard::cloud::{azure, Bindings, Cloud};
+use lanyard::serve::sdk_env::SdkDefaults;
 use lanyard::webhook::mutate::{
     APP_TOKEN_DIR, APP_TOKEN_FILE, APP_TOKEN_VOLUME, REDIRECT_NAME, SIDECAR_NAME, TOKENS_VOLUME,
     TOKEN_DIR, TRANSPARENT_ANNOTATION,
@@ -35,18 +35,21 @@ fn edited(name: &str, edit: impl FnOnce(&mut Value)) -> Vec<u8> {
 }
 
 fn config() -> InjectionConfig {
-    InjectionConfig {
+    let mut config = InjectionConfig {
         sidecar_image: "ghcr.io/example/lanyard:0.1.0".into(),
         image_pull_policy: Some("IfNotPresent".into()),
-        gcp_audience: Some(GCP_PROVIDER.into()),
-        aws_region: Some("us-east-1".into()),
-        azure_tenant_id: Some(TENANT.into()),
+        sdk: SdkDefaults {
+            azure_tenant_id: Some(TENANT.into()),
+            aws_region: Some("us-east-1".into()),
+        },
         ..InjectionConfig::default()
-    }
+    };
+    config.audiences[Cloud::Gcp] = Some(GCP_PROVIDER.into());
+    config
 }
 
-fn azure() -> Option<AzureBinding> {
-    Some(AzureBinding {
+fn azure() -> Option<azure::Binding> {
+    Some(azure::Binding {
         client_id: CLIENT.into(),
         tenant_id: None,
         object_id: None,
@@ -57,8 +60,8 @@ fn azure() -> Option<AzureBinding> {
 fn all_clouds() -> Bindings {
     Bindings {
         azure: azure(),
-        gcp_service_account: Some("ray@proj.iam.gserviceaccount.com".into()),
-        aws_role_arn: Some(ROLE.into()),
+        gcp: Some("ray@proj.iam.gserviceaccount.com".into()),
+        aws: Some(ROLE.into()),
     }
 }
 
@@ -526,17 +529,15 @@ fn kuberay_head_gets_every_cloud() {
 #[test]
 fn kuberay_worker_with_wait_gcs_ready_and_irsa_leftovers() {
     let body = fixture("kuberay_worker_create.json");
-    let cfg = InjectionConfig {
-        gcp_audience: None,
-        ..config()
-    };
+    let mut cfg = config();
+    cfg.audiences[Cloud::Gcp] = None;
     let bindings = Bindings {
-        azure: Some(AzureBinding {
+        azure: Some(azure::Binding {
             tenant_id: Some("11111111-2222-4333-8444-555555555555".into()),
             ..azure().unwrap()
         }),
-        gcp_service_account: None,
-        aws_role_arn: Some(ROLE.into()),
+        gcp: None,
+        aws: Some(ROLE.into()),
     };
     let out = run_body(&body, &bindings, &cfg);
     let before = original_pod(&body);
@@ -620,13 +621,11 @@ fn kuberay_worker_with_wait_gcs_ready_and_irsa_leftovers() {
 fn job_pod_with_env_from_and_no_volumes() {
     let body = fixture("job_create.json");
     let bindings = Bindings {
-        aws_role_arn: Some(ROLE.into()),
+        aws: Some(ROLE.into()),
         ..Bindings::default()
     };
-    let cfg = InjectionConfig {
-        gcp_audience: None,
-        ..config()
-    };
+    let mut cfg = config();
+    cfg.audiences[Cloud::Gcp] = None;
     let out = run_body(&body, &bindings, &cfg);
     let before = original_pod(&body);
     assert_eq!(out.pod.metadata.name, None);
@@ -704,7 +703,7 @@ fn a_mutated_pod_is_not_mutated_again() {
             "job_create.json",
             "batch",
             Bindings {
-                aws_role_arn: Some(ROLE.into()),
+                aws: Some(ROLE.into()),
                 ..Bindings::default()
             },
         ),
@@ -755,7 +754,7 @@ fn a_transparent_job_pod_gets_the_redirect_before_the_sidecar() {
         pod["metadata"]["annotations"][TRANSPARENT_ANNOTATION] = json!("true")
     });
     let bindings = Bindings {
-        aws_role_arn: Some(ROLE.into()),
+        aws: Some(ROLE.into()),
         ..Bindings::default()
     };
     let cfg = config();

@@ -138,7 +138,10 @@ async fn start_with_metrics(
     });
     let injection = InjectionConfig {
         sidecar_image: "registry.example/lanyard:test".into(),
-        azure_tenant_id: Some("3b8e4f60-1c2d-4e5f-8a9b-7c6d5e4f3a2b".into()),
+        sdk: lanyard::serve::sdk_env::SdkDefaults {
+            azure_tenant_id: Some("3b8e4f60-1c2d-4e5f-8a9b-7c6d5e4f3a2b".into()),
+            aws_region: Some("us-east-1".into()),
+        },
         ..Default::default()
     };
     WebhookServer::start(

@@ -182,7 +182,7 @@ async fn fixture() -> Fixture {
         namespace: "ml".into(),
         name: "ray".into(),
         annotations: [(
-            crate::directory::annotations::AZURE_CLIENT_ID.to_string(),
+            crate::cloud::azure::annotations::CLIENT_ID.to_string(),
             "ignored".to_string(),
         )]
         .into_iter()

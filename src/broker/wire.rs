@@ -15,7 +15,6 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{BrokerError, ErrorClass, Grant};
-use crate::cloud::aws::AwsCredentials;
 use crate::cloud::{AccessToken, Cloud, CloudError, Credential, Identity};
 use crate::secret::{ExposeSecret, SecretString};
 use crate::token::VerifyError;
@@ -157,7 +156,7 @@ impl From<WireGrant> for Grant {
                         expires_at,
                         account_id,
                         assumed_role_arn,
-                    } => Credential::Aws(AwsCredentials {
+                    } => Credential::Aws(crate::cloud::AwsCredentials {
                         rendered: Default::default(),
                         access_key_id,
                         secret_access_key: SecretString::from(secret_access_key),

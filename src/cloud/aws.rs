@@ -13,11 +13,11 @@ use std::time::Duration;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+use super::{annotation, Annotations, Bindings};
 use super::{
     fetcher, now_unix, retry_after, scrub_message, Cloud, CloudError, CloudExchanger, Credential,
     Fetcher, Identity, Kind, RequestError, Selector, TokenRequest,
 };
-use crate::directory::Bindings;
 use crate::names::{is_dns_label, is_dns_subdomain};
 use crate::secret::{ExposeSecret, SecretString};
 use crate::token::Caller;
@@ -47,6 +47,20 @@ const UNAVAILABLE_CODES: [&str; 5] = [
 /// fetch the issuer's JWKS. That is a transient failure between STS and the
 /// issuer (the AWS SDKs retry it), not a verdict on the token.
 const KEY_RETRIEVAL_PREFIX: &str = "Couldn't retrieve verification key";
+
+/// The ServiceAccount annotations AWS bindings are read from.
+pub mod annotations {
+    /// The IAM role to assume (EKS IRSA's annotation).
+    pub const ROLE_ARN: &str = "eks.amazonaws.com/role-arn";
+}
+
+/// The IAM role a ServiceAccount assumes (its ARN, as annotated).
+pub type Binding = String;
+
+/// The role `annotations` name, if any.
+pub fn binding(annotations: &Annotations) -> Option<Binding> {
+    annotation(annotations, annotations::ROLE_ARN)
+}
 
 /// Session credentials from STS.
 #[derive(Clone)]
@@ -288,7 +302,7 @@ impl CloudExchanger for AwsCloud {
     }
 
     fn bind(&self, bindings: &Bindings, _: &Caller) -> Result<String, RequestError> {
-        bindings.aws_role_arn.clone().ok_or(RequestError::NotBound)
+        bindings.aws.clone().ok_or(RequestError::NotBound)
     }
 
     fn identity(&self, role_arn: &String) -> Identity {

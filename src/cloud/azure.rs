@@ -10,18 +10,80 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::{annotation, Annotations, Bindings};
 use super::{
     encode_path_segment, fetcher, now_unix, retry_after, scrub_message, AccessToken, Cloud,
     CloudError, CloudExchanger, Credential, Fetcher, Identity, Kind, RequestError, Selector,
     TokenRequest,
 };
-use crate::directory::{AzureBinding, Bindings};
 use crate::secret::{ExposeSecret, SecretString};
 use crate::token::Caller;
+
+/// The ServiceAccount annotations Azure bindings are read from.
+pub mod annotations {
+    /// The managed identity's (or app registration's) client id (Azure
+    /// Workload Identity's annotation); its presence is what binds Azure.
+    pub const CLIENT_ID: &str = "azure.workload.identity/client-id";
+    /// The identity's tenant (Azure Workload Identity's annotation); absent
+    /// means the configured default tenant.
+    pub const TENANT_ID: &str = "azure.workload.identity/tenant-id";
+    /// Lanyard's own: the managed identity's object (principal) id, so that
+    /// IMDS callers selecting by `object_id` can be matched.
+    pub const OBJECT_ID: &str = "lanyard.dev/azure-object-id";
+    /// Lanyard's own: the managed identity's ARM resource id, for `msi_res_id`.
+    pub const RESOURCE_ID: &str = "lanyard.dev/azure-resource-id";
+}
+
+/// The Azure identity a ServiceAccount may use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Binding {
+    /// The managed identity's client (application) id, as the
+    /// `azure.workload.identity/client-id` annotation gives it.
+    pub client_id: String,
+    /// `None` means the configured default tenant.
+    pub tenant_id: Option<String>,
+    /// Its object (principal) id, from `lanyard.dev/azure-object-id`, so that
+    /// IMDS callers selecting by `object_id` match; `None`: such a selector
+    /// never matches.
+    pub object_id: Option<String>,
+    /// Its ARM resource id, from `lanyard.dev/azure-resource-id`, for callers
+    /// selecting by `msi_res_id`; `None`: such a selector never matches.
+    pub resource_id: Option<String>,
+}
+
+/// The Azure binding `annotations` name, if any.
+pub fn binding(annotations: &Annotations) -> Option<Binding> {
+    annotation(annotations, annotations::CLIENT_ID).map(|client_id| Binding {
+        client_id,
+        tenant_id: annotation(annotations, annotations::TENANT_ID),
+        object_id: annotation(annotations, annotations::OBJECT_ID),
+        resource_id: annotation(annotations, annotations::RESOURCE_ID),
+    })
+}
 
 /// The audience Entra requires in federated client assertions, and so the
 /// audience of the projected tokens the Azure exchange sends.
 pub const FEDERATION_AUDIENCE: &str = "api://AzureADTokenExchange";
+
+/// Entra ID's token-exchange audiences, one per cloud: a token for any of
+/// them is what a federated credential in that cloud expects.
+pub const EXCHANGE_AUDIENCES: [&str; 5] = [
+    "api://AzureADTokenExchange",
+    "api://AzureADTokenExchangeUSGov",
+    "api://AzureADTokenExchangeChina",
+    "api://AzureADTokenExchangeUSNat",
+    "api://AzureADTokenExchangeUSSec",
+];
+
+/// The audiences Entra accepts a cluster's token under: the configured
+/// one and every cloud's token-exchange audience.
+pub fn accepted_audiences(configured: &str) -> Vec<String> {
+    let mut all: Vec<String> = EXCHANGE_AUDIENCES.iter().map(|a| a.to_string()).collect();
+    if !all.iter().any(|a| a == configured) {
+        all.push(configured.to_string());
+    }
+    all
+}
 
 /// Well-known Entra authority hosts.
 pub const PUBLIC_CLOUD: &str = "https://login.microsoftonline.com";
@@ -211,7 +273,7 @@ pub struct AzureCloud {
 #[derive(Debug, Clone)]
 pub struct AzureBound {
     /// The binding as the ServiceAccount's annotations give it.
-    pub binding: AzureBinding,
+    pub binding: Binding,
     /// The tenant to ask: the binding's, else the broker's default.
     pub tenant: String,
 }
@@ -379,7 +441,7 @@ mod tests {
 
     fn bound() -> AzureBound {
         AzureBound {
-            binding: AzureBinding {
+            binding: Binding {
                 client_id: "11111111-2222-3333-4444-555555555555".into(),
                 tenant_id: None,
                 object_id: Some("oid-1".into()),

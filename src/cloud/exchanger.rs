@@ -5,8 +5,8 @@
 //! while the steps themselves — authenticate, bind, select, policy, cache,
 //! exchange, audit — are written once.
 
+use super::Bindings;
 use super::{Cloud, Fetcher, Identity, Kind, RequestError, Selector, TokenRequest};
-use crate::directory::Bindings;
 use crate::token::Caller;
 
 /// One cloud, as the broker's pipeline sees it.

@@ -20,14 +20,41 @@ use reqwest::StatusCode;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::{annotation, Annotations, Bindings};
 use super::{
     encode_path_segment, fetcher, now_unix, retry_after, scrub_message, AccessToken, Cloud,
     CloudError, CloudExchanger, Credential, Fetcher, Identity, Kind, RequestError, Selector,
     TokenRequest,
 };
-use crate::directory::Bindings;
 use crate::secret::{ExposeSecret, SecretString};
 use crate::token::Caller;
+
+/// The ServiceAccount annotations Google bindings are read from.
+pub mod annotations {
+    /// The Google service account to impersonate (GKE's annotation).
+    pub const SERVICE_ACCOUNT: &str = "iam.gke.io/gcp-service-account";
+}
+
+/// The Google service account a ServiceAccount impersonates (its email).
+pub type Binding = String;
+
+/// The service account `annotations` name, if any (none: the federated
+/// principal is used directly).
+pub fn binding(annotations: &Annotations) -> Option<Binding> {
+    annotation(annotations, annotations::SERVICE_ACCOUNT)
+}
+
+/// The audiences Google accepts for a provider's token: the provider's
+/// name with or without `https:`.
+pub fn accepted_audiences(configured: &str) -> Vec<String> {
+    let mut all = vec![configured.to_string()];
+    if let Some(rest) = configured.strip_prefix("//") {
+        all.push(format!("https://{rest}"));
+    } else if let Some(rest) = configured.strip_prefix("https://") {
+        all.push(format!("//{rest}"));
+    }
+    all
+}
 
 /// Google's public endpoints.
 pub const STS_ENDPOINT: &str = "https://sts.googleapis.com";
@@ -327,7 +354,7 @@ impl CloudExchanger for GcpCloud {
     /// Every ServiceAccount has a Google identity: the impersonated service
     /// account it names, or else its federated principal.
     fn bind(&self, bindings: &Bindings, _: &Caller) -> Result<GcpBound, RequestError> {
-        Ok(match &bindings.gcp_service_account {
+        Ok(match &bindings.gcp {
             Some(email) => GcpBound {
                 email: email.clone(),
                 impersonated: true,

@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use crate::secret::SecretString;
 
+pub use aws::AwsCredentials;
 pub use exchanger::CloudExchanger;
 pub use rendered::{BodyKey, RenderedBody};
 pub use request::{Identity, Kind, RequestError, Selector, Surface, TokenRequest};
@@ -61,6 +62,17 @@ struct Row {
     refresh_window: Duration,
     /// Default upstream exchanges per second.
     default_rate: f64,
+    /// The ServiceAccount annotation that names its identity.
+    binding_annotation: &'static str,
+    /// Whether a ServiceAccount without that annotation still has an
+    /// identity of this cloud (Google's federated principal).
+    implicit_identity: bool,
+    /// The surface a request is assumed to come from when only the cloud
+    /// is known (policy test cases).
+    surface: Surface,
+    /// Whether its SDKs present the pod's app-facing token (the AWS
+    /// container protocol's authorization token).
+    app_token: bool,
 }
 
 const TABLE: [Row; Cloud::COUNT] = [
@@ -71,6 +83,10 @@ const TABLE: [Row; Cloud::COUNT] = [
         min_remaining: Duration::from_secs(5 * 60),
         refresh_window: Duration::from_secs(10 * 60),
         default_rate: 50.0,
+        binding_annotation: azure::annotations::CLIENT_ID,
+        implicit_identity: false,
+        surface: Surface::AzureImds,
+        app_token: false,
     },
     Row {
         cloud: Cloud::Gcp,
@@ -80,6 +96,10 @@ const TABLE: [Row; Cloud::COUNT] = [
         refresh_window: Duration::from_secs(10 * 60),
         // Google STS: 6,000 a minute per project.
         default_rate: 100.0,
+        binding_annotation: gcp::annotations::SERVICE_ACCOUNT,
+        implicit_identity: true,
+        surface: Surface::Gce,
+        app_token: false,
     },
     Row {
         cloud: Cloud::Aws,
@@ -88,6 +108,10 @@ const TABLE: [Row; Cloud::COUNT] = [
         min_remaining: Duration::from_secs(15 * 60),
         refresh_window: Duration::from_secs(20 * 60),
         default_rate: 50.0,
+        binding_annotation: aws::annotations::ROLE_ARN,
+        implicit_identity: false,
+        surface: Surface::AwsContainer,
+        app_token: true,
     },
 ];
 
@@ -133,6 +157,38 @@ impl Cloud {
     pub fn default_rate(self) -> f64 {
         self.row().default_rate
     }
+
+    /// The ServiceAccount annotation that names this cloud's identity.
+    pub fn binding_annotation(self) -> &'static str {
+        self.row().binding_annotation
+    }
+
+    /// Whether a ServiceAccount has an identity of this cloud without
+    /// naming one (Google's federated principal).
+    pub fn implicit_identity(self) -> bool {
+        self.row().implicit_identity
+    }
+
+    /// The surface assumed when only the cloud is known.
+    pub fn surface(self) -> Surface {
+        self.row().surface
+    }
+
+    /// Whether this cloud's SDKs present the pod's app-facing token.
+    pub fn app_token(self) -> bool {
+        self.row().app_token
+    }
+
+    /// Every audience under which this cloud accepts a token the cluster
+    /// issues, given the one Lanyard is configured with: what a pod's own
+    /// containers must not be given (the webhook's guard).
+    pub fn accepted_audiences(self, configured: &str) -> Vec<String> {
+        match self {
+            Cloud::Azure => azure::accepted_audiences(configured),
+            Cloud::Gcp => gcp::accepted_audiences(configured),
+            Cloud::Aws => vec![configured.to_string()],
+        }
+    }
 }
 
 impl fmt::Display for Cloud {
@@ -143,7 +199,7 @@ impl fmt::Display for Cloud {
 
 /// One value per cloud, indexed by [`Cloud`] (a table keyed by cloud, not a
 /// positional array whose order callers must remember).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PerCloud<T>([T; Cloud::COUNT]);
 
 impl<T> PerCloud<T> {
@@ -173,6 +229,65 @@ impl<T> std::ops::Index<Cloud> for PerCloud<T> {
 impl<T> std::ops::IndexMut<Cloud> for PerCloud<T> {
     fn index_mut(&mut self, cloud: Cloud) -> &mut T {
         &mut self.0[cloud as usize]
+    }
+}
+
+/// ServiceAccount annotations, as the directory reads them.
+pub type Annotations = std::collections::BTreeMap<String, String>;
+
+/// An annotation's value, trimmed; empty counts as absent, as the clouds'
+/// own webhooks treat it.
+pub(crate) fn annotation(annotations: &Annotations, key: &str) -> Option<String> {
+    annotations
+        .get(key)
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+}
+
+/// Every cloud identity bound to one ServiceAccount, each read by its
+/// cloud's module from the annotations the clouds' own webhooks use
+/// (`azure::annotations`, `gcp::annotations`, `aws::annotations`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Bindings {
+    /// The Azure identity; `None` when the ServiceAccount names no client id.
+    pub azure: Option<azure::Binding>,
+    /// The Google service account to impersonate; `None`: the federated
+    /// principal is used directly.
+    pub gcp: Option<gcp::Binding>,
+    /// The IAM role to assume; `None`: no AWS binding.
+    pub aws: Option<aws::Binding>,
+}
+
+impl Bindings {
+    /// Reads every cloud's binding from ServiceAccount annotations.
+    pub fn from_annotations(annotations: &Annotations) -> Bindings {
+        Bindings {
+            azure: azure::binding(annotations),
+            gcp: gcp::binding(annotations),
+            aws: aws::binding(annotations),
+        }
+    }
+
+    /// Whether the ServiceAccount names an identity of `cloud` (Google's
+    /// federated principal, which needs no annotation, does not count).
+    pub fn names(&self, cloud: Cloud) -> bool {
+        match cloud {
+            Cloud::Azure => self.azure.is_some(),
+            Cloud::Gcp => self.gcp.is_some(),
+            Cloud::Aws => self.aws.is_some(),
+        }
+    }
+
+    /// Whether no cloud is bound at all.
+    pub fn is_empty(&self) -> bool {
+        !Cloud::ALL.into_iter().any(|c| self.names(c))
+    }
+
+    /// No bindings, shared: what an unknown ServiceAccount has.
+    pub fn none() -> Arc<Bindings> {
+        static NONE: std::sync::LazyLock<Arc<Bindings>> =
+            std::sync::LazyLock::new(|| Arc::new(Bindings::default()));
+        NONE.clone()
     }
 }
 
@@ -511,6 +626,45 @@ pub(crate) fn now_unix() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn annotations_map_to_bindings() {
+        let mut a = Annotations::new();
+        assert!(Bindings::from_annotations(&a).is_empty());
+        a.insert(azure::annotations::CLIENT_ID.into(), " abc ".into());
+        a.insert(azure::annotations::TENANT_ID.into(), "".into());
+        let b = Bindings::from_annotations(&a);
+        assert!(b.names(Cloud::Azure) && !b.names(Cloud::Gcp) && !b.names(Cloud::Aws));
+        let az = b.azure.unwrap();
+        assert_eq!(az.client_id, "abc");
+        assert_eq!(az.tenant_id, None);
+        a.insert(
+            aws::annotations::ROLE_ARN.into(),
+            "arn:aws:iam::111122223333:role/r".into(),
+        );
+        a.insert(
+            gcp::annotations::SERVICE_ACCOUNT.into(),
+            "sa@p.iam.gserviceaccount.com".into(),
+        );
+        let b = Bindings::from_annotations(&a);
+        assert_eq!(b.aws.as_deref(), Some("arn:aws:iam::111122223333:role/r"));
+        assert_eq!(b.gcp.as_deref(), Some("sa@p.iam.gserviceaccount.com"));
+        assert!(Cloud::ALL.into_iter().all(|c| b.names(c)));
+    }
+
+    #[test]
+    fn every_cloud_accepts_its_configured_audience_and_entra_all_its_clouds() {
+        for cloud in Cloud::ALL {
+            assert!(cloud.accepted_audiences("x").contains(&"x".to_string()));
+        }
+        let entra = Cloud::Azure.accepted_audiences("api://AzureADTokenExchange");
+        assert_eq!(entra.len(), 5, "{entra:?}");
+        let google = Cloud::Gcp.accepted_audiences("//iam.googleapis.com/p");
+        assert_eq!(
+            google,
+            ["//iam.googleapis.com/p", "https://iam.googleapis.com/p"]
+        );
+    }
 
     fn headers(value: &str) -> reqwest::header::HeaderMap {
         let mut h = reqwest::header::HeaderMap::new();

@@ -285,11 +285,10 @@ fn decide(policy: &CedarPolicy, case: &Case) -> Decision {
         account: case.identity.account.clone(),
         account_number: case.identity.account_number.clone(),
     };
-    let surface = case.context.surface.unwrap_or(match case.identity.cloud {
-        Cloud::Azure => Surface::AzureImds,
-        Cloud::Gcp => Surface::Gce,
-        Cloud::Aws => Surface::AwsContainer,
-    });
+    let surface = case
+        .context
+        .surface
+        .unwrap_or_else(|| case.identity.cloud.surface());
     let mut request = TokenRequest::new(case.identity.cloud, case.action, surface)
         .with_scopes(case.context.scopes.clone());
     request.audience = case.context.audience.clone();

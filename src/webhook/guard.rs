@@ -44,16 +44,6 @@ use super::mutate::{
 };
 use crate::config::Config;
 
-/// Entra ID's token-exchange audiences, one per cloud: a token for any of
-/// them is what a federated credential in that cloud expects.
-pub const ENTRA_EXCHANGE_AUDIENCES: [&str; 5] = [
-    "api://AzureADTokenExchange",
-    "api://AzureADTokenExchangeUSGov",
-    "api://AzureADTokenExchangeChina",
-    "api://AzureADTokenExchangeUSNat",
-    "api://AzureADTokenExchangeUSSec",
-];
-
 /// Why the guard refused a pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rule {
@@ -122,27 +112,17 @@ impl Guard {
         )
     }
 
-    /// The guard for what `injection` injects: Entra's exchange audiences,
-    /// the audiences of the clouds it injects tokens for, and `extra`.
+    /// The guard for what `injection` injects: every audience under which
+    /// a cloud it injects tokens for accepts them (all of Entra's exchange
+    /// audiences, both spellings of a Google provider), and `extra`.
     pub fn new(injection: &InjectionConfig, extra: &[String]) -> Guard {
-        let mut audiences: Vec<String> = ENTRA_EXCHANGE_AUDIENCES
+        let audiences: Vec<String> = injection
+            .audiences
             .iter()
-            .map(|a| a.to_string())
-            .chain([
-                injection.azure_audience.clone(),
-                injection.aws_audience.clone(),
-            ])
+            .filter_map(|(cloud, audience)| Some(cloud.accepted_audiences(audience.as_deref()?)))
+            .flatten()
             .chain(extra.iter().cloned())
             .collect();
-        if let Some(google) = &injection.gcp_audience {
-            audiences.push(google.clone());
-            // Google accepts a provider's own name with or without `https:`.
-            if let Some(rest) = google.strip_prefix("//") {
-                audiences.push(format!("https://{rest}"));
-            } else if let Some(rest) = google.strip_prefix("https://") {
-                audiences.push(format!("//{rest}"));
-            }
-        }
         let mut audiences: Vec<String> = audiences
             .into_iter()
             .map(|a| a.trim().to_ascii_lowercase())

@@ -47,31 +47,14 @@ pub(super) fn token_source(path: &str, audience: &str, expiration: i64) -> Volum
 
 /// The cloud-token volume: one token per cloud that applies, in
 /// [`Cloud::ALL`] order, each for that cloud's audience.
-pub(super) fn tokens_volume(
-    config: &InjectionConfig,
-    azure: bool,
-    gcp: Option<&str>,
-    aws: bool,
-    expiration: i64,
-) -> Volume {
-    let mut sources = Vec::new();
-    if azure {
-        sources.push(token_source(
-            Cloud::Azure.name(),
-            &config.azure_audience,
-            expiration,
-        ));
-    }
-    if let Some(audience) = gcp {
-        sources.push(token_source(Cloud::Gcp.name(), audience, expiration));
-    }
-    if aws {
-        sources.push(token_source(
-            Cloud::Aws.name(),
-            &config.aws_audience,
-            expiration,
-        ));
-    }
+pub(super) fn tokens_volume(config: &InjectionConfig, clouds: &[Cloud], expiration: i64) -> Volume {
+    let sources = clouds
+        .iter()
+        .filter_map(|&cloud| {
+            let audience = config.audiences[cloud].as_deref()?;
+            Some(token_source(cloud.name(), audience, expiration))
+        })
+        .collect();
     projected(TOKENS_VOLUME, sources)
 }
 
@@ -97,7 +80,11 @@ pub(super) fn projected(name: &str, sources: Vec<VolumeProjection>) -> Volume {
 /// The sidecar as a native sidecar (restartable init container): it starts
 /// before the other init containers and the apps, which start only once its
 /// startup probe passes, and it does not keep a Job's pod alive.
-pub(super) fn sidecar(config: &InjectionConfig, identity_header: &str, aws: bool) -> Container {
+pub(super) fn sidecar(
+    config: &InjectionConfig,
+    identity_header: &str,
+    app_token: bool,
+) -> Container {
     let mut env = vec![
         // First: the agent URL refers to it as $(LANYARD_HOST_IP), and the
         // kubelet only expands references to earlier entries.
@@ -115,15 +102,15 @@ pub(super) fn sidecar(config: &InjectionConfig, identity_header: &str, aws: bool
         plain_env("LANYARD_AGENT_URL", &config.agent_url),
         plain_env("LANYARD_TOKEN_DIR", TOKEN_DIR),
     ];
-    if aws {
+    if app_token {
         env.push(plain_env("LANYARD_APP_TOKEN_FILE", APP_TOKEN_FILE));
-        if let Some(region) = &config.aws_region {
+        if let Some(region) = &config.sdk.aws_region {
             env.push(plain_env("LANYARD_AWS_REGION", region));
         }
     }
     env.push(plain_env("IDENTITY_HEADER", identity_header));
     let mut mounts = vec![mount(TOKENS_VOLUME, TOKEN_DIR)];
-    if aws {
+    if app_token {
         mounts.push(mount(APP_TOKEN_VOLUME, APP_TOKEN_DIR));
     }
     let probe = |path: &str, period: i32, failures: i32| Probe {

@@ -12,10 +12,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use k8s_openapi::api::core::v1::{Container, EnvVar, HostAlias, Pod, PodSpec};
 use serde_json::value::RawValue;
 
-use crate::cloud::Cloud;
+use crate::cloud::{Bindings, Cloud, PerCloud};
 use crate::config::Config;
-use crate::directory::Bindings;
-use crate::serve::sdk_env::{AwsEnv, AzureEnv, SdkEnv};
+use crate::serve::sdk_env::{SdkDefaults, SdkEnv, CONFLICTS};
 use crate::transparent::METADATA_ADDR;
 
 use super::inject::{app_token_volume, mount, plain_env, redirect, sidecar, tokens_volume};
@@ -81,47 +80,6 @@ const REGION_PAIR: [(&str, &str); 2] = [
     ("AWS_DEFAULT_REGION", "AWS_REGION"),
 ];
 
-/// Variables that make an SDK take another credential source before it
-/// reaches the sidecar. They are left alone (the user may mean them) and
-/// reported.
-const CONFLICTS: &[(Cloud, &str, &str)] = &[
-    (
-        Cloud::Azure,
-        "AZURE_FEDERATED_TOKEN_FILE",
-        "azure-identity uses workload identity federation before managed identity",
-    ),
-    (
-        Cloud::Azure,
-        "AZURE_CLIENT_SECRET",
-        "azure-identity uses the client secret before managed identity",
-    ),
-    (
-        Cloud::Azure,
-        "AZURE_CLIENT_CERTIFICATE_PATH",
-        "azure-identity uses the client certificate before managed identity",
-    ),
-    (
-        Cloud::Gcp,
-        "GOOGLE_APPLICATION_CREDENTIALS",
-        "google-auth uses that file before the metadata server",
-    ),
-    (
-        Cloud::Aws,
-        "AWS_WEB_IDENTITY_TOKEN_FILE",
-        "the AWS SDKs use web identity before container credentials",
-    ),
-    (
-        Cloud::Aws,
-        "AWS_ROLE_ARN",
-        "the AWS SDKs assume this role by web identity (with AWS_WEB_IDENTITY_TOKEN_FILE) before container credentials",
-    ),
-    (
-        Cloud::Aws,
-        "AWS_ACCESS_KEY_ID",
-        "the AWS SDKs use static keys before container credentials",
-    ),
-];
-
 /// CPU and memory for the sidecar, as Kubernetes quantities.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SidecarResources {
@@ -159,22 +117,15 @@ pub struct InjectionConfig {
     /// 0.0.0.0:PORT`, `/readyz` and `/healthz` only). The kubelet probes the
     /// pod IP, and the SDK endpoints must stay on loopback.
     pub probe_port: u16,
-    /// Audience of the projected token the sidecar presents for Azure.
-    pub azure_audience: String,
-    /// Audience of the Google token (the workload identity provider's name);
-    /// `None` when Google is not configured. Google needs no annotation
-    /// (direct federation), so this alone decides whether Google applies.
-    pub gcp_audience: Option<String>,
-    /// Audience of the projected token the sidecar presents for AWS.
-    pub aws_audience: String,
+    /// Audience of the projected token the sidecar presents for each
+    /// cloud; `None` where the cloud is not configured (Google without a
+    /// provider), which then never applies.
+    pub audiences: PerCloud<Option<String>>,
     /// Audience of the app-facing token.
     pub app_audience: String,
-    /// Region given to the sidecar (`LANYARD_AWS_REGION`) and to the app
-    /// containers of AWS-bound pods (`AWS_REGION` and `AWS_DEFAULT_REGION`);
-    /// `None` sets neither.
-    pub aws_region: Option<String>,
-    /// Tenant for Azure bindings that name none.
-    pub azure_tenant_id: Option<String>,
+    /// What the SDK environment takes from configuration (the default
+    /// Azure tenant, the AWS region).
+    pub sdk: SdkDefaults,
     /// The sidecar's resource requests and limits.
     pub resources: SidecarResources,
 }
@@ -195,16 +146,9 @@ impl InjectionConfig {
             agent_url: w.agent_url.clone(),
             port: w.sidecar_port,
             probe_port: w.probe_port,
-            azure_audience: config.azure.audience.clone(),
-            gcp_audience: config
-                .gcp
-                .audience
-                .clone()
-                .or_else(|| config.gcp.workload_identity_provider.clone()),
-            aws_audience: config.aws.audience.clone(),
+            audiences: config.audiences(),
             app_audience: w.app_audience.clone(),
-            aws_region: Some(config.aws.region.clone()),
-            azure_tenant_id: config.azure.tenant_id.clone(),
+            sdk: SdkDefaults::from_config(config),
             resources: SidecarResources {
                 cpu_request: w.sidecar_cpu_request.clone(),
                 memory_request: w.sidecar_memory_request.clone(),
@@ -230,12 +174,8 @@ impl InjectionConfig {
                 self.port, self.probe_port
             ));
         }
-        for (name, audience) in [
-            (Cloud::Azure.name(), Some(&self.azure_audience)),
-            (Cloud::Gcp.name(), self.gcp_audience.as_ref()),
-            (Cloud::Aws.name(), Some(&self.aws_audience)),
-            ("app", Some(&self.app_audience)),
-        ] {
+        let clouds = self.audiences.iter().map(|(c, a)| (c.name(), a.as_ref()));
+        for (name, audience) in clouds.chain([("app", Some(&self.app_audience))]) {
             if audience.is_some_and(|a| a.trim().is_empty()) {
                 return Err(format!("{name} token audience is empty"));
             }
@@ -369,27 +309,25 @@ fn mutate_with(
     let transparent = transparent(&annotations)?;
     let sa = service_account_name(pod);
     let mut warnings = Vec::new();
-    let azure = bindings.azure.as_ref();
-    let gcp = config
-        .gcp_audience
-        .as_deref()
-        .filter(|_| !bindings.is_empty());
-    let aws = bindings.aws_role_arn.is_some();
-    if bindings.gcp_service_account.is_some() && config.gcp_audience.is_none() {
-        warnings.push(format!(
-            "lanyard: service account {namespace}/{sa} names a Google service account but this webhook has no Google audience configured; Google credentials not injected"
-        ));
-    }
     let mut clouds = Vec::new();
-    if azure.is_some() {
-        clouds.push(Cloud::Azure);
+    for cloud in Cloud::ALL {
+        let named = bindings.names(cloud);
+        let configured = config.audiences[cloud].is_some();
+        if named && !configured {
+            warnings.push(format!(
+                "lanyard: service account {namespace}/{sa} names a {} identity ({}) but this webhook has no {cloud} audience configured; {cloud} credentials not injected",
+                cloud.upstream(),
+                cloud.binding_annotation(),
+            ));
+        }
+        // A cloud whose identity needs no annotation applies to a pod
+        // bound to any cloud at all.
+        let implicit = cloud.implicit_identity() && !bindings.is_empty();
+        if configured && (named || implicit) {
+            clouds.push(cloud);
+        }
     }
-    if gcp.is_some() {
-        clouds.push(Cloud::Gcp);
-    }
-    if aws {
-        clouds.push(Cloud::Aws);
-    }
+    let app_token_needed = clouds.iter().any(|c| c.app_token());
 
     let init = spec.init_containers.as_deref().unwrap_or_default();
     let existing_sidecar = init.iter().find(|c| c.name == SIDECAR_NAME);
@@ -397,12 +335,16 @@ fn mutate_with(
     // inject now (the sidecar's IDENTITY_HEADER, random per pod, is the one
     // free value); what is missing is added below.
     let injects = !clouds.is_empty();
-    let tokens = injects.then(|| tokens_volume(config, azure.is_some(), gcp, aws, expiration));
-    let app_token = aws.then(|| app_token_volume(config, expiration));
+    let tokens = injects.then(|| tokens_volume(config, &clouds, expiration));
+    let app_token = app_token_needed.then(|| app_token_volume(config, expiration));
     // Built only to compare with a sidecar the pod already has.
     let own_sidecar = existing_sidecar.filter(|_| injects).map(|c| {
         let header = literal_env(c, "IDENTITY_HEADER");
-        sidecar(config, header.as_deref().unwrap_or_default(), aws)
+        sidecar(
+            config,
+            header.as_deref().unwrap_or_default(),
+            app_token_needed,
+        )
     });
     let own_redirect = injects.then(|| redirect(config));
     let present = own::check(
@@ -416,11 +358,11 @@ fn mutate_with(
         },
     )?;
     if bindings.is_empty() {
+        let names = Cloud::ALL.map(Cloud::binding_annotation);
+        let (last, rest) = names.split_last().unwrap_or((&"", &[]));
         return Ok(Mutation::nothing(vec![format!(
-            "lanyard: service account {namespace}/{sa} has no cloud binding ({}, {} or {}); no credentials injected",
-            crate::directory::annotations::AZURE_CLIENT_ID,
-            crate::directory::annotations::GCP_SERVICE_ACCOUNT,
-            crate::directory::annotations::AWS_ROLE_ARN,
+            "lanyard: service account {namespace}/{sa} has no cloud binding ({} or {last}); no credentials injected",
+            rest.join(", "),
         )]));
     }
     if !injects {
@@ -459,26 +401,17 @@ fn mutate_with(
     let host_port = format!("{LOOPBACK}:{}", config.port);
     let wanted = SdkEnv {
         host_port: &host_port,
-        azure: azure.map(|az| AzureEnv {
-            client_id: &az.client_id,
-            tenant_id: az
-                .tenant_id
-                .as_deref()
-                .or(config.azure_tenant_id.as_deref()),
-            identity_header: &identity_header,
-        }),
-        gcp: gcp.is_some(),
-        aws: aws.then_some(AwsEnv {
-            token_file: APP_TOKEN_FILE,
-            region: config.aws_region.as_deref(),
-        }),
+        clouds: &clouds,
+        bindings,
+        defaults: &config.sdk,
+        identity_header: &identity_header,
+        app_token_file: APP_TOKEN_FILE,
     }
     .vars();
     let plan = ContainerPlan {
         wanted: &wanted,
         clouds: &clouds,
-        azure: azure.is_some(),
-        aws,
+        app_token: app_token_needed,
         identity_header: &identity_header,
     };
 
@@ -513,7 +446,7 @@ fn mutate_with(
     // still hold.
     let sidecar_added = !present.sidecar;
     let redirect_added = transparent && !present.redirect;
-    let new_sidecar = sidecar_added.then(|| sidecar(config, &identity_header, aws));
+    let new_sidecar = sidecar_added.then(|| sidecar(config, &identity_header, app_token_needed));
     add_init_containers(
         init,
         own_redirect.filter(|_| redirect_added).as_ref(),
@@ -582,8 +515,8 @@ struct ContainerPlan<'a> {
     wanted: &'a [(&'static str, String)],
     /// The clouds injected.
     clouds: &'a [Cloud],
-    azure: bool,
-    aws: bool,
+    /// Whether the apps get the app-facing token.
+    app_token: bool,
     /// The sidecar's `IDENTITY_HEADER`.
     identity_header: &'a str,
 }
@@ -624,7 +557,8 @@ fn patch_container(
         }
     }
     for secret in ["IDENTITY_HEADER", "MSI_SECRET"] {
-        let Some((_, var)) = names.get(secret).filter(|_| plan.azure) else {
+        let wanted = plan.wanted.iter().any(|(name, _)| *name == secret);
+        let Some((_, var)) = names.get(secret).filter(|_| wanted) else {
             continue;
         };
         if var.value_from.is_some() || var.value.as_deref() != Some(plan.identity_header) {
@@ -672,7 +606,7 @@ fn patch_container(
         env.is_empty(),
         additions.iter().map(to_json).collect::<Result<_, _>>()?,
     )?;
-    if plan.aws {
+    if plan.app_token {
         let mounts = container.volume_mounts.as_deref().unwrap_or_default();
         if !mounts.iter().any(|m| m.name == APP_TOKEN_VOLUME) {
             if mounts
@@ -965,7 +899,7 @@ fn push_list_items(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::directory::AzureBinding;
+    use crate::cloud::azure;
     use k8s_openapi::api::core::v1::EnvVarSource;
     use serde_json::{json, Value};
 
@@ -975,7 +909,7 @@ mod tests {
 
     fn azure() -> Bindings {
         Bindings {
-            azure: Some(AzureBinding {
+            azure: Some(azure::Binding {
                 client_id: "client".into(),
                 tenant_id: None,
                 object_id: None,
@@ -1242,10 +1176,8 @@ mod tests {
             ..InjectionConfig::default()
         };
         assert!(same_ports.validate().unwrap_err().contains("8642"));
-        let empty_gcp = InjectionConfig {
-            gcp_audience: Some(" ".into()),
-            ..InjectionConfig::default()
-        };
+        let mut empty_gcp = InjectionConfig::default();
+        empty_gcp.audiences[Cloud::Gcp] = Some(" ".into());
         assert!(empty_gcp.validate().unwrap_err().contains("gcp"));
     }
 

@@ -3,7 +3,8 @@
 
 use serde_json::Value;
 
-use lanyard::directory::{AzureBinding, Bindings};
+use lanyard::cloud::{azure, Bindings, Cloud};
+use lanyard::serve::sdk_env::SdkDefaults;
 use lanyard::webhook::InjectionConfig;
 
 /// Where the fixtures are.
@@ -22,14 +23,17 @@ pub fn injected() -> Value {
 /// What the webhook injects with the fixtures' settings.
 pub fn injection(settings: &Value) -> InjectionConfig {
     let text = |k: &str| settings[k].as_str().unwrap().to_string();
-    InjectionConfig {
+    let mut injection = InjectionConfig {
         sidecar_image: text("sidecar_image"),
         agent_url: text("agent_url"),
-        azure_tenant_id: Some(text("azure_tenant_id")),
-        gcp_audience: Some(text("gcp_audience")),
-        aws_region: Some(text("aws_region")),
+        sdk: SdkDefaults {
+            azure_tenant_id: Some(text("azure_tenant_id")),
+            aws_region: Some(text("aws_region")),
+        },
         ..InjectionConfig::default()
-    }
+    };
+    injection.audiences[Cloud::Gcp] = Some(text("gcp_audience"));
+    injection
 }
 
 /// The fixtures' `extra_audiences`.
@@ -40,13 +44,13 @@ pub fn extra(settings: &Value) -> Vec<String> {
 /// The bindings of the fixtures' ServiceAccount: all three clouds.
 pub fn all_clouds() -> Bindings {
     Bindings {
-        azure: Some(AzureBinding {
+        azure: Some(azure::Binding {
             client_id: "5f2c9e1a-8d4b-4c7e-9a13-0d6e2b7f4c21".into(),
             tenant_id: None,
             object_id: None,
             resource_id: None,
         }),
-        gcp_service_account: Some("ray-worker@ml-data.iam.gserviceaccount.com".into()),
-        aws_role_arn: Some("arn:aws:iam::111122223333:role/ray-worker".into()),
+        gcp: Some("ray-worker@ml-data.iam.gserviceaccount.com".into()),
+        aws: Some("arn:aws:iam::111122223333:role/ray-worker".into()),
     }
 }

@@ -22,7 +22,7 @@ use base64::Engine;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::Value;
 
-use lanyard::directory::{AzureBinding, Bindings};
+use lanyard::cloud::{azure, Bindings, Cloud};
 use lanyard::webhook::guard::{self, Guard};
 use lanyard::webhook::review::{parse_for, Scope};
 use lanyard::webhook::{mutate, parse, respond, Action, Answer, InjectionConfig};
@@ -41,11 +41,9 @@ pub fn run(data: &[u8]) {
         return;
     };
     let bindings = bindings(pod);
-    let config = InjectionConfig {
-        gcp_audience: Some("//iam.googleapis.com/projects/123456789012/locations/global/workloadIdentityPools/lanyard-dev/providers/dev-cluster".into()),
-        azure_tenant_id: Some("72f988bf-86f1-41af-91ab-2d7cd011db47".into()),
-        ..InjectionConfig::default()
-    };
+    let mut config = InjectionConfig::default();
+    config.audiences[Cloud::Gcp] = Some("//iam.googleapis.com/projects/123456789012/locations/global/workloadIdentityPools/lanyard-dev/providers/dev-cluster".into());
+    config.sdk.azure_tenant_id = Some("72f988bf-86f1-41af-91ab-2d7cd011db47".into());
     let guard = Guard::new(&config, &[]);
     let guarded = guard::check(pod, &guard).is_ok();
     if let Ok(seen) = parse_for(data, Scope::Guard) {
@@ -122,13 +120,13 @@ fn bindings(pod: &Pod) -> Bindings {
         return from_pod;
     }
     Bindings {
-        azure: Some(AzureBinding {
+        azure: Some(azure::Binding {
             client_id: "11111111-2222-3333-4444-555555555555".into(),
             tenant_id: None,
             object_id: None,
             resource_id: None,
         }),
-        gcp_service_account: Some("ray@team-a.iam.gserviceaccount.com".into()),
-        aws_role_arn: Some("arn:aws:iam::123456789012:role/ray-data".into()),
+        gcp: Some("ray@team-a.iam.gserviceaccount.com".into()),
+        aws: Some("arn:aws:iam::123456789012:role/ray-data".into()),
     }
 }

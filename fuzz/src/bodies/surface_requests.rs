@@ -53,12 +53,12 @@ use lanyard::broker::{BrokerError, Grant, TokenBroker};
 use lanyard::cloud::aws::{AwsCloud, AwsCredentials, AwsExchanger};
 use lanyard::cloud::azure::{AzureCloud, AzureExchanger, FEDERATION_AUDIENCE, PUBLIC_CLOUD};
 use lanyard::cloud::gcp::{GcpCloud, GcpExchanger, IAMCREDENTIALS_ENDPOINT, STS_ENDPOINT};
+use lanyard::cloud::{azure, Bindings};
 use lanyard::cloud::{
     AccessToken, Cloud, CloudExchanger, Credential, Fetcher, Identity, Kind, RequestError,
     Selector, TokenRequest,
 };
 use lanyard::directory::file::FixedDirectory;
-use lanyard::directory::{AzureBinding, Bindings};
 use lanyard::secret::SecretString;
 use lanyard::serve::aws_imds::SessionTokens;
 use lanyard::serve::container_token::ContainerToken;
@@ -320,14 +320,14 @@ fn broker() -> lanyard::broker::Broker {
     static HTTP: OnceLock<reqwest::Client> = OnceLock::new();
     let http = HTTP.get_or_init(lanyard::http::client);
     let bindings = Bindings {
-        azure: Some(AzureBinding {
+        azure: Some(azure::Binding {
             client_id: AZURE_CLIENT.into(),
             tenant_id: None,
             object_id: Some("22222222-3333-4444-5555-666666666666".into()),
             resource_id: Some("/subscriptions/x/resourceGroups/y/providers/Microsoft.ManagedIdentity/userAssignedIdentities/ray".into()),
         }),
-        gcp_service_account: Some(GCP_EMAIL.into()),
-        aws_role_arn: Some(AWS_ROLE.into()),
+        gcp: Some(GCP_EMAIL.into()),
+        aws: Some(AWS_ROLE.into()),
     };
     lanyard::broker::Broker::new(
         Verifier::local_files(),
