@@ -57,8 +57,9 @@ use tokio::time::Instant;
 use lanyard::broker::remote::RemoteBroker;
 use lanyard::broker::{Broker, TokenBroker};
 use lanyard::cache::CacheScope;
+use lanyard::cloud::{aws, azure, gcp};
 use lanyard::cloud::{Cloud, Credential, Kind, PerCloud, Surface, TokenRequest};
-use lanyard::config::{AwsConfig, AzureConfig, ClusterConfig, Config, GcpConfig};
+use lanyard::config::{ClusterConfig, Config};
 use lanyard::directory::file::ServiceAccountEntry;
 use lanyard::http::{bind, per_thread, spawn_server, Limits, Shutdown, ShutdownTrigger};
 use lanyard::secret::{ExposeSecret, SecretString};
@@ -544,12 +545,12 @@ async fn upstreams(
 /// ServiceAccounts as static bindings.
 fn agent_config(urls: &Urls, accounts: Vec<ServiceAccountEntry>, aws_session: u64) -> Config {
     Config {
-        azure: AzureConfig {
+        azure: azure::Settings {
             authority_host: Some(urls.entra.clone()),
             tenant_id: Some(TENANT.into()),
             ..Default::default()
         },
-        gcp: GcpConfig {
+        gcp: gcp::Settings {
             workload_identity_provider: Some(PROVIDER.into()),
             project_id: Some(PROJECT_ID.into()),
             project_number: Some(PROJECT_NUMBER.into()),
@@ -557,7 +558,7 @@ fn agent_config(urls: &Urls, accounts: Vec<ServiceAccountEntry>, aws_session: u6
             iamcredentials_endpoint: Some(urls.gcp.clone()),
             ..Default::default()
         },
-        aws: AwsConfig {
+        aws: aws::Settings {
             sts_endpoint: Some(urls.aws.clone()),
             session_duration: aws_session,
             ..Default::default()

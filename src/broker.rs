@@ -194,6 +194,13 @@ impl Broker {
     }
 }
 
+impl crate::cloud::Registry for Broker {
+    fn register<E: CloudExchanger>(&mut self, exchanger: E) {
+        let cloud = exchanger.cloud();
+        self.clouds[cloud] = Some(Arc::new(exchanger));
+    }
+}
+
 #[async_trait::async_trait]
 impl TokenBroker for Broker {
     async fn request(

@@ -10,7 +10,7 @@ use figment::providers::{Format, Serialized};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
-use crate::cloud::{Cloud, PerCloud};
+use crate::cloud::{aws, azure, gcp, Cloud, CloudSettings, PerCloud};
 use crate::directory::file::{NamespaceEntry, ServiceAccountEntry};
 use crate::telemetry::LogFormat;
 
@@ -23,92 +23,6 @@ impl Format for Yaml {
 
     fn from_str<T: serde::de::DeserializeOwned>(s: &str) -> Result<T, Self::Error> {
         serde_norway::from_str(s)
-    }
-}
-
-/// Settings for talking to Entra ID.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct AzureConfig {
-    /// Named cloud: `public`, `usgovernment` or `china`.
-    pub cloud: String,
-    /// Overrides the cloud's authority host (private endpoints, emulators).
-    pub authority_host: Option<String>,
-    /// Tenant for ServiceAccounts that do not name one.
-    pub tenant_id: Option<String>,
-    /// Audience callers' projected tokens must carry for Azure.
-    pub audience: String,
-}
-
-impl Default for AzureConfig {
-    fn default() -> Self {
-        AzureConfig {
-            cloud: "public".into(),
-            authority_host: None,
-            tenant_id: None,
-            audience: crate::cloud::azure::FEDERATION_AUDIENCE.into(),
-        }
-    }
-}
-
-/// Settings for Google workload identity federation.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct GcpConfig {
-    /// `//iam.googleapis.com/projects/N/locations/global/workloadIdentityPools/P/providers/R`.
-    pub workload_identity_provider: Option<String>,
-    /// The Google project id callers act in (6–30 lowercase letters, digits and
-    /// `-`); required with a workload identity provider.
-    pub project_id: Option<String>,
-    /// The numeric project number; default: the one in the provider's name.
-    pub project_number: Option<String>,
-    /// Audience callers' projected tokens must carry; default: the provider.
-    pub audience: Option<String>,
-    /// Overrides Google's STS endpoint (private endpoints, emulators).
-    pub sts_endpoint: Option<String>,
-    /// Overrides Google's IAM Credentials endpoint (private endpoints,
-    /// emulators).
-    pub iamcredentials_endpoint: Option<String>,
-    /// Lifetime, in seconds, asked of generateAccessToken (300–3600).
-    pub token_lifetime: u64,
-}
-
-impl Default for GcpConfig {
-    fn default() -> Self {
-        GcpConfig {
-            workload_identity_provider: None,
-            project_id: None,
-            project_number: None,
-            audience: None,
-            sts_endpoint: None,
-            iamcredentials_endpoint: None,
-            token_lifetime: 3600,
-        }
-    }
-}
-
-/// Settings for AWS STS.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct AwsConfig {
-    /// Region of the STS endpoint and the one reported to SDKs.
-    pub region: String,
-    /// Overrides the regional STS endpoint.
-    pub sts_endpoint: Option<String>,
-    /// Audience callers' projected tokens must carry for AWS.
-    pub audience: String,
-    /// `DurationSeconds` asked of STS (900–43200).
-    pub session_duration: u64,
-}
-
-impl Default for AwsConfig {
-    fn default() -> Self {
-        AwsConfig {
-            region: "us-east-1".into(),
-            sts_endpoint: None,
-            audience: "sts.amazonaws.com".into(),
-            session_duration: 3600,
-        }
     }
 }
 
@@ -509,11 +423,11 @@ pub struct Config {
     /// The admission webhook and what it injects (`webhook.*`).
     pub webhook: WebhookConfig,
     /// Entra ID (`azure.*`).
-    pub azure: AzureConfig,
+    pub azure: azure::Settings,
     /// Google (`gcp.*`).
-    pub gcp: GcpConfig,
+    pub gcp: gcp::Settings,
     /// AWS STS (`aws.*`).
-    pub aws: AwsConfig,
+    pub aws: aws::Settings,
     /// The identity and emulators of `lanyard dev` (`dev.*`).
     pub dev: DevConfig,
 }
@@ -532,9 +446,9 @@ impl Default for Config {
             audit: AuditConfig::default(),
             sidecar: SidecarConfig::default(),
             webhook: WebhookConfig::default(),
-            azure: AzureConfig::default(),
-            gcp: GcpConfig::default(),
-            aws: AwsConfig::default(),
+            azure: azure::Settings::default(),
+            gcp: gcp::Settings::default(),
+            aws: aws::Settings::default(),
             dev: DevConfig::default(),
         }
     }
@@ -561,20 +475,30 @@ pub enum ConfigError {
     },
 }
 
+impl From<crate::cloud::Invalid> for ConfigError {
+    fn from(e: crate::cloud::Invalid) -> Self {
+        ConfigError::Invalid {
+            key: e.key,
+            expected: e.expected,
+            got: e.got,
+        }
+    }
+}
+
 impl Config {
+    /// The clouds' sections, together.
+    pub fn clouds(&self) -> CloudSettings<'_> {
+        CloudSettings {
+            azure: &self.azure,
+            gcp: &self.gcp,
+            aws: &self.aws,
+        }
+    }
+
     /// The audience of the projected token each cloud's exchange takes;
-    /// `None` where the cloud is not configured (Google without a
-    /// workload identity provider).
+    /// `None` where the cloud is not configured.
     pub fn audiences(&self) -> PerCloud<Option<String>> {
-        PerCloud::from_fn(|cloud| match cloud {
-            Cloud::Azure => Some(self.azure.audience.clone()),
-            Cloud::Gcp => self
-                .gcp
-                .audience
-                .clone()
-                .or_else(|| self.gcp.workload_identity_provider.clone()),
-            Cloud::Aws => Some(self.aws.audience.clone()),
-        })
+        self.clouds().audiences()
     }
 
     /// Loads defaults < `file` < environment < `overrides` (flags, as a

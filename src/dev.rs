@@ -312,14 +312,13 @@ impl DevStack {
             shutdown.clone(),
         ));
         let identity_header = random_token(32);
-        let surfaces = Arc::new(Surfaces {
+        let surfaces = Arc::new(Surfaces::new(
             broker,
             subjects,
-            identity_header: SecretString::from(identity_header.clone()),
-            aws_container_token: Some(ContainerToken::new(aws_token_file.clone())),
-            imds_sessions: serve::aws_imds::SessionTokens::new(),
-            aws_region: Some(config.aws.region.clone()),
-        });
+            SecretString::from(identity_header.clone()),
+            Some(ContainerToken::new(aws_token_file.clone())),
+            SdkDefaults::from_config(config),
+        ));
         let listeners =
             per_thread::bind(config.listen, "SDK surfaces", per_thread::default_threads()).await?;
         let surfaces_addr = listeners.local_addr();

@@ -20,6 +20,7 @@ use crate::http::{
 };
 use crate::secret::{random_token, SecretString};
 use crate::serve::container_token::ContainerToken;
+use crate::serve::sdk_env::SdkDefaults;
 use crate::serve::token_shelf::TokenShelf;
 use crate::serve::{self, SubjectTokens, Surfaces};
 
@@ -151,14 +152,13 @@ impl Sidecar {
             .identity_header
             .clone()
             .unwrap_or_else(|| random_token(32));
-        let surfaces = Arc::new(Surfaces {
-            broker: broker.clone(),
-            subjects: tokens.clone(),
-            identity_header: SecretString::from(identity_header),
-            aws_container_token: Some(ContainerToken::new(app_token)),
-            imds_sessions: serve::aws_imds::SessionTokens::new(),
-            aws_region: Some(config.aws.region.clone()),
-        });
+        let surfaces = Arc::new(Surfaces::new(
+            broker.clone(),
+            tokens.clone(),
+            SecretString::from(identity_header),
+            Some(ContainerToken::new(app_token)),
+            SdkDefaults::from_config(config),
+        ));
         // Notice rotations of the container authorization token while no
         // one calls, so the token a rotation replaces is known when a
         // client that read it just before arrives after.
@@ -168,7 +168,7 @@ impl Sidecar {
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 every.tick().await;
-                if let Some(token) = &observed.aws_container_token {
+                if let Some(token) = &observed.app_token {
                     // Unreadable until the kubelet writes it: the next tick
                     // tries again, and requests say so themselves.
                     let _ = token.observe().await;
@@ -260,10 +260,17 @@ impl Sidecar {
 /// The standalone sidecar's broker: the pod's own bindings, its own token
 /// files, direct exchanges with the clouds.
 fn standalone_broker(config: &Config) -> anyhow::Result<crate::broker::Broker> {
-    let bindings = crate::directory::Bindings::from_annotations(&config.sidecar.annotations);
-    if bindings.is_empty() && config.gcp.workload_identity_provider.is_none() {
+    let bindings = crate::cloud::Bindings::from_annotations(&config.sidecar.annotations);
+    let audiences = config.audiences();
+    let implicit = Cloud::ALL
+        .into_iter()
+        .any(|c| c.implicit_identity() && audiences[c].is_some());
+    if bindings.is_empty() && !implicit {
+        let names = Cloud::ALL.map(|c| format!("{}=...", c.binding_annotation()));
+        let (last, rest) = names.split_last().unwrap_or((&names[0], &[]));
         anyhow::bail!(
-            "standalone sidecar without bindings: pass --annotation azure.workload.identity/client-id=..., iam.gke.io/gcp-service-account=... or eks.amazonaws.com/role-arn=..."
+            "standalone sidecar without bindings: pass --annotation {} or {last}",
+            rest.join(", ")
         );
     }
     let parts = crate::broker::assemble::Parts::new(

@@ -294,7 +294,7 @@ async fn external_sts_endpoint_is_used_and_untrusted_subject_is_access_denied() 
     let config = Config {
         listen: "127.0.0.1:0".parse().unwrap(),
         admin_listen: "127.0.0.1:0".parse().unwrap(),
-        aws: lanyard::config::AwsConfig {
+        aws: lanyard::cloud::aws::Settings {
             sts_endpoint: Some(sts_url),
             ..Default::default()
         },

@@ -19,9 +19,6 @@ use crate::audit::sinks::Sinks;
 use crate::audit::syslog::{SyslogShipper, SyslogTarget};
 use crate::audit::{AuditSink, PolicyReload, ReloadOutcome};
 use crate::cache::Cache;
-use crate::cloud::aws::{AwsCloud, AwsExchanger};
-use crate::cloud::azure::{authority_for_cloud, AzureCloud, AzureExchanger, PUBLIC_CLOUD};
-use crate::cloud::gcp::{GcpCloud, GcpExchanger, IAMCREDENTIALS_ENDPOINT, STS_ENDPOINT};
 use crate::config::Config;
 use crate::directory::Directory;
 use crate::policy::cedar::{CedarPolicy, ReloadEvent};
@@ -263,60 +260,6 @@ pub fn broker(config: &Config, parts: Parts, http: reqwest::Client) -> anyhow::R
         broker = broker.with_node_name(node.clone());
     }
 
-    let authority = match &config.azure.authority_host {
-        Some(host) => host.clone(),
-        None => authority_for_cloud(&config.azure.cloud)
-            .unwrap_or(PUBLIC_CLOUD)
-            .to_string(),
-    };
-    broker = broker.with_cloud(AzureCloud {
-        exchanger: AzureExchanger::new(http.clone(), authority),
-        default_tenant: config.azure.tenant_id.clone(),
-        audience: config.azure.audience.clone(),
-    });
-
-    if let Some(provider) = &config.gcp.workload_identity_provider {
-        let project_id = config.gcp.project_id.clone().ok_or_else(|| {
-            anyhow::anyhow!("gcp.project_id (LANYARD_GCP_PROJECT_ID) is required with a workload identity provider")
-        })?;
-        let project_number = match &config.gcp.project_number {
-            Some(n) => n.clone(),
-            None => provider
-                .strip_prefix("//iam.googleapis.com/projects/")
-                .and_then(|r| r.split('/').next())
-                .unwrap_or_default()
-                .to_string(),
-        };
-        let endpoint = |configured: &Option<String>, default: &str| {
-            configured.clone().unwrap_or_else(|| default.to_string())
-        };
-        broker = broker.with_cloud(GcpCloud {
-            exchanger: GcpExchanger::new(
-                http.clone(),
-                endpoint(&config.gcp.sts_endpoint, STS_ENDPOINT),
-                endpoint(&config.gcp.iamcredentials_endpoint, IAMCREDENTIALS_ENDPOINT),
-            ),
-            provider: provider.clone(),
-            audience: config
-                .gcp
-                .audience
-                .clone()
-                .unwrap_or_else(|| provider.clone()),
-            project_id,
-            project_number,
-            token_lifetime: Duration::from_secs(config.gcp.token_lifetime),
-        });
-    }
-
-    let endpoint = config
-        .aws
-        .sts_endpoint
-        .clone()
-        .unwrap_or_else(|| AwsExchanger::regional_endpoint(&config.aws.region));
-    broker = broker.with_cloud(AwsCloud {
-        exchanger: AwsExchanger::new(http, endpoint),
-        audience: config.aws.audience.clone(),
-        session_duration: Duration::from_secs(config.aws.session_duration),
-    });
+    config.clouds().register(&http, &mut broker)?;
     Ok(broker)
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use super::{annotation, Annotations, Bindings};
+use super::{annotation, check_endpoint, invalid, Annotations, Bindings, Invalid};
 use super::{
     fetcher, now_unix, retry_after, scrub_message, Cloud, CloudError, CloudExchanger, Credential,
     Fetcher, Identity, Kind, RequestError, Selector, TokenRequest,
@@ -717,6 +717,72 @@ fn parse_iso8601(s: &str) -> Option<u64> {
     super::parse_rfc3339(s.trim())
         .filter(|at| at.offset().is_utc())
         .and_then(super::unix_seconds)
+}
+
+/// The `aws` section of the configuration: AWS STS.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// Region of the STS endpoint and the one reported to SDKs.
+    pub region: String,
+    /// Overrides the regional STS endpoint.
+    pub sts_endpoint: Option<String>,
+    /// Audience callers' projected tokens must carry for AWS.
+    pub audience: String,
+    /// `DurationSeconds` asked of STS (900–43200).
+    pub session_duration: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            region: "us-east-1".into(),
+            sts_endpoint: None,
+            audience: "sts.amazonaws.com".into(),
+            session_duration: 3600,
+        }
+    }
+}
+
+impl Settings {
+    /// Checks the section: region, audience, session length and STS endpoint.
+    pub fn check(&self) -> Result<(), Invalid> {
+        let a = self;
+        if Region::parse(a.region.as_str()).is_err() {
+            return Err(invalid(
+                "aws.region",
+                "an AWS region such as us-east-1",
+                &a.region,
+            ));
+        }
+        if a.audience.trim().is_empty() {
+            return Err(invalid("aws.audience", "a non-empty audience", &a.audience));
+        }
+        if !(900..=43_200).contains(&a.session_duration) {
+            return Err(invalid(
+                "aws.session_duration",
+                "seconds between 900 and 43200",
+                &a.session_duration.to_string(),
+            ));
+        }
+        if let Some(v) = &a.sts_endpoint {
+            check_endpoint(v).map_err(|expected| invalid("aws.sts_endpoint", expected, v))?;
+        }
+        Ok(())
+    }
+
+    /// The AWS side of the broker these settings describe.
+    pub fn exchanger(&self, http: reqwest::Client) -> AwsCloud {
+        let endpoint = self
+            .sts_endpoint
+            .clone()
+            .unwrap_or_else(|| AwsExchanger::regional_endpoint(&self.region));
+        AwsCloud {
+            exchanger: AwsExchanger::new(http, endpoint),
+            audience: self.audience.clone(),
+            session_duration: Duration::from_secs(self.session_duration),
+        }
+    }
 }
 
 #[cfg(test)]

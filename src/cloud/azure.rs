@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{annotation, Annotations, Bindings};
+use super::{annotation, check_endpoint, invalid, Annotations, Bindings, Invalid};
 use super::{
     encode_path_segment, fetcher, now_unix, retry_after, scrub_message, AccessToken, Cloud,
     CloudError, CloudExchanger, Credential, Fetcher, Identity, Kind, RequestError, Selector,
@@ -409,6 +409,88 @@ fn classify(
             reason: format!("HTTP {status} without an Entra error body"),
         },
     }
+}
+
+/// The `azure` section of the configuration: talking to Entra ID.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// Named cloud: `public`, `usgovernment` or `china`.
+    pub cloud: String,
+    /// Overrides the cloud's authority host (private endpoints, emulators).
+    pub authority_host: Option<String>,
+    /// Tenant for ServiceAccounts that do not name one.
+    pub tenant_id: Option<String>,
+    /// Audience callers' projected tokens must carry for Azure.
+    pub audience: String,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            cloud: "public".into(),
+            authority_host: None,
+            tenant_id: None,
+            audience: FEDERATION_AUDIENCE.into(),
+        }
+    }
+}
+
+impl Settings {
+    /// Checks the section: the cloud, authority, tenant and audience.
+    pub fn check(&self) -> Result<(), Invalid> {
+        if authority_for_cloud(&self.cloud).is_none() {
+            return Err(invalid(
+                "azure.cloud",
+                "one of public, usgovernment, china",
+                &self.cloud,
+            ));
+        }
+        if let Some(host) = &self.authority_host {
+            check_endpoint(host)
+                .map_err(|expected| invalid("azure.authority_host", expected, host))?;
+        }
+        if let Some(t) = &self.tenant_id {
+            if !is_tenant(t) {
+                return Err(invalid(
+                    "azure.tenant_id",
+                    "a tenant GUID or domain name",
+                    t,
+                ));
+            }
+        }
+        if self.audience.trim().is_empty() {
+            return Err(invalid(
+                "azure.audience",
+                "a non-empty audience",
+                &self.audience,
+            ));
+        }
+        Ok(())
+    }
+
+    /// The Azure side of the broker these settings describe.
+    pub fn exchanger(&self, http: reqwest::Client) -> AzureCloud {
+        let authority = match &self.authority_host {
+            Some(host) => host.clone(),
+            None => authority_for_cloud(&self.cloud)
+                .unwrap_or(PUBLIC_CLOUD)
+                .to_string(),
+        };
+        AzureCloud {
+            exchanger: AzureExchanger::new(http, authority),
+            default_tenant: self.tenant_id.clone(),
+            audience: self.audience.clone(),
+        }
+    }
+}
+
+/// Whether `s` names a tenant: a GUID or a domain name.
+pub fn is_tenant(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 256
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use reqwest::StatusCode;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{annotation, Annotations, Bindings};
+use super::{annotation, check_endpoint, invalid, Annotations, Bindings, Invalid};
 use super::{
     encode_path_segment, fetcher, now_unix, retry_after, scrub_message, AccessToken, Cloud,
     CloudError, CloudExchanger, Credential, Fetcher, Identity, Kind, RequestError, Selector,
@@ -622,6 +622,157 @@ fn jwt_exp(token: &str) -> Option<u64> {
 /// optional fraction and a `Z` or `±HH:MM` offset) into Unix seconds.
 fn parse_rfc3339(text: &str) -> Option<u64> {
     super::parse_rfc3339(text).and_then(super::unix_seconds)
+}
+
+/// The `gcp` section of the configuration: Google workload identity
+/// federation.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// `//iam.googleapis.com/projects/N/locations/global/workloadIdentityPools/P/providers/R`.
+    pub workload_identity_provider: Option<String>,
+    /// The Google project id callers act in (6–30 lowercase letters, digits and
+    /// `-`); required with a workload identity provider.
+    pub project_id: Option<String>,
+    /// The numeric project number; default: the one in the provider's name.
+    pub project_number: Option<String>,
+    /// Audience callers' projected tokens must carry; default: the provider.
+    pub audience: Option<String>,
+    /// Overrides Google's STS endpoint (private endpoints, emulators).
+    pub sts_endpoint: Option<String>,
+    /// Overrides Google's IAM Credentials endpoint (private endpoints,
+    /// emulators).
+    pub iamcredentials_endpoint: Option<String>,
+    /// Lifetime, in seconds, asked of generateAccessToken (300–3600).
+    pub token_lifetime: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            workload_identity_provider: None,
+            project_id: None,
+            project_number: None,
+            audience: None,
+            sts_endpoint: None,
+            iamcredentials_endpoint: None,
+            token_lifetime: 3600,
+        }
+    }
+}
+
+impl Settings {
+    /// Checks the section: provider, project, endpoints and token lifetime.
+    pub fn check(&self) -> Result<(), Invalid> {
+        let g = self;
+        if let Some(p) = &g.workload_identity_provider {
+            if !is_provider_name(p) {
+                return Err(invalid(
+                    "gcp.workload_identity_provider",
+                    "//iam.googleapis.com/projects/NUMBER/locations/global/workloadIdentityPools/POOL/providers/PROVIDER",
+                    p,
+                ));
+            }
+        }
+        if let Some(n) = &g.project_number {
+            if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(invalid(
+                    "gcp.project_number",
+                    "the numeric project number",
+                    n,
+                ));
+            }
+        }
+        if let Some(id) = &g.project_id {
+            if !is_project_id(id) {
+                return Err(invalid(
+                    "gcp.project_id",
+                    "a project id (6-30 lowercase letters, digits, '-')",
+                    id,
+                ));
+            }
+        }
+        for (key, value) in [
+            ("gcp.sts_endpoint", &g.sts_endpoint),
+            ("gcp.iamcredentials_endpoint", &g.iamcredentials_endpoint),
+        ] {
+            if let Some(v) = value {
+                check_endpoint(v).map_err(|expected| invalid(key, expected, v))?;
+            }
+        }
+        if !(300..=3600).contains(&g.token_lifetime) {
+            return Err(invalid(
+                "gcp.token_lifetime",
+                "seconds between 300 and 3600",
+                &g.token_lifetime.to_string(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The audience callers' tokens carry for Google: the configured one,
+    /// else the provider's name; `None` without a provider.
+    pub fn token_audience(&self) -> Option<String> {
+        self.audience
+            .clone()
+            .or_else(|| self.workload_identity_provider.clone())
+    }
+
+    /// The Google side of the broker these settings describe; `None`
+    /// without a workload identity provider (Google is then off).
+    pub fn exchanger(&self, http: reqwest::Client) -> Result<Option<GcpCloud>, Invalid> {
+        let Some(provider) = &self.workload_identity_provider else {
+            return Ok(None);
+        };
+        let project_id = self.project_id.clone().ok_or(Invalid {
+            key: "gcp.project_id",
+            expected: "the project id (LANYARD_GCP_PROJECT_ID), required with a workload identity provider",
+            got: String::new(),
+        })?;
+        let project_number = match &self.project_number {
+            Some(n) => n.clone(),
+            None => provider
+                .strip_prefix("//iam.googleapis.com/projects/")
+                .and_then(|r| r.split('/').next())
+                .unwrap_or_default()
+                .to_string(),
+        };
+        let endpoint = |configured: &Option<String>, default: &str| {
+            configured.clone().unwrap_or_else(|| default.to_string())
+        };
+        Ok(Some(GcpCloud {
+            exchanger: GcpExchanger::new(
+                http,
+                endpoint(&self.sts_endpoint, STS_ENDPOINT),
+                endpoint(&self.iamcredentials_endpoint, IAMCREDENTIALS_ENDPOINT),
+            ),
+            provider: provider.clone(),
+            audience: self.token_audience().unwrap_or_else(|| provider.clone()),
+            project_id,
+            project_number,
+            token_lifetime: Duration::from_secs(self.token_lifetime),
+        }))
+    }
+}
+
+fn is_provider_name(s: &str) -> bool {
+    let Some(rest) = s.strip_prefix("//iam.googleapis.com/projects/") else {
+        return false;
+    };
+    let parts: Vec<&str> = rest.split('/').collect();
+    matches!(
+        parts.as_slice(),
+        [number, "locations", "global", "workloadIdentityPools", pool, "providers", provider]
+            if !number.is_empty() && number.bytes().all(|b| b.is_ascii_digit())
+                && !pool.is_empty() && !provider.is_empty()
+    )
+}
+
+fn is_project_id(s: &str) -> bool {
+    (6..=30).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.starts_with(|c: char| c.is_ascii_lowercase())
 }
 
 #[cfg(test)]

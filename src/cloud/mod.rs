@@ -31,7 +31,7 @@ use crate::secret::SecretString;
 pub use aws::AwsCredentials;
 pub use exchanger::CloudExchanger;
 pub use rendered::{BodyKey, RenderedBody};
-pub use request::{Identity, Kind, RequestError, Selector, Surface, TokenRequest};
+pub use request::{Identity, Kind, RequestError, Selector, TokenRequest};
 
 /// The clouds Lanyard brokers for.
 #[derive(
@@ -45,6 +45,36 @@ pub enum Cloud {
     Gcp,
     /// Amazon Web Services.
     Aws,
+}
+
+/// The SDK-facing endpoint a request came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Surface {
+    /// Azure IMDS, `/metadata/identity/oauth2/token`.
+    AzureImds,
+    /// The App Service managed-identity endpoint (`IDENTITY_ENDPOINT`,
+    /// `/msi/token`).
+    AppService,
+    /// The GCE metadata server, `/computeMetadata/v1/…`.
+    Gce,
+    /// The ECS/EKS container credentials endpoint, `/v1/credentials`.
+    AwsContainer,
+    /// EC2 IMDSv2, `/latest/meta-data/iam/security-credentials/…`.
+    AwsImds,
+}
+
+impl Surface {
+    /// The name used in audit records, metrics and policy context.
+    pub fn name(self) -> &'static str {
+        match self {
+            Surface::AzureImds => "azure_imds",
+            Surface::AppService => "app_service",
+            Surface::Gce => "gce",
+            Surface::AwsContainer => "aws_container",
+            Surface::AwsImds => "aws_imds",
+        }
+    }
 }
 
 /// What differs between clouds in how their credentials are cached and
@@ -288,6 +318,97 @@ impl Bindings {
         static NONE: std::sync::LazyLock<Arc<Bindings>> =
             std::sync::LazyLock::new(|| Arc::new(Bindings::default()));
         NONE.clone()
+    }
+}
+
+/// A configuration value a cloud's section refuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid configuration: {key}: {expected} (got {got:?})")]
+pub struct Invalid {
+    /// The key, as `section.key`.
+    pub key: &'static str,
+    /// What the key takes.
+    pub expected: &'static str,
+    /// The value that was given.
+    pub got: String,
+}
+
+pub(crate) fn invalid(key: &'static str, expected: &'static str, got: &str) -> Invalid {
+    Invalid {
+        key,
+        expected,
+        got: got.to_string(),
+    }
+}
+
+/// An https URL, or http to a loopback host (emulators, local proxies).
+pub fn check_endpoint(value: &str) -> Result<(), &'static str> {
+    const EXPECTED: &str =
+        "an https:// URL (http:// only for loopback hosts) without query or fragment";
+    let url = url::Url::parse(value).map_err(|_| EXPECTED)?;
+    let loopback = match url.host() {
+        Some(url::Host::Domain(d)) => d == "localhost",
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    };
+    let scheme_ok = url.scheme() == "https" || (url.scheme() == "http" && loopback);
+    if !scheme_ok || url.query().is_some() || url.fragment().is_some() || url.host().is_none() {
+        return Err(EXPECTED);
+    }
+    Ok(())
+}
+
+/// Every cloud's section of the configuration, together
+/// (`Config::clouds`).
+#[derive(Debug, Clone, Copy)]
+pub struct CloudSettings<'a> {
+    /// `azure`.
+    pub azure: &'a azure::Settings,
+    /// `gcp`.
+    pub gcp: &'a gcp::Settings,
+    /// `aws`.
+    pub aws: &'a aws::Settings,
+}
+
+/// Where [`CloudSettings::register`] puts each configured cloud's
+/// exchanger (the broker).
+pub trait Registry {
+    /// Serves `exchanger`'s cloud with it.
+    fn register<E: CloudExchanger>(&mut self, exchanger: E);
+}
+
+impl CloudSettings<'_> {
+    /// Each section's checks, in [`Cloud::ALL`] order.
+    pub fn check(&self) -> Result<(), Invalid> {
+        self.azure.check()?;
+        self.gcp.check()?;
+        self.aws.check()
+    }
+
+    /// The audience of the projected token each cloud's exchange takes;
+    /// `None` where the cloud is not configured (Google without a
+    /// workload identity provider).
+    pub fn audiences(&self) -> PerCloud<Option<String>> {
+        PerCloud::from_fn(|cloud| match cloud {
+            Cloud::Azure => Some(self.azure.audience.clone()),
+            Cloud::Gcp => self.gcp.token_audience(),
+            Cloud::Aws => Some(self.aws.audience.clone()),
+        })
+    }
+
+    /// Registers the exchanger of every configured cloud.
+    pub fn register(
+        &self,
+        http: &reqwest::Client,
+        registry: &mut impl Registry,
+    ) -> Result<(), Invalid> {
+        registry.register(self.azure.exchanger(http.clone()));
+        if let Some(google) = self.gcp.exchanger(http.clone())? {
+            registry.register(google);
+        }
+        registry.register(self.aws.exchanger(http.clone()));
+        Ok(())
     }
 }
 

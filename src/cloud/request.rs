@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::Cloud;
+use super::{Cloud, Surface};
 
 /// What is asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -67,36 +67,6 @@ impl Selector {
             | Selector::ResourceId(v)
             | Selector::Email(v)
             | Selector::RoleName(v) => v,
-        }
-    }
-}
-
-/// The SDK-facing endpoint a request came in on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Surface {
-    /// Azure IMDS, `/metadata/identity/oauth2/token`.
-    AzureImds,
-    /// The App Service managed-identity endpoint (`IDENTITY_ENDPOINT`,
-    /// `/msi/token`).
-    AppService,
-    /// The GCE metadata server, `/computeMetadata/v1/…`.
-    Gce,
-    /// The ECS/EKS container credentials endpoint, `/v1/credentials`.
-    AwsContainer,
-    /// EC2 IMDSv2, `/latest/meta-data/iam/security-credentials/…`.
-    AwsImds,
-}
-
-impl Surface {
-    /// The name used in audit records, metrics and policy context.
-    pub fn name(self) -> &'static str {
-        match self {
-            Surface::AzureImds => "azure_imds",
-            Surface::AppService => "app_service",
-            Surface::Gce => "gce",
-            Surface::AwsContainer => "aws_container",
-            Surface::AwsImds => "aws_imds",
         }
     }
 }

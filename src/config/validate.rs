@@ -3,7 +3,8 @@
 //! and what it takes.
 
 use super::{Config, ConfigError};
-use crate::cloud::aws::{Region, RoleArn};
+use crate::cloud::aws::RoleArn;
+pub(super) use crate::cloud::check_endpoint;
 use crate::names::{is_dns_label, is_dns_subdomain};
 
 fn invalid(key: &'static str, expected: &'static str, got: &str) -> ConfigError {
@@ -22,9 +23,7 @@ const MAX_SHUTDOWN_DELAY: u64 = 60;
 impl Config {
     /// Semantic checks that types alone cannot express, section by section.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.check_azure()?;
-        self.check_gcp()?;
-        self.check_aws()?;
+        self.clouds().check()?;
         self.check_cache()?;
         self.check_cluster()?;
         self.check_policy()?;
@@ -38,112 +37,6 @@ impl Config {
                 "seconds from 0 to 60",
                 &self.shutdown_delay_seconds.to_string(),
             ));
-        }
-        Ok(())
-    }
-
-    /// The Azure section: the cloud, authority, tenant and audience.
-    fn check_azure(&self) -> Result<(), ConfigError> {
-        if crate::cloud::azure::authority_for_cloud(&self.azure.cloud).is_none() {
-            return Err(invalid(
-                "azure.cloud",
-                "one of public, usgovernment, china",
-                &self.azure.cloud,
-            ));
-        }
-        if let Some(host) = &self.azure.authority_host {
-            check_endpoint(host)
-                .map_err(|expected| invalid("azure.authority_host", expected, host))?;
-        }
-        if let Some(t) = &self.azure.tenant_id {
-            if !is_tenant(t) {
-                return Err(invalid(
-                    "azure.tenant_id",
-                    "a tenant GUID or domain name",
-                    t,
-                ));
-            }
-        }
-        if self.azure.audience.trim().is_empty() {
-            return Err(invalid(
-                "azure.audience",
-                "a non-empty audience",
-                &self.azure.audience,
-            ));
-        }
-        Ok(())
-    }
-
-    /// The Google section: provider, project, endpoints and token lifetime.
-    fn check_gcp(&self) -> Result<(), ConfigError> {
-        let g = &self.gcp;
-        if let Some(p) = &g.workload_identity_provider {
-            if !is_provider_name(p) {
-                return Err(invalid(
-                    "gcp.workload_identity_provider",
-                    "//iam.googleapis.com/projects/NUMBER/locations/global/workloadIdentityPools/POOL/providers/PROVIDER",
-                    p,
-                ));
-            }
-        }
-        if let Some(n) = &g.project_number {
-            if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(invalid(
-                    "gcp.project_number",
-                    "the numeric project number",
-                    n,
-                ));
-            }
-        }
-        if let Some(id) = &g.project_id {
-            if !is_project_id(id) {
-                return Err(invalid(
-                    "gcp.project_id",
-                    "a project id (6-30 lowercase letters, digits, '-')",
-                    id,
-                ));
-            }
-        }
-        for (key, value) in [
-            ("gcp.sts_endpoint", &g.sts_endpoint),
-            ("gcp.iamcredentials_endpoint", &g.iamcredentials_endpoint),
-        ] {
-            if let Some(v) = value {
-                check_endpoint(v).map_err(|expected| invalid(key, expected, v))?;
-            }
-        }
-        if !(300..=3600).contains(&g.token_lifetime) {
-            return Err(invalid(
-                "gcp.token_lifetime",
-                "seconds between 300 and 3600",
-                &g.token_lifetime.to_string(),
-            ));
-        }
-        Ok(())
-    }
-
-    /// The AWS section: region, audience, session length and STS endpoint.
-    fn check_aws(&self) -> Result<(), ConfigError> {
-        let a = &self.aws;
-        if Region::parse(a.region.as_str()).is_err() {
-            return Err(invalid(
-                "aws.region",
-                "an AWS region such as us-east-1",
-                &a.region,
-            ));
-        }
-        if a.audience.trim().is_empty() {
-            return Err(invalid("aws.audience", "a non-empty audience", &a.audience));
-        }
-        if !(900..=43_200).contains(&a.session_duration) {
-            return Err(invalid(
-                "aws.session_duration",
-                "seconds between 900 and 43200",
-                &a.session_duration.to_string(),
-            ));
-        }
-        if let Some(v) = &a.sts_endpoint {
-            check_endpoint(v).map_err(|expected| invalid("aws.sts_endpoint", expected, v))?;
         }
         Ok(())
     }
@@ -407,7 +300,7 @@ impl Config {
                 &d.azure_client_id,
             ));
         }
-        if !is_tenant(&d.azure_tenant_id) {
+        if !crate::cloud::azure::is_tenant(&d.azure_tenant_id) {
             return Err(invalid(
                 "dev.azure_tenant_id",
                 "a tenant GUID or domain name",
@@ -464,44 +357,6 @@ impl Config {
     }
 }
 
-/// An https URL, or http to a loopback host (emulators, local proxies).
-pub(super) fn check_endpoint(value: &str) -> Result<(), &'static str> {
-    const EXPECTED: &str =
-        "an https:// URL (http:// only for loopback hosts) without query or fragment";
-    let url = url::Url::parse(value).map_err(|_| EXPECTED)?;
-    let loopback = match url.host() {
-        Some(url::Host::Domain(d)) => d == "localhost",
-        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-        None => false,
-    };
-    let scheme_ok = url.scheme() == "https" || (url.scheme() == "http" && loopback);
-    if !scheme_ok || url.query().is_some() || url.fragment().is_some() || url.host().is_none() {
-        return Err(EXPECTED);
-    }
-    Ok(())
-}
-
-fn is_provider_name(s: &str) -> bool {
-    let Some(rest) = s.strip_prefix("//iam.googleapis.com/projects/") else {
-        return false;
-    };
-    let parts: Vec<&str> = rest.split('/').collect();
-    matches!(
-        parts.as_slice(),
-        [number, "locations", "global", "workloadIdentityPools", pool, "providers", provider]
-            if !number.is_empty() && number.bytes().all(|b| b.is_ascii_digit())
-                && !pool.is_empty() && !provider.is_empty()
-    )
-}
-
-fn is_project_id(s: &str) -> bool {
-    (6..=30).contains(&s.len())
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && s.starts_with(|c: char| c.is_ascii_lowercase())
-}
-
 /// A Kubernetes resource quantity: a decimal number, then an optional
 /// binary (`Ki`…`Ei`) or decimal (`n`, `u`, `m`, `k`, `M`…`E`) suffix, or
 /// an exponent (`1e3`). Checked here so that a typo fails at start rather
@@ -524,11 +379,4 @@ pub(super) fn is_quantity(s: &str) -> bool {
         }),
     };
     s.len() <= 64 && valid_number && valid_suffix
-}
-
-fn is_tenant(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 256
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
 }

@@ -123,7 +123,7 @@ pub async fn credentials(surfaces: &Surfaces, request: &Parts) -> Response {
     if is_forwarded(headers) {
         return error(StatusCode::BAD_REQUEST, "InvalidRequest", FORWARDED_REFUSAL);
     }
-    let Some(token) = surfaces.aws_container_token.as_ref() else {
+    let Some(token) = surfaces.app_token.as_ref() else {
         return error(
             StatusCode::NOT_FOUND,
             "NotFound",

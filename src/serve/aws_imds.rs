@@ -212,7 +212,7 @@ pub async fn region(surfaces: &Surfaces, request: &Parts) -> Response {
     if let Some(refused) = check(surfaces, &request.headers) {
         return refused;
     }
-    match &surfaces.aws_region {
+    match &surfaces.defaults.aws_region {
         Some(r) => plain(StatusCode::OK, r.clone()),
         None => plain(StatusCode::NOT_FOUND, "Not Found"),
     }

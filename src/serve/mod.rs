@@ -54,14 +54,35 @@ pub struct Surfaces {
     pub subjects: Arc<dyn SubjectTokens>,
     /// Shared secret App Service callers present in `X-IDENTITY-HEADER`.
     pub identity_header: SecretString,
-    /// The file whose contents AWS container-credential callers must
+    /// The pod's app-facing token, which AWS container-credential callers
     /// present as `Authorization` (`AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE`),
-    /// across its rotations; `None` disables the endpoint.
-    pub aws_container_token: Option<container_token::ContainerToken>,
+    /// across its rotations; `None` disables that endpoint.
+    pub app_token: Option<container_token::ContainerToken>,
     /// IMDSv2 session tokens.
     pub imds_sessions: aws_imds::SessionTokens,
-    /// Region reported at `placement/region`.
-    pub aws_region: Option<String>,
+    /// What the surfaces report of configuration (the IMDS region).
+    pub defaults: sdk_env::SdkDefaults,
+}
+
+impl Surfaces {
+    /// The surfaces of one pod (or `lanyard dev`), each surface's own state
+    /// new.
+    pub fn new(
+        broker: Arc<dyn TokenBroker>,
+        subjects: Arc<dyn SubjectTokens>,
+        identity_header: SecretString,
+        app_token: Option<container_token::ContainerToken>,
+        defaults: sdk_env::SdkDefaults,
+    ) -> Surfaces {
+        Surfaces {
+            broker,
+            subjects,
+            identity_header,
+            app_token,
+            imds_sessions: aws_imds::SessionTokens::new(),
+            defaults,
+        }
+    }
 }
 
 /// All SDK-facing routes on one listener: Azure IMDS

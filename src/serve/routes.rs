@@ -154,9 +154,12 @@ mod tests {
             broker: broker.clone(),
             subjects: Arc::new(Subject),
             identity_header: SecretString::from(IDENTITY_HEADER),
-            aws_container_token: None,
+            app_token: None,
             imds_sessions,
-            aws_region: Some("eu-west-1".into()),
+            defaults: super::super::sdk_env::SdkDefaults {
+                azure_tenant_id: None,
+                aws_region: Some("eu-west-1".into()),
+            },
         };
         (super::super::router(Arc::new(surfaces)), broker, session)
     }

@@ -69,6 +69,13 @@ impl SdkDefaults {
             aws_region: Some(config.aws.region.clone()),
         }
     }
+
+    /// What the sidecar of a pod that presents its app-facing token is
+    /// told of these defaults (the region its IMDS surface reports).
+    pub fn sidecar_vars(&self) -> Vec<(&'static str, String)> {
+        let region = self.aws_region.iter();
+        region.map(|r| ("LANYARD_AWS_REGION", r.clone())).collect()
+    }
 }
 
 /// What the pod is bound to, and the secrets its SDKs present.

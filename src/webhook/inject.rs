@@ -104,8 +104,8 @@ pub(super) fn sidecar(
     ];
     if app_token {
         env.push(plain_env("LANYARD_APP_TOKEN_FILE", APP_TOKEN_FILE));
-        if let Some(region) = &config.sdk.aws_region {
-            env.push(plain_env("LANYARD_AWS_REGION", region));
+        for (name, value) in config.sdk.sidecar_vars() {
+            env.push(plain_env(name, &value));
         }
     }
     env.push(plain_env("IDENTITY_HEADER", identity_header));

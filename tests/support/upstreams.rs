@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use lanyard::broker::assemble::{self, Parts};
 use lanyard::cloud::Cloud;
-use lanyard::config::{AwsConfig, AzureConfig, Config, GcpConfig};
+use lanyard::cloud::{aws, azure, gcp};
+use lanyard::config::Config;
 use lanyard::dev::MintedTokens;
 use lanyard::directory::file::{ServiceAccountEntry, StaticDirectory};
 use lanyard::http::{bind, spawn_server, Shutdown, ShutdownTrigger};
@@ -112,12 +113,12 @@ impl Upstreams {
     /// would point Lanyard at private endpoints.
     pub fn config(&self) -> Config {
         Config {
-            azure: AzureConfig {
+            azure: azure::Settings {
                 authority_host: Some(self.entra_url.clone()),
                 tenant_id: Some(TENANT.into()),
                 ..Default::default()
             },
-            gcp: GcpConfig {
+            gcp: gcp::Settings {
                 workload_identity_provider: Some(PROVIDER.into()),
                 project_id: Some("lanyard-test".into()),
                 project_number: Some("123456789012".into()),
@@ -125,7 +126,7 @@ impl Upstreams {
                 iamcredentials_endpoint: Some(self.gcp_url.clone()),
                 ..Default::default()
             },
-            aws: AwsConfig {
+            aws: aws::Settings {
                 sts_endpoint: Some(self.aws_url.clone()),
                 ..Default::default()
             },
@@ -211,11 +212,11 @@ pub async fn surfaces_with_issuer(
         broker,
         subjects,
         identity_header: SecretString::from(IDENTITY_HEADER.to_string()),
-        aws_container_token: Some(serve::container_token::ContainerToken::new(
+        app_token: Some(serve::container_token::ContainerToken::new(
             container_token_file(),
         )),
         imds_sessions: serve::aws_imds::SessionTokens::new(),
-        aws_region: None,
+        defaults: serve::sdk_env::SdkDefaults::default(),
     });
     format!(
         "http://{}",

@@ -112,9 +112,12 @@ pub fn run(data: &[u8]) {
             broker: broker.clone(),
             subjects: Arc::new(Subjects),
             identity_header: SecretString::from(IDENTITY_HEADER),
-            aws_container_token: Some(ContainerToken::new(token_file.path())),
+            app_token: Some(ContainerToken::new(token_file.path())),
             imds_sessions,
-            aws_region: Some("us-east-1".into()),
+            defaults: lanyard::serve::sdk_env::SdkDefaults {
+                azure_tenant_id: None,
+                aws_region: Some("us-east-1".into()),
+            },
         });
 
         if let Some(request) = raw.build(&imds_token) {
