@@ -13,6 +13,18 @@
 //! the product's tokens and requests with code of its own (`jwks`, `claims`,
 //! `arn`), not with the verifier it is there to test. The fake Kubernetes
 //! API server is in the `lanyard-fake-kube` test-support crate.
+//!
+//! ## The set
+//!
+//! The three clouds as one set, configured the way an administrator
+//! configures workload identity federation in each: per identity, an Entra
+//! app with a federated credential for the ServiceAccount's subject, a
+//! Google service account whose IAM policy lets the federated principal
+//! impersonate it, an AWS role whose trust policy names the subject.
+//!
+//! `lanyard dev`, the fake API server's `--clouds`, the integration tests'
+//! support and the bench drivers all start their emulators from here, so
+//! an emulator gains a setting in one place, and every user sets it alike.
 
 pub mod arn;
 pub mod aws;
@@ -21,129 +33,205 @@ pub mod entra;
 pub mod faults;
 pub mod gcp;
 pub mod issuer;
+pub mod issuer_keys;
 pub mod jwks;
 pub mod keys;
-pub mod set;
+pub mod ledger;
 
 pub use issuer::{Issuer, PodIdentity};
+pub use issuer_keys::IssuerKeys;
 pub use keys::SigningKey;
-pub use set::{Binding, CloudsConfig, EmulatorSet, Lifetimes};
+pub use ledger::Ledger;
 
-/// Issuers' key sets as a cloud's token service keeps them: discovered on
-/// first use, one per issuer, shared by all requests.
-pub struct IssuerKeys {
-    http: reqwest::Client,
-    sets: std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<crate::jwks::KeySet>>>,
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+
+use crate::aws::{AwsEmulatorConfig, AwsRole, AwsSts, OidcProvider};
+use crate::entra::{App, Entra, FederatedCredential};
+use crate::faults::Faults;
+use crate::gcp::{Gcp, GcpEmulatorConfig, GcpServiceAccount, WorkloadIdentityProvider};
+use crate::jwks::KeysError;
+
+/// The longest AWS session the emulated roles allow (IAM's maximum).
+const MAX_SESSION_SECONDS: u64 = 43_200;
+
+/// One Kubernetes ServiceAccount and the cloud identities trusting it.
+#[derive(Debug, Clone, Default)]
+pub struct Binding {
+    /// Its tokens' `sub`: `system:serviceaccount:NAMESPACE:NAME`.
+    pub subject: String,
+    /// The Entra app (client id) that federates it.
+    pub azure_client_id: Option<String>,
+    /// The Google service account its federated principal may impersonate.
+    pub gcp_service_account: Option<String>,
+    /// The AWS role that trusts it.
+    pub aws_role_arn: Option<String>,
 }
 
-impl IssuerKeys {
-    /// No key set yet; each is made on the first [`IssuerKeys::get`] of its
-    /// issuer and fetches with `http`.
-    pub fn new(http: reqwest::Client) -> Self {
-        IssuerKeys {
-            http,
-            sets: Default::default(),
+/// Each cloud's access-token lifetime.
+#[derive(Debug, Clone, Copy)]
+pub struct Lifetimes {
+    /// Entra ID's tokens.
+    pub azure: Duration,
+    /// Google's access tokens (STS and IAM Credentials).
+    pub gcp: Duration,
+}
+
+impl Lifetimes {
+    /// The same lifetime for every cloud.
+    pub fn all(lifetime: Duration) -> Self {
+        Lifetimes {
+            azure: lifetime,
+            gcp: lifetime,
         }
     }
+}
 
-    /// Fetches the key sets of `issuers` now.
-    pub async fn preload(
-        &self,
-        issuers: impl IntoIterator<Item = &str>,
-    ) -> Result<(), crate::jwks::KeysError> {
-        for issuer in issuers {
-            self.get(issuer).preload().await?;
-        }
-        Ok(())
-    }
+/// How the clouds are configured to trust one issuer.
+#[derive(Debug, Clone)]
+pub struct CloudsConfig {
+    /// The issuer the clouds trust (they fetch its keys by OIDC discovery).
+    pub issuer: String,
+    /// The Entra tenant of every app.
+    pub azure_tenant_id: String,
+    /// The audience Entra expects in the assertion.
+    pub azure_audience: String,
+    /// The workload identity provider's full name.
+    pub gcp_provider: String,
+    /// Audiences the provider accepts; empty: Google's default, the
+    /// provider's own name.
+    pub gcp_allowed_audiences: Vec<String>,
+    /// The audience the AWS OIDC provider lists.
+    pub aws_audience: String,
+    /// Access-token lifetimes (AWS sessions last what the caller asks).
+    pub lifetimes: Lifetimes,
+    /// Who may federate.
+    pub bindings: Vec<Binding>,
+}
 
-    /// The key set of `issuer`, found by OIDC discovery. Callers ask only
-    /// for issuers they have registered, so nothing can make an emulator
-    /// fetch from an arbitrary URL.
-    pub fn get(&self, issuer: &str) -> std::sync::Arc<crate::jwks::KeySet> {
-        let mut sets = self.sets.lock().unwrap_or_else(|p| p.into_inner());
-        sets.entry(issuer.to_string())
-            .or_insert_with(|| {
-                std::sync::Arc::new(crate::jwks::KeySet::new(
-                    crate::jwks::KeySource::Discovery {
-                        issuer: issuer.to_string(),
-                    },
-                    self.http.clone(),
-                ))
+/// The three emulators, configured and not yet serving: serve each
+/// [`EmulatorSet::routers`] entry where its cloud should be.
+pub struct EmulatorSet {
+    /// Entra ID.
+    pub entra: Arc<Entra>,
+    /// Google STS and IAM Credentials (one router).
+    pub gcp: Arc<Gcp>,
+    /// AWS STS.
+    pub aws: Arc<AwsSts>,
+}
+
+impl EmulatorSet {
+    /// The emulators `config` describes; each fetches the issuer's keys
+    /// with `http`.
+    pub fn new(config: &CloudsConfig, http: reqwest::Client) -> anyhow::Result<Self> {
+        let apps = config
+            .bindings
+            .iter()
+            .filter_map(|b| {
+                b.azure_client_id.as_ref().map(|client_id| App {
+                    tenant_id: config.azure_tenant_id.clone(),
+                    client_id: client_id.clone(),
+                    federated: vec![FederatedCredential {
+                        issuer: config.issuer.clone(),
+                        subject: b.subject.clone(),
+                        audience: config.azure_audience.clone(),
+                    }],
+                })
             })
-            .clone()
+            .collect();
+        let entra = Entra::new(apps, config.lifetimes.azure, http.clone())?;
+        let service_accounts = config
+            .bindings
+            .iter()
+            .filter_map(|b| {
+                b.gcp_service_account
+                    .as_ref()
+                    .map(|email| GcpServiceAccount {
+                        email: email.clone(),
+                        members: vec![Gcp::principal_for(&config.gcp_provider, &b.subject)],
+                    })
+            })
+            .collect();
+        let gcp = Gcp::new(
+            GcpEmulatorConfig {
+                providers: vec![WorkloadIdentityProvider {
+                    name: config.gcp_provider.clone(),
+                    issuer: config.issuer.clone(),
+                    allowed_audiences: config.gcp_allowed_audiences.clone(),
+                }],
+                service_accounts,
+                lifetime: config.lifetimes.gcp,
+            },
+            http.clone(),
+        )?;
+        let roles = config
+            .bindings
+            .iter()
+            .filter_map(|b| {
+                b.aws_role_arn.as_ref().map(|arn| AwsRole {
+                    arn: arn.clone(),
+                    trusted_subjects: vec![b.subject.clone()],
+                    max_session_duration: MAX_SESSION_SECONDS,
+                })
+            })
+            .collect();
+        let aws = AwsSts::new(
+            AwsEmulatorConfig {
+                providers: vec![OidcProvider {
+                    issuer: config.issuer.clone(),
+                    audiences: vec![config.aws_audience.clone()],
+                }],
+                roles,
+            },
+            http,
+        );
+        Ok(EmulatorSet {
+            entra: Arc::new(entra),
+            gcp: Arc::new(gcp),
+            aws: Arc::new(aws),
+        })
     }
-}
 
-/// What an emulator handed out and to whom, as the real service's own
-/// records would show (Entra's sign-in log, CloudTrail, IAM audit logs):
-/// tests ask it which identity a credential a pod received belongs to, and
-/// how many exchanges each identity caused.
-///
-/// Bounded: it keeps the last [`Ledger::CAPACITY`] credentials; the counts
-/// are per principal, of which an emulator knows a configured handful.
-#[derive(Default)]
-pub struct Ledger {
-    inner: std::sync::Mutex<LedgerInner>,
-}
+    /// Each cloud's name (`azure`, `gcp`, `aws`) and router: Entra's
+    /// authority host, Google's STS and IAM Credentials (one host), STS.
+    pub fn routers(&self) -> [(&'static str, Router); 3] {
+        [
+            ("azure", self.entra.router()),
+            ("gcp", self.gcp.router()),
+            ("aws", self.aws.router()),
+        ]
+    }
 
-#[derive(Default)]
-struct LedgerInner {
-    owners: std::collections::HashMap<String, String>,
-    order: std::collections::VecDeque<String>,
-    counts: std::collections::BTreeMap<String, u64>,
-}
+    /// Fetches the issuer's keys now, as clouds that have trusted it all
+    /// along hold them already.
+    pub async fn preload_keys(&self) -> Result<(), KeysError> {
+        self.entra.preload_keys().await?;
+        self.gcp.preload_keys().await?;
+        self.aws.preload_keys().await
+    }
 
-impl Ledger {
-    /// Credentials remembered at most; the oldest are forgotten first.
-    pub const CAPACITY: usize = 100_000;
+    /// Which cloud issued `credential` and to whom (an Entra app as
+    /// `TENANT/CLIENT_ID`, a Google principal or service-account email, an
+    /// AWS role ARN for an access key id).
+    pub fn whois(&self, credential: &str) -> Option<(&'static str, String)> {
+        [
+            ("azure", self.entra.ledger.owner(credential)),
+            ("gcp", self.gcp.ledger.owner(credential)),
+            ("aws", self.aws.ledger.owner(credential)),
+        ]
+        .into_iter()
+        .find_map(|(cloud, owner)| owner.map(|p| (cloud, p)))
+    }
 
-    /// Records that `credential` was issued to `principal`.
-    pub fn record(&self, credential: &str, principal: &str) {
-        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        *inner.counts.entry(principal.to_string()).or_default() += 1;
-        if inner.order.len() >= Self::CAPACITY {
-            if let Some(oldest) = inner.order.pop_front() {
-                inner.owners.remove(&oldest);
-            }
+    /// The faults to inject into `cloud` (`azure`, `gcp` or `aws`).
+    pub fn faults(&self, cloud: &str) -> Option<&Arc<Faults>> {
+        match cloud {
+            "azure" => Some(&self.entra.faults),
+            "gcp" => Some(&self.gcp.faults),
+            "aws" => Some(&self.aws.faults),
+            _ => None,
         }
-        inner.order.push_back(credential.to_string());
-        inner
-            .owners
-            .insert(credential.to_string(), principal.to_string());
-    }
-
-    /// The principal `credential` was issued to, if it was issued here.
-    pub fn owner(&self, credential: &str) -> Option<String> {
-        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        inner.owners.get(credential).cloned()
-    }
-
-    /// Issuances per principal since start.
-    pub fn counts(&self) -> std::collections::BTreeMap<String, u64> {
-        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        inner.counts.clone()
-    }
-}
-
-#[cfg(test)]
-mod ledger_tests {
-    use super::Ledger;
-
-    #[test]
-    fn remembers_owners_and_counts_and_forgets_the_oldest_beyond_capacity() {
-        let ledger = Ledger::default();
-        ledger.record("c0", "alice");
-        ledger.record("c1", "bob");
-        ledger.record("c2", "alice");
-        assert_eq!(ledger.owner("c1").as_deref(), Some("bob"));
-        assert_eq!(ledger.owner("nope"), None);
-        assert_eq!(ledger.counts().get("alice"), Some(&2));
-        for i in 0..Ledger::CAPACITY {
-            ledger.record(&format!("x{i}"), "carol");
-        }
-        assert_eq!(ledger.owner("c0"), None, "the oldest is forgotten");
-        assert_eq!(ledger.owner("x0").as_deref(), Some("carol"));
-        assert_eq!(ledger.counts().get("alice"), Some(&2), "counts are kept");
     }
 }
