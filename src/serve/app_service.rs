@@ -22,6 +22,7 @@ use axum::Json;
 use serde_json::json;
 
 use super::azure_imds::{issue, token_request, Fields};
+use super::paths;
 use super::{is_forwarded, with_retry_after, Query, Surfaces, FORWARDED_REFUSAL};
 use crate::broker::{BrokerError, ErrorClass};
 use crate::cloud::{Cloud, Kind, Selector, Surface, TokenRequest};
@@ -152,5 +153,56 @@ pub async fn token(surfaces: &Surfaces, request: &Parts) -> Response {
     match request {
         Ok(request) => issue(surfaces, request, fields, render_error).await,
         Err(msg) => error(StatusCode::BAD_REQUEST, msg),
+    }
+}
+/// Path of the App Service managed-identity endpoint (`IDENTITY_ENDPOINT`).
+pub const PATH: &str = "/msi/token";
+/// What this surface serves, for the answer to a path of no surface.
+pub(crate) const SERVES: &str = "/msi/token (App Service)";
+
+/// This surface's paths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Endpoint {
+    /// The token endpoint.
+    Token,
+    /// Anything else under `/msi/`.
+    Other,
+}
+
+/// The endpoint `path` is, if it is this surface's.
+pub(crate) fn classify(path: &str) -> Option<Endpoint> {
+    if paths::trimmed(path).eq_ignore_ascii_case(PATH) {
+        Some(Endpoint::Token)
+    } else if paths::starts_with_ignore_case(path, "/msi/") {
+        Some(Endpoint::Other)
+    } else {
+        None
+    }
+}
+
+/// The methods `endpoint` answers.
+#[cfg(test)]
+pub(crate) fn allowed(endpoint: Endpoint) -> Option<&'static str> {
+    (endpoint == Endpoint::Token).then_some(paths::READ)
+}
+
+/// The answer to a request for `endpoint`.
+pub(crate) async fn answer(surfaces: &Surfaces, endpoint: Endpoint, request: &Parts) -> Response {
+    match endpoint {
+        Endpoint::Token if super::is_read(request) => token(surfaces, request).await,
+        Endpoint::Token => paths::with_allow(
+            error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                paths::wrong_method(paths::READ),
+            ),
+            paths::READ,
+        ),
+        Endpoint::Other => error(
+            StatusCode::NOT_FOUND,
+            format!(
+                "{} is not served here; the managed identity endpoint is {PATH}",
+                paths::shown(request.uri.path())
+            ),
+        ),
     }
 }

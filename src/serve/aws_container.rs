@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
+use super::paths;
 use super::{
     is_forwarded, json_ok, subject, to_json, with_retry_after, wrong_credential, Surfaces,
     FORWARDED_REFUSAL,
@@ -160,4 +161,24 @@ pub async fn credentials(surfaces: &Surfaces, request: &Parts) -> Response {
     }
     .await;
     result.unwrap_or_else(|e| render_error(&e))
+}
+/// Path of the AWS container credentials endpoint.
+pub const PATH: &str = "/v1/credentials";
+/// What this surface serves, for the answer to a path of no surface.
+pub(crate) const SERVES: &str = "/v1/credentials (AWS container credentials)";
+
+/// Whether `path` is this surface's.
+pub(crate) fn classify(path: &str) -> bool {
+    paths::trimmed(path) == PATH
+}
+
+/// The answer to a request for this surface's path.
+pub(crate) async fn answer(surfaces: &Surfaces, request: &Parts) -> Response {
+    if super::is_read(request) {
+        credentials(surfaces, request).await
+    } else {
+        let message = paths::wrong_method(paths::READ);
+        let refusal = error(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", message);
+        paths::with_allow(refusal, paths::READ)
+    }
 }

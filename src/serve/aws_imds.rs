@@ -18,6 +18,7 @@ use base64::Engine;
 use serde_json::json;
 
 use super::aws_container::{aws_credentials, rfc3339};
+use super::paths;
 use super::{is_forwarded, json_ok, subject, to_json, with_retry_after, Surfaces};
 use crate::broker::{BrokerError, ErrorClass, Grant};
 use crate::cloud::{now_unix, BodyKey, Cloud, CloudError, Kind, Selector, Surface, TokenRequest};
@@ -216,6 +217,83 @@ pub async fn region(surfaces: &Surfaces, request: &Parts) -> Response {
         Some(r) => plain(StatusCode::OK, r.clone()),
         None => plain(StatusCode::NOT_FOUND, "Not Found"),
     }
+}
+
+/// Where IMDSv2 lists the instance's role; a role's credentials are below.
+pub(crate) const ROLES_PATH: &str = "/latest/meta-data/iam/security-credentials/";
+/// What this surface serves, for the answer to a path of no surface.
+pub(crate) const SERVES: &str = "/latest/ (AWS IMDSv2)";
+
+/// This surface's paths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Endpoint {
+    /// `PUT /latest/api/token`.
+    Session,
+    /// The role listing.
+    Roles,
+    /// One role's credentials.
+    Role,
+    /// `meta-data/placement/region`.
+    Region,
+    /// Anything else under `/latest/`.
+    Other,
+}
+
+/// The endpoint `path` is, if it is this surface's.
+pub(crate) fn classify(path: &str) -> Option<Endpoint> {
+    let below = path.strip_prefix("/latest/")?;
+    Some(if below == "api/token" {
+        Endpoint::Session
+    } else if below == "meta-data/placement/region" {
+        Endpoint::Region
+    } else if paths::trimmed(path) == paths::trimmed(ROLES_PATH) {
+        Endpoint::Roles
+    } else if path
+        .strip_prefix(ROLES_PATH)
+        .is_some_and(|role| !role.contains('/'))
+    {
+        Endpoint::Role
+    } else {
+        Endpoint::Other
+    })
+}
+
+/// The methods `endpoint` answers.
+pub(crate) fn allowed(endpoint: Endpoint) -> Option<&'static str> {
+    match endpoint {
+        Endpoint::Session => Some("PUT"),
+        Endpoint::Roles | Endpoint::Role | Endpoint::Region => Some(paths::READ),
+        Endpoint::Other => None,
+    }
+}
+
+/// The answer to a request for `endpoint`. EC2's metadata service answers
+/// unknown paths with a bare 404 and a wrong method with a bare 405.
+pub(crate) async fn answer(surfaces: &Surfaces, endpoint: Endpoint, request: &Parts) -> Response {
+    let read = super::is_read(request);
+    match endpoint {
+        Endpoint::Session if request.method == axum::http::Method::PUT => {
+            put_token(surfaces, request).await
+        }
+        Endpoint::Roles if read => list_roles(surfaces, request).await,
+        Endpoint::Role if read => match role(request.uri.path()) {
+            Some(role) => role_credentials(surfaces, role, request).await,
+            None => paths::bare_not_found(),
+        },
+        Endpoint::Region if read => region(surfaces, request).await,
+        Endpoint::Other => paths::bare_not_found(),
+        wrong => paths::bare_method_not_allowed(allowed(wrong).unwrap_or(paths::READ)),
+    }
+}
+
+/// The role named in a role-credentials path, percent-decoded; `None` when
+/// it is not UTF-8 (no role is named so).
+fn role(path: &str) -> Option<String> {
+    let raw = path.strip_prefix(ROLES_PATH)?;
+    percent_encoding::percent_decode_str(raw)
+        .decode_utf8()
+        .ok()
+        .map(|role| role.into_owned())
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
+use super::paths;
 use super::{
     is_forwarded, json_ok, subject, to_json, with_retry_after, wrong_credential, Query, Surfaces,
     FORWARDED_REFUSAL,
@@ -247,5 +248,61 @@ pub async fn token(surfaces: &Surfaces, request: &Parts) -> Response {
     match token_request(&query, Surface::AzureImds) {
         Ok(request) => issue(surfaces, request, IMDS_FIELDS, render_error).await,
         Err(msg) => bad_request(msg),
+    }
+}
+/// Path of the Azure IMDS token endpoint.
+pub const TOKEN_PATH: &str = "/metadata/identity/oauth2/token";
+/// What this surface serves, for the answer to a path of no surface.
+pub(crate) const SERVES: &str = "/metadata/identity/oauth2/token (Azure IMDS)";
+
+/// This surface's paths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Endpoint {
+    /// The token endpoint, as documented or spelled another way.
+    Token,
+    /// Anything else under `/metadata/`: IMDS paths Lanyard does not serve
+    /// (MSAL's `getplatformmetadata` and `issuecredential` probes).
+    Other,
+}
+
+/// The endpoint `path` is, if it is this surface's.
+pub(crate) fn classify(path: &str) -> Option<Endpoint> {
+    if paths::trimmed(path).eq_ignore_ascii_case(TOKEN_PATH) {
+        Some(Endpoint::Token)
+    } else if paths::starts_with_ignore_case(path, "/metadata/") {
+        Some(Endpoint::Other)
+    } else {
+        None
+    }
+}
+
+/// The methods `endpoint` answers.
+#[cfg(test)]
+pub(crate) fn allowed(endpoint: Endpoint) -> Option<&'static str> {
+    (endpoint == Endpoint::Token).then_some(paths::READ)
+}
+
+/// The answer to a request for `endpoint`.
+pub(crate) async fn answer(surfaces: &Surfaces, endpoint: Endpoint, request: &Parts) -> Response {
+    match endpoint {
+        Endpoint::Token if super::is_read(request) => token(surfaces, request).await,
+        Endpoint::Token => paths::with_allow(
+            error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "invalid_request",
+                paths::wrong_method(paths::READ),
+            ),
+            paths::READ,
+        ),
+        // IMDS's newer managed-identity paths answer 404 where the feature
+        // is absent, which tells MSAL to use the token endpoint.
+        Endpoint::Other => error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!(
+                "{} is not served here; the managed identity token endpoint is {TOKEN_PATH}",
+                paths::shown(request.uri.path())
+            ),
+        ),
     }
 }

@@ -10,6 +10,7 @@ use axum::http::{HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
+use super::paths;
 use super::{
     is_forwarded, json_ok, subject, to_json, with_retry_after, wrong_credential, Query, Surfaces,
     FORWARDED_REFUSAL,
@@ -371,4 +372,22 @@ fn number(n: &str) -> Value {
     n.parse::<u64>()
         .map(Value::from)
         .unwrap_or_else(|_| Value::from(n))
+}
+/// What this surface serves, for the answer to a path of no surface.
+pub(crate) const SERVES: &str = "/computeMetadata/v1/ (GCE metadata)";
+
+/// Whether `path` is this surface's: `/`, `/computeMetadata` and
+/// everything below it.
+pub(crate) fn classify(path: &str) -> bool {
+    path == "/" || path == "/computeMetadata" || path.starts_with("/computeMetadata/")
+}
+
+/// The answer to a request for one of this surface's paths.
+pub(crate) async fn answer(surfaces: &Surfaces, request: &Parts) -> Response {
+    if super::is_read(request) {
+        handle(surfaces, request).await
+    } else {
+        let message = paths::wrong_method(paths::READ);
+        paths::with_allow(text(StatusCode::METHOD_NOT_ALLOWED, message), paths::READ)
+    }
 }

@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::http::header::CONTENT_TYPE;
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 
@@ -29,12 +30,101 @@ use crate::secret::SecretString;
 pub use query::Query;
 pub use routes::SurfaceRouter;
 
-/// Path of the Azure IMDS token endpoint.
-pub const IMDS_TOKEN_PATH: &str = "/metadata/identity/oauth2/token";
-/// Path of the App Service managed-identity endpoint (`IDENTITY_ENDPOINT`).
-pub const APP_SERVICE_PATH: &str = "/msi/token";
-/// Path of the AWS container credentials endpoint.
-pub const AWS_CONTAINER_PATH: &str = "/v1/credentials";
+/// Where a request path belongs: one of a surface's endpoints, the
+/// sidecar's probes, or nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// Azure IMDS (`/metadata/…`).
+    AzureImds(azure_imds::Endpoint),
+    /// App Service (`/msi/…`).
+    AppService(app_service::Endpoint),
+    /// GCE metadata (`/`, `/computeMetadata/…`).
+    Gce,
+    /// AWS container credentials.
+    AwsContainer,
+    /// AWS IMDSv2 (`/latest/…`).
+    AwsImds(aws_imds::Endpoint),
+    /// `/healthz` and `/readyz`.
+    Probe,
+    /// No one's.
+    Unknown,
+}
+
+/// What every surface serves, for the answer to a path of none.
+const SERVED: [&str; 5] = [
+    azure_imds::SERVES,
+    app_service::SERVES,
+    gce::SERVES,
+    aws_container::SERVES,
+    aws_imds::SERVES,
+];
+
+/// Where `path` belongs. Each surface places its own paths; theirs do not
+/// overlap, so the order is only the cost of reaching the last.
+pub(crate) fn classify(path: &str) -> Route {
+    if let Some(endpoint) = azure_imds::classify(path) {
+        Route::AzureImds(endpoint)
+    } else if let Some(endpoint) = app_service::classify(path) {
+        Route::AppService(endpoint)
+    } else if gce::classify(path) {
+        Route::Gce
+    } else if aws_container::classify(path) {
+        Route::AwsContainer
+    } else if let Some(endpoint) = aws_imds::classify(path) {
+        Route::AwsImds(endpoint)
+    } else if path == "/healthz" || path == "/readyz" {
+        Route::Probe
+    } else {
+        Route::Unknown
+    }
+}
+
+#[cfg(test)]
+impl Route {
+    /// The methods the route answers; `None` for a path nothing serves.
+    pub(crate) fn allowed(self) -> Option<&'static str> {
+        match self {
+            Route::AzureImds(endpoint) => azure_imds::allowed(endpoint),
+            Route::AppService(endpoint) => app_service::allowed(endpoint),
+            Route::Gce | Route::AwsContainer | Route::Probe => Some(paths::READ),
+            Route::AwsImds(endpoint) => aws_imds::allowed(endpoint),
+            Route::Unknown => None,
+        }
+    }
+}
+
+/// The answer to `request` on `route` (probes answered elsewhere; here a
+/// probe path is no one's).
+pub(crate) async fn answer(route: Route, surfaces: &Surfaces, request: &Parts) -> Response {
+    match route {
+        Route::AzureImds(endpoint) => azure_imds::answer(surfaces, endpoint, request).await,
+        Route::AppService(endpoint) => app_service::answer(surfaces, endpoint, request).await,
+        Route::Gce => gce::answer(surfaces, request).await,
+        Route::AwsContainer => aws_container::answer(surfaces, request).await,
+        Route::AwsImds(endpoint) => aws_imds::answer(surfaces, endpoint, request).await,
+        Route::Probe | Route::Unknown => no_surface(request.uri.path()),
+    }
+}
+
+/// A path of no surface: the OAuth-style pair IMDS answers with, which any
+/// client can read, naming what is served.
+fn no_surface(path: &str) -> Response {
+    let (last, rest) = SERVED.split_last().unwrap_or((&"", &[]));
+    azure_imds::error(
+        axum::http::StatusCode::NOT_FOUND,
+        "not_found",
+        format!(
+            "{} is not served here. Lanyard serves {} and {last}",
+            paths::shown(path),
+            rest.join(", ")
+        ),
+    )
+}
+
+/// Whether `request` reads (`GET` or `HEAD`), what every token path answers.
+pub(crate) fn is_read(request: &Parts) -> bool {
+    request.method == axum::http::Method::GET || request.method == axum::http::Method::HEAD
+}
 
 /// Where the pod's projected tokens come from: files the kubelet rotates
 /// (sidecar), or the built-in issuer (dev).
@@ -86,9 +176,9 @@ impl Surfaces {
 }
 
 /// All SDK-facing routes on one listener: Azure IMDS
-/// ([`IMDS_TOKEN_PATH`]), App Service ([`APP_SERVICE_PATH`]), GCE metadata
-/// (`/computeMetadata/v1/`), AWS container credentials
-/// ([`AWS_CONTAINER_PATH`]) and AWS IMDSv2 (`/latest/`), with other
+/// ([`azure_imds::TOKEN_PATH`]), App Service ([`app_service::PATH`]), GCE
+/// metadata (`/computeMetadata/v1/`), AWS container credentials
+/// ([`aws_container::PATH`]) and AWS IMDSv2 (`/latest/`), with other
 /// spellings of these paths, and not-found and wrong-method answers in
 /// each surface's own shape.
 pub fn router(surfaces: Arc<Surfaces>) -> SurfaceRouter {
@@ -249,6 +339,109 @@ mod tests {
                 assert!(!b.is_empty());
             }),
         ]
+    }
+
+    use aws_imds::Endpoint as Ec2;
+    use azure_imds::Endpoint as Imds;
+
+    #[test]
+    fn token_paths_are_found_however_clients_spell_them() {
+        for path in [
+            "/metadata/identity/oauth2/token/",
+            "/Metadata/identity/oauth2/token",
+            "/METADATA/IDENTITY/OAUTH2/TOKEN/",
+        ] {
+            assert_eq!(classify(path), Route::AzureImds(Imds::Token), "{path}");
+        }
+        let token = app_service::Endpoint::Token;
+        assert_eq!(classify("/msi/token/"), Route::AppService(token));
+        assert_eq!(classify("/v1/credentials/"), Route::AwsContainer);
+        assert_eq!(
+            classify("/latest/meta-data/iam/security-credentials"),
+            Route::AwsImds(Ec2::Roles)
+        );
+    }
+
+    #[test]
+    fn documented_paths_are_their_surfaces() {
+        for (path, route) in [
+            (azure_imds::TOKEN_PATH, Route::AzureImds(Imds::Token)),
+            (
+                app_service::PATH,
+                Route::AppService(app_service::Endpoint::Token),
+            ),
+            ("/", Route::Gce),
+            ("/computeMetadata", Route::Gce),
+            ("/computeMetadata/", Route::Gce),
+            (
+                "/computeMetadata/v1/instance/service-accounts/default/token",
+                Route::Gce,
+            ),
+            (aws_container::PATH, Route::AwsContainer),
+            ("/latest/api/token", Route::AwsImds(Ec2::Session)),
+            (aws_imds::ROLES_PATH, Route::AwsImds(Ec2::Roles)),
+            (
+                "/latest/meta-data/iam/security-credentials/ray-data",
+                Route::AwsImds(Ec2::Role),
+            ),
+            (
+                "/latest/meta-data/iam/security-credentials/a%2Fb",
+                Route::AwsImds(Ec2::Role),
+            ),
+            (
+                "/latest/meta-data/placement/region",
+                Route::AwsImds(Ec2::Region),
+            ),
+            ("/healthz", Route::Probe),
+            ("/readyz", Route::Probe),
+        ] {
+            assert_eq!(classify(path), route, "{path}");
+            assert!(route.allowed().is_some(), "{path} answers some method");
+        }
+    }
+
+    #[test]
+    fn other_paths_belong_to_their_surface_or_none() {
+        let other = Route::AzureImds(Imds::Other);
+        for (path, route) in [
+            ("/metadata/identity/getplatformmetadata", other),
+            ("/metadata/identity/issuecredential", other),
+            ("/metadata/instance", other),
+            ("/metadata/identity/oauth2/token//", other),
+            ("/metadata/identity/oauth2/tokens", other),
+            (
+                "/msi/other",
+                Route::AppService(app_service::Endpoint::Other),
+            ),
+            ("/latest/user-data", Route::AwsImds(Ec2::Other)),
+            ("/latest/api/token/", Route::AwsImds(Ec2::Other)),
+            (
+                "/latest/meta-data/iam/security-credentials/a/b",
+                Route::AwsImds(Ec2::Other),
+            ),
+            ("/v1/credentialsx", Route::Unknown),
+            ("/V1/credentials", Route::Unknown),
+            ("/computeMetadataX", Route::Unknown),
+            ("/ComputeMetadata/v1/", Route::Unknown),
+            ("/healthz/", Route::Unknown),
+            ("", Route::Unknown),
+            ("/é/metadata", Route::Unknown),
+        ] {
+            assert_eq!(classify(path), route, "{path}");
+            assert!(route.allowed().is_none(), "{path} is not served");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_path_of_no_surface_names_every_surface() {
+        let response = no_surface("/nowhere");
+        assert_eq!(response.status(), 404);
+        let body = to_bytes(response.into_body(), 1 << 16).await.unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            v["error_description"],
+            "/nowhere is not served here. Lanyard serves /metadata/identity/oauth2/token (Azure IMDS), /msi/token (App Service), /computeMetadata/v1/ (GCE metadata), /v1/credentials (AWS container credentials) and /latest/ (AWS IMDSv2)"
+        );
     }
 
     #[tokio::test]

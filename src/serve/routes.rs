@@ -4,22 +4,20 @@
 //! is answered in a few microseconds, so routing is a noticeable part of
 //! each request. An axum router costs a route-table walk, a map of path
 //! parameters and a boxed future per request (about a tenth of a cached
-//! hit's instructions under callgrind). Here [`paths::classify`] places
-//! the path by a few string comparisons, the handler is called directly,
-//! and its future lives in the connection's task.
+//! hit's instructions under callgrind). Here [`super::classify`] places
+//! the path by a few string comparisons (each surface's own), the handler
+//! is called directly, and its future lives in the connection's task.
 
 use std::future::Future;
 use std::sync::Arc;
 
 use axum::body::{Bytes, HttpBody};
-use axum::http::{Method, Request};
+use axum::http::Request;
 use axum::response::Response;
 use hyper::body::Incoming;
-use percent_encoding::percent_decode_str;
 use tower::ServiceExt;
 
-use super::paths::{self, Route, AWS_ROLES_PATH};
-use super::{app_service, aws_container, aws_imds, azure_imds, gce, Surfaces};
+use super::{classify, Route, Surfaces};
 use crate::http::Respond;
 
 /// Every SDK-facing route on one listener (see [`super::router`]).
@@ -51,7 +49,7 @@ impl SurfaceRouter {
         B: HttpBody<Data = Bytes> + Send + 'static,
         B::Error: Into<axum::BoxError>,
     {
-        let route = paths::classify(request.uri().path());
+        let route = classify(request.uri().path());
         if let (Route::Probe, Some(probes)) = (route, self.probes) {
             return match probes.oneshot(request).await {
                 Ok(response) => response,
@@ -60,27 +58,8 @@ impl SurfaceRouter {
         }
         // No surface reads a body.
         let (parts, _body) = request.into_parts();
-        let surfaces = &*self.surfaces;
-        let read = parts.method == Method::GET || parts.method == Method::HEAD;
-        match route {
-            Route::ImdsToken if read => azure_imds::token(surfaces, &parts).await,
-            Route::AppServiceToken if read => app_service::token(surfaces, &parts).await,
-            Route::Gce if read => gce::handle(surfaces, &parts).await,
-            Route::AwsContainer if read => aws_container::credentials(surfaces, &parts).await,
-            Route::AwsImdsSession if parts.method == Method::PUT => {
-                aws_imds::put_token(surfaces, &parts).await
-            }
-            Route::AwsImdsRoles if read => aws_imds::list_roles(surfaces, &parts).await,
-            Route::AwsImdsRole if read => match role(parts.uri.path()) {
-                Some(role) => aws_imds::role_credentials(surfaces, role, &parts).await,
-                None => paths::not_found(Route::AwsImdsOther, parts.uri.path()),
-            },
-            Route::AwsImdsRegion if read => aws_imds::region(surfaces, &parts).await,
-            // A path without its probes (`lanyard dev`) is no one's.
-            Route::Probe => paths::not_found(Route::Unknown, parts.uri.path()),
-            route if route.allowed().is_some() => paths::method_not_allowed(route),
-            route => paths::not_found(route, parts.uri.path()),
-        }
+        // A probe path without its probes (`lanyard dev`) is no one's.
+        super::answer(route, &self.surfaces, &parts).await
     }
 }
 
@@ -91,16 +70,6 @@ impl Respond for SurfaceRouter {
     ) -> impl Future<Output = Response> + Send + 'static {
         self.answer(request)
     }
-}
-
-/// The role named in a role-credentials path, percent-decoded; `None` when
-/// it is not UTF-8 (no role is named so).
-fn role(path: &str) -> Option<String> {
-    let raw = path.strip_prefix(AWS_ROLES_PATH)?;
-    percent_decode_str(raw)
-        .decode_utf8()
-        .ok()
-        .map(|role| role.into_owned())
 }
 
 #[cfg(test)]
@@ -118,6 +87,7 @@ mod tests {
     use crate::secret::SecretString;
     use crate::serve::aws_imds::SessionTokens;
     use crate::serve::SubjectTokens;
+    use axum::http::Method;
 
     /// Records what it was asked and refuses it (as an unbound identity).
     #[derive(Default)]
@@ -246,7 +216,7 @@ mod tests {
             ),
             (
                 Method::GET,
-                AWS_ROLES_PATH,
+                crate::serve::aws_imds::ROLES_PATH,
                 &imds_v2,
                 Surface::AwsImds,
                 Kind::Identity,
@@ -344,7 +314,12 @@ mod tests {
                 "GET,HEAD is allowed",
             ),
             (Method::GET, "/latest/api/token", "PUT", ""),
-            (Method::PUT, AWS_ROLES_PATH, "GET,HEAD", ""),
+            (
+                Method::PUT,
+                crate::serve::aws_imds::ROLES_PATH,
+                "GET,HEAD",
+                "",
+            ),
             (
                 Method::POST,
                 "/latest/meta-data/iam/security-credentials/r",
@@ -397,6 +372,6 @@ mod tests {
         assert_eq!((status, body.as_str(), asked), (404, "Not Found", None));
     }
 
-    const IMDS_TOKEN: &str = crate::serve::IMDS_TOKEN_PATH;
-    const AWS_CONTAINER_PATH: &str = crate::serve::AWS_CONTAINER_PATH;
+    const IMDS_TOKEN: &str = crate::serve::azure_imds::TOKEN_PATH;
+    const AWS_CONTAINER_PATH: &str = crate::serve::aws_container::PATH;
 }

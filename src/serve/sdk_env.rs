@@ -6,7 +6,8 @@
 //! (`AZURE_FEDERATED_TOKEN_FILE`, `AWS_WEB_IDENTITY_TOKEN_FILE`,
 //! `AWS_ROLE_ARN`) are never set here.
 
-use super::{APP_SERVICE_PATH, AWS_CONTAINER_PATH};
+use super::app_service::PATH as APP_SERVICE_PATH;
+use super::aws_container::PATH as AWS_CONTAINER_PATH;
 use crate::cloud::{Bindings, Cloud};
 
 /// Variables that make an SDK take another credential source before it
