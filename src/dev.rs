@@ -317,7 +317,7 @@ impl DevStack {
             subjects,
             SecretString::from(identity_header.clone()),
             Some(ContainerToken::new(aws_token_file.clone())),
-            SdkDefaults::from_config(config),
+            config.clouds().sdk_defaults(),
         ));
         let listeners =
             per_thread::bind(config.listen, "SDK surfaces", per_thread::default_threads()).await?;

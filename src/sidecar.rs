@@ -20,7 +20,6 @@ use crate::http::{
 };
 use crate::secret::{random_token, SecretString};
 use crate::serve::container_token::ContainerToken;
-use crate::serve::sdk_env::SdkDefaults;
 use crate::serve::token_shelf::TokenShelf;
 use crate::serve::{self, SubjectTokens, Surfaces};
 
@@ -157,7 +156,7 @@ impl Sidecar {
             tokens.clone(),
             SecretString::from(identity_header),
             Some(ContainerToken::new(app_token)),
-            SdkDefaults::from_config(config),
+            config.clouds().sdk_defaults(),
         ));
         // Notice rotations of the container authorization token while no
         // one calls, so the token a rotation replaces is known when a

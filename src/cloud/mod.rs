@@ -397,6 +397,14 @@ impl CloudSettings<'_> {
         })
     }
 
+    /// What the SDK environment takes from these sections.
+    pub fn sdk_defaults(&self) -> SdkDefaults {
+        SdkDefaults {
+            azure_tenant_id: self.azure.tenant_id.clone(),
+            aws_region: Some(self.aws.region.clone()),
+        }
+    }
+
     /// Registers the exchanger of every configured cloud.
     pub fn register(
         &self,
@@ -409,6 +417,26 @@ impl CloudSettings<'_> {
         }
         registry.register(self.aws.exchanger(http.clone()));
         Ok(())
+    }
+}
+
+/// Settings the SDK environment takes from configuration when a binding
+/// does not name them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SdkDefaults {
+    /// Tenant for Azure bindings that name none (`AZURE_TENANT_ID`).
+    pub azure_tenant_id: Option<String>,
+    /// The AWS region (`AWS_REGION`, `AWS_DEFAULT_REGION`, and the
+    /// sidecar's `LANYARD_AWS_REGION`); `None` sets none.
+    pub aws_region: Option<String>,
+}
+
+impl SdkDefaults {
+    /// What the sidecar of a pod that presents its app-facing token is
+    /// told of these defaults (the region its IMDS surface reports).
+    pub fn sidecar_vars(&self) -> Vec<(&'static str, String)> {
+        let region = self.aws_region.iter();
+        region.map(|r| ("LANYARD_AWS_REGION", r.clone())).collect()
     }
 }
 

@@ -23,6 +23,7 @@ use serde_json::json;
 
 use super::azure_imds::{issue, token_request, Fields};
 use super::paths;
+use super::sdk_env::SdkEnv;
 use super::{is_forwarded, with_retry_after, Query, Surfaces, FORWARDED_REFUSAL};
 use crate::broker::{BrokerError, ErrorClass};
 use crate::cloud::{Cloud, Kind, Selector, Surface, TokenRequest};
@@ -206,3 +207,39 @@ pub(crate) async fn answer(surfaces: &Surfaces, endpoint: Endpoint, request: &Pa
         ),
     }
 }
+/// The Azure SDKs' variables (`serve::sdk_env`): App Service for current
+/// SDKs (they take `IDENTITY_ENDPOINT` first), IMDS for those that speak
+/// only IMDS, the older App Service protocol (2017-09-01) for SDKs from
+/// before 2019-08-01, which take it first (docs/compatibility.md).
+pub(crate) fn sdk_vars(env: &SdkEnv, base: &str, vars: &mut Vec<(&'static str, String)>) {
+    vars.push(("AZURE_POD_IDENTITY_AUTHORITY_HOST", base.to_string()));
+    vars.push(("IDENTITY_ENDPOINT", format!("{base}{PATH}")));
+    vars.push(("IDENTITY_HEADER", env.identity_header.to_string()));
+    vars.push(("MSI_ENDPOINT", format!("{base}{PATH}")));
+    vars.push(("MSI_SECRET", env.identity_header.to_string()));
+    if let Some(az) = &env.bindings.azure {
+        vars.push(("AZURE_CLIENT_ID", az.client_id.clone()));
+        let default = env.defaults.azure_tenant_id.as_ref();
+        if let Some(tenant) = az.tenant_id.as_ref().or(default) {
+            vars.push(("AZURE_TENANT_ID", tenant.clone()));
+        }
+    }
+}
+
+/// Variables that make this cloud's SDKs take another credential source
+/// before they reach the sidecar: left alone (the user may mean them) and
+/// reported by the webhook.
+pub(crate) const CONFLICTS: &[(&str, &str)] = &[
+    (
+        "AZURE_FEDERATED_TOKEN_FILE",
+        "azure-identity uses workload identity federation before managed identity",
+    ),
+    (
+        "AZURE_CLIENT_SECRET",
+        "azure-identity uses the client secret before managed identity",
+    ),
+    (
+        "AZURE_CLIENT_CERTIFICATE_PATH",
+        "azure-identity uses the client certificate before managed identity",
+    ),
+];

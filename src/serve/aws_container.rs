@@ -12,6 +12,7 @@ use axum::Json;
 use serde_json::json;
 
 use super::paths;
+use super::sdk_env::SdkEnv;
 use super::{
     is_forwarded, json_ok, subject, to_json, with_retry_after, wrong_credential, Surfaces,
     FORWARDED_REFUSAL,
@@ -182,3 +183,33 @@ pub(crate) async fn answer(surfaces: &Surfaces, request: &Parts) -> Response {
         paths::with_allow(refusal, paths::READ)
     }
 }
+/// The AWS SDKs' variables (`serve::sdk_env`).
+pub(crate) fn sdk_vars(env: &SdkEnv, base: &str, vars: &mut Vec<(&'static str, String)>) {
+    vars.push((
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        format!("{base}{PATH}"),
+    ));
+    vars.push((
+        "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
+        env.app_token_file.to_string(),
+    ));
+    // IMDS goes to the sidecar too, so an SDK that falls back to instance
+    // metadata never reaches the node's own role.
+    vars.push(("AWS_EC2_METADATA_SERVICE_ENDPOINT", format!("{base}/")));
+    // The JS, Go and Java SDKs read AWS_REGION; botocore (boto3, the aws
+    // CLI) reads only AWS_DEFAULT_REGION. Both, as the EKS pod identity
+    // webhook sets them.
+    if let Some(region) = &env.defaults.aws_region {
+        vars.push(("AWS_REGION", region.clone()));
+        vars.push(("AWS_DEFAULT_REGION", region.clone()));
+    }
+}
+
+/// Variables that make this cloud's SDKs take another credential source
+/// before they reach the sidecar: left alone (the user may mean them) and
+/// reported by the webhook.
+pub(crate) const CONFLICTS: &[(&str, &str)] = &[
+    ("AWS_WEB_IDENTITY_TOKEN_FILE", "the AWS SDKs use web identity before container credentials"),
+    ("AWS_ROLE_ARN", "the AWS SDKs assume this role by web identity (with AWS_WEB_IDENTITY_TOKEN_FILE) before container credentials"),
+    ("AWS_ACCESS_KEY_ID", "the AWS SDKs use static keys before container credentials"),
+];

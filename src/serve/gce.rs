@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
 use super::paths;
+use super::sdk_env::SdkEnv;
 use super::{
     is_forwarded, json_ok, subject, to_json, with_retry_after, wrong_credential, Query, Surfaces,
     FORWARDED_REFUSAL,
@@ -391,3 +392,18 @@ pub(crate) async fn answer(surfaces: &Surfaces, request: &Parts) -> Response {
         paths::with_allow(text(StatusCode::METHOD_NOT_ALLOWED, message), paths::READ)
     }
 }
+/// The Google SDKs' variables (`serve::sdk_env`): google-auth reads the
+/// first two, gcloud the third.
+pub(crate) fn sdk_vars(env: &SdkEnv, _base: &str, vars: &mut Vec<(&'static str, String)>) {
+    for name in ["GCE_METADATA_HOST", "GCE_METADATA_IP", "GCE_METADATA_ROOT"] {
+        vars.push((name, env.host_port.to_string()));
+    }
+}
+
+/// Variables that make this cloud's SDKs take another credential source
+/// before they reach the sidecar: left alone (the user may mean them) and
+/// reported by the webhook.
+pub(crate) const CONFLICTS: &[(&str, &str)] = &[(
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "google-auth uses that file before the metadata server",
+)];

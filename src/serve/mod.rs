@@ -121,6 +121,31 @@ fn no_surface(path: &str) -> Response {
     )
 }
 
+/// Adds `cloud`'s SDK variables for `env` (`base` is the surfaces' URL)
+/// to `vars`: from the surface its SDKs call.
+pub(crate) fn sdk_vars(
+    cloud: Cloud,
+    env: &sdk_env::SdkEnv,
+    base: &str,
+    vars: &mut Vec<(&'static str, String)>,
+) {
+    match cloud {
+        Cloud::Azure => app_service::sdk_vars(env, base, vars),
+        Cloud::Gcp => gce::sdk_vars(env, base, vars),
+        Cloud::Aws => aws_container::sdk_vars(env, base, vars),
+    }
+}
+
+/// Variables that make `cloud`'s SDKs take another credential source
+/// before they reach the sidecar, each with why.
+pub fn conflicts(cloud: Cloud) -> &'static [(&'static str, &'static str)] {
+    match cloud {
+        Cloud::Azure => app_service::CONFLICTS,
+        Cloud::Gcp => gce::CONFLICTS,
+        Cloud::Aws => aws_container::CONFLICTS,
+    }
+}
+
 /// Whether `request` reads (`GET` or `HEAD`), what every token path answers.
 pub(crate) fn is_read(request: &Parts) -> bool {
     request.method == axum::http::Method::GET || request.method == axum::http::Method::HEAD

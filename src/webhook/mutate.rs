@@ -14,7 +14,7 @@ use serde_json::value::RawValue;
 
 use crate::cloud::{Bindings, Cloud, PerCloud};
 use crate::config::Config;
-use crate::serve::sdk_env::{SdkDefaults, SdkEnv, CONFLICTS};
+use crate::serve::sdk_env::{SdkDefaults, SdkEnv};
 use crate::transparent::METADATA_ADDR;
 
 use super::inject::{app_token_volume, mount, plain_env, redirect, sidecar, tokens_volume};
@@ -148,7 +148,7 @@ impl InjectionConfig {
             probe_port: w.probe_port,
             audiences: config.audiences(),
             app_audience: w.app_audience.clone(),
-            sdk: SdkDefaults::from_config(config),
+            sdk: config.clouds().sdk_defaults(),
             resources: SidecarResources {
                 cpu_request: w.sidecar_cpu_request.clone(),
                 memory_request: w.sidecar_memory_request.clone(),
@@ -592,8 +592,12 @@ fn patch_container(
             container.name
         ));
     }
-    for (cloud, name, why) in CONFLICTS {
-        if plan.clouds.contains(cloud) && names.contains_key(name) {
+    let conflicts = plan.clouds.iter().flat_map(|&c| {
+        let each = crate::serve::conflicts(c).iter();
+        each.map(move |(name, why)| (c, name, why))
+    });
+    for (cloud, name, why) in conflicts {
+        if names.contains_key(name) {
             warnings.push(format!(
                 "lanyard: container {:?} sets {name}: {why}, so it will not use Lanyard's {cloud} credentials",
                 container.name
