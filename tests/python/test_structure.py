@@ -5,6 +5,10 @@ concern)."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+
 from conftest import ROOT
 
 MAX_LINES = 1000
@@ -36,3 +40,25 @@ def test_the_measure_counts_up_to_the_test_module():
     text = "fn a() {}\n\n#[cfg(test)]\nmod tests {\n    #[test]\n    fn t() {}\n}\n"
     assert lines_before_tests(text) == 2
     assert lines_before_tests("fn a() {}\n#[cfg(test)]\nfn helper() {}\n") == 3
+
+
+def test_the_files_a_new_cloud_touches_are_the_ones_docs_list():
+    """scripts/cloud-files: every file whose code names a cloud is an
+    existing cloud's own or on docs/adding-a-cloud.md's list, and the list
+    stays within its bound."""
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "cloud-files"), "-v"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "9 files:" in run.stdout, run.stdout
+
+
+def test_the_cloud_files_check_fails_on_a_file_that_names_a_cloud(tmp_path):
+    """The control: in a copy of the tree, a product file that
+    special-cases a cloud, and is on no list, fails the check."""
+    for part in ["src", "emulators/src", "docs"]:
+        shutil.copytree(ROOT / part, tmp_path / part)
+    (tmp_path / "src" / "stray.rs").write_text("fn f(c: Cloud) -> bool { c == Cloud::Aws }\n")
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "cloud-files"), "--root", str(tmp_path)],
+                         capture_output=True, text=True)
+    assert run.returncode == 1
+    assert "src/stray.rs names a cloud (Aws)" in run.stdout, run.stdout
