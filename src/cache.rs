@@ -23,6 +23,7 @@
 //! Time is `tokio::time::Instant`, so tests drive all of this with paused
 //! time; a credential's wall-clock expiry is converted once, when stored.
 
+mod entries;
 pub mod fairness;
 mod key;
 pub mod limits;
@@ -49,11 +50,9 @@ pub use refreshes::{refresh_at, MIN_REFRESH_AHEAD};
 /// The longest a subject token is taken to stay valid (a year).
 const SUBJECT_LIFETIME_CAP_SECS: u64 = 365 * 24 * 3600;
 
-/// The entries' map: keyed by [`CacheKey`], looked up by [`KeyRef`], with
-/// std's randomly keyed SipHash (scopes are caller-chosen text).
-/// A key is shared (`Arc`) by its entry, its exchange in flight and its
-/// scheduled refresh, rather than copied into each.
-type Entries = hashbrown::HashMap<Arc<CacheKey>, Entry, std::hash::RandomState>;
+// A key is shared (`Arc`) by its entry, its index by caller, its exchange
+// in flight and its scheduled refresh, rather than copied into each.
+use entries::Entries;
 
 /// How a request was answered, for the audit record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -440,19 +439,10 @@ impl Cache {
     }
 }
 
-/// Entries one caller holds, and its least recently used idle one.
-type CallerHolding<'a> = (usize, Option<(&'a CacheKey, Instant)>);
-
 /// How many entries `key`'s caller holds, and how many of them have an
-/// exchange in flight. A scan: only misses pay for it, and a miss waits on
-/// an upstream call that costs far more.
+/// exchange in flight (a look at that caller's entries only).
 fn caller_use(entries: &Entries, key: &KeyRef<'_>) -> (usize, usize) {
-    entries
-        .iter()
-        .filter(|(k, _)| k.namespace == key.namespace && k.service_account == key.service_account)
-        .fold((0, 0), |(held, inflight), (_, e)| {
-            (held + 1, inflight + usize::from(e.inflight.is_some()))
-        })
+    entries.holding(key.namespace, key.service_account)
 }
 
 async fn wait(
@@ -692,27 +682,7 @@ impl Inner {
     /// that a caller filling the cache loses its own entries first.
     fn make_room(&self, entries: &mut Entries) {
         while entries.len() >= self.config.max_entries.max(1) {
-            let victim = {
-                // Per caller: entries held, and its least recently used
-                // idle entry.
-                let mut held: hashbrown::HashMap<(&str, &str), CallerHolding<'_>> =
-                    hashbrown::HashMap::new();
-                for (k, e) in entries.iter() {
-                    let slot = held
-                        .entry((k.namespace.as_str(), k.service_account.as_str()))
-                        .or_insert((0, None));
-                    slot.0 += 1;
-                    if e.inflight.is_none() && slot.1.is_none_or(|(_, at)| e.last_access < at) {
-                        slot.1 = Some((k, e.last_access));
-                    }
-                }
-                let victim = held
-                    .values()
-                    .filter_map(|(count, lru)| lru.map(|(k, at)| (*count, at, k)))
-                    .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)))
-                    .map(|(_, _, k)| k.clone());
-                victim
-            };
+            let victim = entries.eviction_victim();
             let Some(victim) = victim else {
                 return; // everything is in flight; allow a temporary overshoot
             };
@@ -769,15 +739,7 @@ impl Inner {
             return Err(self.limited(key.cloud, CallerLimit::NewKeys, Some(wait)));
         }
         if held >= limits.max_entries.max(1) {
-            let own = entries
-                .iter()
-                .filter(|(k, e)| {
-                    e.inflight.is_none()
-                        && k.namespace == key.namespace
-                        && k.service_account == key.service_account
-                })
-                .min_by_key(|(_, e)| e.last_access)
-                .map(|(k, _)| k.clone());
+            let own = entries.least_recent_idle(key.namespace, key.service_account);
             let Some(own) = own else {
                 return Err(self.limited(key.cloud, CallerLimit::Entries, None));
             };
@@ -794,9 +756,7 @@ impl Inner {
 
     fn remove_where(&self, reason: &'static str, pred: impl Fn(&CacheKey) -> bool) {
         let mut entries = self.lock();
-        let before = entries.len();
-        entries.retain(|k, _| !pred(k));
-        let removed = before - entries.len();
+        let removed = entries.retain(|k, _| !pred(k));
         if removed > 0 {
             self.metrics
                 .cache_evictions
@@ -823,9 +783,8 @@ async fn sweep(inner: Weak<Inner>) {
         let now = Instant::now();
         let idle = inner.config.idle_ttl;
         let mut entries = inner.lock();
-        let before = entries.len();
-        entries.retain(|_, e| e.inflight.is_some() || now.duration_since(e.last_access) < idle);
-        let removed = before - entries.len();
+        let removed =
+            entries.retain(|_, e| e.inflight.is_some() || now.duration_since(e.last_access) < idle);
         if removed > 0 {
             inner
                 .metrics

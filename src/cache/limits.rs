@@ -17,7 +17,12 @@ use crate::cloud::{Cloud, PerCloud};
 /// callers are admitted in the order they asked, each woken once. (A
 /// bucket whose waiters all sleep until the next token and race for it
 /// lets a late caller win again and again: with 2,000 callers at 50 a
-/// second, some waited past their clients' 20-s timeout.)
+/// second, some waited past their clients' 20-s timeout.) Not `governor`,
+/// the well-kept GCRA crate: its `until_ready` sleeps until the bucket
+/// could admit and then asks again, racing every other waiter (its docs:
+/// "might resolve at some later time (depending on what other measurements
+/// are made)"), which is that same unordered wait; the order is the reason
+/// for these forty lines, not speed.
 pub struct TokenBucket {
     /// Seconds between tokens.
     interval: Duration,

@@ -482,10 +482,12 @@ async fn lru_and_idle_eviction() {
     get(&cache, &b, &up).await.unwrap();
     assert_eq!(up.calls(), calls + 1, "b was evicted");
     assert!(cache.inner.metrics.render().contains("reason=\"lru\""));
+    assert!(cache.inner.lock().index_is_exact());
 
     // Nobody asks for 11 minutes: everything is swept.
     tokio::time::sleep(Duration::from_secs(660)).await;
     assert_eq!(cache.len(), 0);
+    assert!(cache.inner.lock().index_is_exact());
     assert!(cache.inner.metrics.render().contains("reason=\"idle\""));
 }
 
@@ -762,11 +764,70 @@ async fn a_caller_at_its_quota_or_filling_the_cache_evicts_only_its_own() {
         }
     }
     assert_eq!(up.calls(), calls, "a victim's entry was evicted");
+    assert!(cache.inner.lock().index_is_exact());
     // The flood kept at most its quota: its oldest are gone.
     get(&cache, &key(Cloud::Azure, "flood", "s0"), &up)
         .await
         .unwrap();
     assert_eq!(up.calls(), calls + 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_cache_evicts_from_the_heaviest_caller_its_least_recent_entry() {
+    let config = CacheConfig {
+        max_entries: 7,
+        caller: CallerLimits {
+            new_keys_burst: 1000.0,
+            ..CallerLimits::default()
+        },
+        ..Default::default()
+    };
+    let cache = cache(config);
+    let up = Upstream::new(3600);
+    // a and b hold three entries each, c one; b's oldest is older than a's.
+    for (sa, scope) in [
+        ("b", "1"),
+        ("a", "1"),
+        ("a", "2"),
+        ("b", "2"),
+        ("a", "3"),
+        ("b", "3"),
+        ("c", "1"),
+    ] {
+        get(&cache, &key(Cloud::Azure, sa, scope), &up)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert_eq!(cache.len(), 7);
+    // c's second entry: a and b tie at three, b's "1" is the least recent.
+    get(&cache, &key(Cloud::Azure, "c", "2"), &up)
+        .await
+        .unwrap();
+    assert_eq!(cache.len(), 7);
+    let calls = up.calls();
+    for (sa, scope) in [("a", "1"), ("a", "2"), ("a", "3"), ("b", "2"), ("b", "3")] {
+        get(&cache, &key(Cloud::Azure, sa, scope), &up)
+            .await
+            .unwrap();
+    }
+    assert_eq!(up.calls(), calls, "only b's least recent entry went");
+    // Now a holds three, b two, c two: a gives way, not c.
+    get(&cache, &key(Cloud::Azure, "d", "1"), &up)
+        .await
+        .unwrap();
+    let calls = up.calls();
+    for (sa, scope) in [("c", "1"), ("c", "2"), ("b", "2"), ("b", "3")] {
+        get(&cache, &key(Cloud::Azure, sa, scope), &up)
+            .await
+            .unwrap();
+    }
+    assert_eq!(up.calls(), calls, "the lighter callers kept theirs");
+    let index = cache.inner.lock();
+    assert!(index.index_is_exact());
+    assert_eq!(index.holding("default", "a"), (2, 0), "a gave one way");
+    assert_eq!(index.holding("default", "d"), (1, 0));
+    assert_eq!(index.holding("default", "nobody"), (0, 0));
 }
 
 #[test]
