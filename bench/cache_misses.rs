@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lanyard::cache::{Cache, CacheConfig, CallerLimits, CacheKey, Fetcher, FetchFuture};
+use lanyard::cache::{Cache, CacheConfig, CacheKey, CallerLimits, FetchFuture, Fetcher};
 use lanyard::cloud::{AccessToken, Cloud, Credential, PerCloud};
 use lanyard::secret::SecretString;
 use lanyard::telemetry::metrics::Metrics;

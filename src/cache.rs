@@ -633,6 +633,7 @@ impl Inner {
                 }
             }
         }
+        entries.exchange_ended(key);
         tracing::debug!(cloud = %key.cloud, namespace = %key.namespace, service_account = %key.service_account, ok = result.is_ok(), is_refresh, "exchange completed");
     }
 

@@ -914,3 +914,121 @@ fn exchanges_run_on_the_runtime_the_cache_was_made_on() {
     assert_eq!(served.unwrap(), "token-1");
     assert_eq!(*ran_on.lock().unwrap(), [Some("cache-home".to_string())]);
 }
+
+/// The eviction the index finds is the one a scan of every entry finds
+/// (the rule: among the callers holding the most, the least recently used
+/// idle entry), through a long random run of new keys, hits, exchanges
+/// starting and ending, removals and evictions.
+#[tokio::test(start_paused = true)]
+async fn the_index_evicts_what_a_full_scan_would() {
+    use super::entries::Entries;
+    let base = Instant::now();
+    let up = Upstream::new(3600);
+    let entry = |at: Instant| Entry {
+        value: None,
+        inflight: None,
+        failure: None,
+        subject: subject("s"),
+        subject_until: at,
+        fetcher: up.fetcher(),
+        last_access: at,
+        generation: 0,
+    };
+    // The rule, by scanning everything.
+    let scan = |entries: &Entries, keys: &[Arc<CacheKey>]| {
+        let mut held: std::collections::HashMap<&str, usize> = Default::default();
+        for k in keys {
+            *held.entry(k.service_account.as_str()).or_default() += 1;
+        }
+        keys.iter()
+            .filter_map(|k| {
+                let sa = k.service_account.as_str();
+                let e = entries.entry_for_tests(k)?;
+                e.inflight
+                    .is_none()
+                    .then(|| (held[sa], e.last_access, k.clone()))
+            })
+            .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)))
+            .map(|(_, _, k)| k)
+    };
+    let mut entries = Entries::default();
+    let mut keys: Vec<Arc<CacheKey>> = Vec::new();
+    let mut seed: u64 = 0x5eed;
+    let mut next = |n: usize| {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((seed >> 33) as usize) % n.max(1)
+    };
+    let (tx, rx) = watch::channel(None);
+    for step in 0..4000u64 {
+        let at = base + Duration::from_micros(step + 1);
+        match next(10) {
+            0..=3 => {
+                let k = Arc::new(key(
+                    Cloud::Azure,
+                    &format!("sa{}", next(6)),
+                    &format!("k{step}"),
+                ));
+                entries.insert(k.clone(), entry(at));
+                keys.push(k);
+            }
+            4..=5 if !keys.is_empty() => {
+                let k = keys[next(keys.len())].clone();
+                entries.get_mut(&k).unwrap().last_access = at;
+            }
+            6 if !keys.is_empty() => {
+                let k = keys[next(keys.len())].clone();
+                let e = entries.get_mut(&k).unwrap();
+                let ended = e.inflight.is_some();
+                e.inflight = match e.inflight {
+                    Some(_) => None,
+                    None => Some(rx.clone()),
+                };
+                if ended {
+                    entries.exchange_ended(&k);
+                }
+            }
+            7 if !keys.is_empty() => {
+                let k = keys.swap_remove(next(keys.len()));
+                assert!(entries.remove(&k).is_some());
+            }
+            8 if !keys.is_empty() => {
+                let k = keys[next(keys.len())].clone();
+                let own = entries.least_recent_idle(&k.namespace, &k.service_account);
+                let expected = keys
+                    .iter()
+                    .filter(|o| o.service_account == k.service_account)
+                    .filter_map(|o| {
+                        let e = entries.entry_for_tests(o)?;
+                        e.inflight.is_none().then(|| (e.last_access, o.clone()))
+                    })
+                    .min_by_key(|(at, _)| *at)
+                    .map(|(_, o)| o);
+                assert_eq!(own, expected, "step {step}: a caller's own least recent");
+            }
+            _ => {
+                let expected = scan(&entries, &keys);
+                let victim = entries.eviction_victim();
+                assert_eq!(victim, expected, "step {step}");
+                if let Some(v) = victim {
+                    entries.remove(&v);
+                    keys.retain(|k| **k != *v);
+                }
+            }
+        }
+        if step % 97 == 0 {
+            assert!(entries.index_is_exact(), "step {step}");
+            assert_eq!(entries.len(), keys.len());
+        }
+    }
+    drop(tx);
+    // Sweeping (retain) keeps the index exact too.
+    let cut = base + Duration::from_micros(2000);
+    let removed = entries.retain(|_, e| e.last_access >= cut);
+    keys.retain(|k| entries.entry_for_tests(k).is_some());
+    assert_eq!(entries.len(), keys.len());
+    assert!(removed > 0);
+    assert!(entries.index_is_exact());
+    assert_eq!(entries.eviction_victim(), scan(&entries, &keys));
+}
