@@ -115,10 +115,22 @@ bench_measure() {
     bench_start "$1"
     local host=$bench_host
     wrk -t2 -c64 -d2s -H 'Metadata: true' "http://$host$imds_path" >/dev/null
-    wrk --latency -t2 -c64 -d"$duration" -H 'Metadata: true' "http://$host$imds_path" |
-        awk '/Requests\/sec/ {rps=$2} /^ +99%/ {p99=$2} /Non-2xx/ {bad=$4} END {print rps, p99, (bad ? "non-2xx:" bad : "")}'
+    local t0 t1
+    t0=$(bench_cpu_ticks "$bench_pid")
+    wrk --latency -t2 -c64 -d"$duration" -H 'Metadata: true' "http://$host$imds_path" >"$work/wrk.out"
+    t1=$(bench_cpu_ticks "$bench_pid")
+    awk '/Requests\/sec/ {rps=$2} /^ +99%/ {p99=$2} /Non-2xx/ {bad=$4} END {print rps, p99, (bad ? "non-2xx:" bad : "")}' "$work/wrk.out"
+    # The server's CPU per request of the measured run, for callers that
+    # want it (bench/compare): microseconds, from /proc's clock ticks.
+    awk -v t=$((t1 - t0)) -v hz="$(getconf CLK_TCK)" '/ requests in / {n=$1} END {if (n > 0) printf "%.2f\n", t / hz / n * 1e6}' \
+        "$work/wrk.out" >"$work/cpu.last"
     bench_file_sink_stats "$1" "$work/dev.out"
     bench_stop
+}
+
+# bench_cpu_ticks PID: user + system CPU of the process, in clock ticks.
+bench_cpu_ticks() {
+    sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | awk '{ print $12 + $13 }'
 }
 
 # bench_file_sink_stats CONFIG DEV_OUT: when the run wrote an audit file,

@@ -28,14 +28,13 @@ use std::time::SystemTime;
 
 use tracing::Level;
 
-use super::log_writer::BatchedWriter;
 use super::text_fields::has_terminal_controls;
 use super::timestamp;
 
 /// The writer the installed plain-text subscriber writes to.
 pub(crate) enum Lines {
-    /// Batches ([`super::LogWrites::Batched`]).
-    Batched(BatchedWriter<std::io::Stderr>),
+    /// The writer thread ([`super::LogWrites::Batched`]).
+    Thread(tracing_appender::non_blocking::NonBlocking),
     /// Each line as it comes ([`super::LogWrites::Direct`]).
     Stderr,
 }
@@ -90,7 +89,9 @@ pub(crate) fn write(
             return false;
         }
         match lines {
-            Lines::Batched(batched) => batched.append(line.as_bytes()),
+            Lines::Thread(writer) => {
+                let _ = writer.clone().write_all(line.as_bytes());
+            }
             // As the subscriber's writer: a broken stderr is ignored.
             Lines::Stderr => {
                 let _ = std::io::stderr().write_all(line.as_bytes());
