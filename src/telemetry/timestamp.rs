@@ -6,6 +6,11 @@
 //! every line, about 2,000 instructions, and every cache hit writes an
 //! audit line. Here a line within the same second as the thread's last
 //! copies 20 cached bytes and writes six digits.
+//!
+//! Measured together with the other formatting modules (`text_fields`,
+//! `timestamp`, `direct_line`) against `tracing-subscriber`'s formatter and
+//! timer: 1.18 and 1.23 times the cached-hit requests/s, 0.80 and 0.76
+//! times the CPU per request (`bench/compare`, A B B A; `telemetry.rs`).
 
 use std::cell::Cell;
 use std::fmt;
