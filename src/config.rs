@@ -80,6 +80,18 @@ impl Default for CacheSettings {
 }
 
 impl CacheSettings {
+    /// Each cloud's upstream rate, with its key.
+    pub fn rates(&self) -> [(&'static str, f64); Cloud::COUNT] {
+        Cloud::ALL.map(|cloud| {
+            let rate = match cloud {
+                Cloud::Azure => self.rate_azure,
+                Cloud::Gcp => self.rate_gcp,
+                Cloud::Aws => self.rate_aws,
+            };
+            (cloud.rate_key(), rate)
+        })
+    }
+
     /// The cache's own configuration: seconds become durations, the per-cloud
     /// rates a [`PerCloud`] table, and what is not configurable (the retry
     /// backoff) keeps its default.
@@ -90,11 +102,7 @@ impl CacheSettings {
             idle_ttl: std::time::Duration::from_secs(self.idle_ttl),
             negative_ttl: std::time::Duration::from_secs(self.negative_ttl),
             upstream_concurrency: self.upstream_concurrency,
-            rates: PerCloud::from_fn(|cloud| match cloud {
-                Cloud::Azure => self.rate_azure,
-                Cloud::Gcp => self.rate_gcp,
-                Cloud::Aws => self.rate_aws,
-            }),
+            rates: PerCloud::from_fn(|cloud| self.rates()[cloud as usize].1),
             caller: crate::cache::CallerLimits {
                 inflight: self.caller_inflight,
                 new_keys_per_second: self.caller_new_keys_per_second,
@@ -364,6 +372,44 @@ pub struct DevConfig {
     pub emulator_listen: SocketAddr,
     /// Extra ServiceAccounts known to the dev directory.
     pub service_accounts: Vec<ServiceAccountEntry>,
+}
+
+impl DevConfig {
+    /// The dev identity's names, each in the form its cloud takes.
+    pub(crate) fn check_identity(&self) -> Result<(), ConfigError> {
+        let invalid = |key, expected, got: &str| ConfigError::Invalid {
+            key,
+            expected,
+            got: got.to_string(),
+        };
+        let client = &self.azure_client_id;
+        if client.trim().is_empty() || client.contains(char::is_whitespace) {
+            return Err(invalid("dev.azure_client_id", "a client id (GUID)", client));
+        }
+        if !azure::is_tenant(&self.azure_tenant_id) {
+            return Err(invalid(
+                "dev.azure_tenant_id",
+                "a tenant GUID or domain name",
+                &self.azure_tenant_id,
+            ));
+        }
+        let email = &self.gcp_service_account;
+        if !email.contains('@') || email.contains(char::is_whitespace) {
+            return Err(invalid(
+                "dev.gcp_service_account",
+                "a service account email",
+                email,
+            ));
+        }
+        if aws::RoleArn::parse(self.aws_role_arn.as_str()).is_err() {
+            return Err(invalid(
+                "dev.aws_role_arn",
+                "arn:aws:iam::ACCOUNT:role/NAME",
+                &self.aws_role_arn,
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Default for DevConfig {

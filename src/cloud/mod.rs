@@ -92,6 +92,8 @@ struct Row {
     refresh_window: Duration,
     /// Default upstream exchanges per second.
     default_rate: f64,
+    /// Its upstream rate's configuration key.
+    rate_key: &'static str,
     /// The ServiceAccount annotation that names its identity.
     binding_annotation: &'static str,
     /// Whether a ServiceAccount without that annotation still has an
@@ -113,6 +115,7 @@ const TABLE: [Row; Cloud::COUNT] = [
         min_remaining: Duration::from_secs(5 * 60),
         refresh_window: Duration::from_secs(10 * 60),
         default_rate: 50.0,
+        rate_key: "cache.rate_azure",
         binding_annotation: azure::annotations::CLIENT_ID,
         implicit_identity: false,
         surface: Surface::AzureImds,
@@ -126,6 +129,7 @@ const TABLE: [Row; Cloud::COUNT] = [
         refresh_window: Duration::from_secs(10 * 60),
         // Google STS: 6,000 a minute per project.
         default_rate: 100.0,
+        rate_key: "cache.rate_gcp",
         binding_annotation: gcp::annotations::SERVICE_ACCOUNT,
         implicit_identity: true,
         surface: Surface::Gce,
@@ -138,6 +142,7 @@ const TABLE: [Row; Cloud::COUNT] = [
         min_remaining: Duration::from_secs(15 * 60),
         refresh_window: Duration::from_secs(20 * 60),
         default_rate: 50.0,
+        rate_key: "cache.rate_aws",
         binding_annotation: aws::annotations::ROLE_ARN,
         implicit_identity: false,
         surface: Surface::AwsContainer,
@@ -186,6 +191,11 @@ impl Cloud {
     /// Default upstream exchanges per second.
     pub fn default_rate(self) -> f64 {
         self.row().default_rate
+    }
+
+    /// The configuration key of its upstream rate (`cache.rate_NAME`).
+    pub fn rate_key(self) -> &'static str {
+        self.row().rate_key
     }
 
     /// The ServiceAccount annotation that names this cloud's identity.
@@ -799,6 +809,13 @@ mod tests {
         assert_eq!(b.aws.as_deref(), Some("arn:aws:iam::111122223333:role/r"));
         assert_eq!(b.gcp.as_deref(), Some("sa@p.iam.gserviceaccount.com"));
         assert!(Cloud::ALL.into_iter().all(|c| b.names(c)));
+    }
+
+    #[test]
+    fn each_clouds_rate_key_is_named_after_it() {
+        for cloud in Cloud::ALL {
+            assert_eq!(cloud.rate_key(), format!("cache.rate_{}", cloud.name()));
+        }
     }
 
     #[test]

@@ -3,7 +3,6 @@
 //! and what it takes.
 
 use super::{Config, ConfigError};
-use crate::cloud::aws::RoleArn;
 pub(super) use crate::cloud::check_endpoint;
 use crate::names::{is_dns_label, is_dns_subdomain};
 
@@ -93,15 +92,11 @@ impl Config {
                 &c.caller_new_keys_burst.to_string(),
             ));
         }
-        for (key, rate) in [
-            ("cache.rate_azure", c.rate_azure),
-            ("cache.rate_gcp", c.rate_gcp),
-            ("cache.rate_aws", c.rate_aws),
-            (
-                "cache.caller_new_keys_per_second",
-                c.caller_new_keys_per_second,
-            ),
-        ] {
+        let new_keys = (
+            "cache.caller_new_keys_per_second",
+            c.caller_new_keys_per_second,
+        );
+        for (key, rate) in c.rates().into_iter().chain([new_keys]) {
             if !(rate.is_finite() && (0.1..=100_000.0).contains(&rate)) {
                 return Err(invalid(
                     key,
@@ -293,36 +288,7 @@ impl Config {
                 &d.node_name,
             ));
         }
-        if d.azure_client_id.trim().is_empty() || d.azure_client_id.contains(char::is_whitespace) {
-            return Err(invalid(
-                "dev.azure_client_id",
-                "a client id (GUID)",
-                &d.azure_client_id,
-            ));
-        }
-        if !crate::cloud::azure::is_tenant(&d.azure_tenant_id) {
-            return Err(invalid(
-                "dev.azure_tenant_id",
-                "a tenant GUID or domain name",
-                &d.azure_tenant_id,
-            ));
-        }
-        if !d.gcp_service_account.contains('@')
-            || d.gcp_service_account.contains(char::is_whitespace)
-        {
-            return Err(invalid(
-                "dev.gcp_service_account",
-                "a service account email",
-                &d.gcp_service_account,
-            ));
-        }
-        if RoleArn::parse(d.aws_role_arn.as_str()).is_err() {
-            return Err(invalid(
-                "dev.aws_role_arn",
-                "arn:aws:iam::ACCOUNT:role/NAME",
-                &d.aws_role_arn,
-            ));
-        }
+        d.check_identity()?;
         if !(60..=86_400).contains(&d.token_lifetime) {
             return Err(invalid(
                 "dev.token_lifetime",
