@@ -161,30 +161,12 @@ pub const PATH: &str = "/msi/token";
 /// What this surface serves, for the answer to a path of no surface.
 pub(crate) const SERVES: &str = "/msi/token (App Service)";
 
-/// This surface's paths.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Endpoint {
-    /// The token endpoint.
-    Token,
-    /// Anything else under `/msi/`.
-    Other,
-}
+/// This surface's paths: the token path, and anything else under `/msi/`.
+pub(crate) type Endpoint = paths::TokenPath;
 
 /// The endpoint `path` is, if it is this surface's.
 pub(crate) fn classify(path: &str) -> Option<Endpoint> {
-    if paths::trimmed(path).eq_ignore_ascii_case(PATH) {
-        Some(Endpoint::Token)
-    } else if paths::starts_with_ignore_case(path, "/msi/") {
-        Some(Endpoint::Other)
-    } else {
-        None
-    }
-}
-
-/// The methods `endpoint` answers.
-#[cfg(test)]
-pub(crate) fn allowed(endpoint: Endpoint) -> Option<&'static str> {
-    (endpoint == Endpoint::Token).then_some(paths::READ)
+    Endpoint::of(path, PATH, "/msi/")
 }
 
 /// The answer to a request for `endpoint`.

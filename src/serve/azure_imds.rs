@@ -255,31 +255,14 @@ pub const TOKEN_PATH: &str = "/metadata/identity/oauth2/token";
 /// What this surface serves, for the answer to a path of no surface.
 pub(crate) const SERVES: &str = "/metadata/identity/oauth2/token (Azure IMDS)";
 
-/// This surface's paths.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Endpoint {
-    /// The token endpoint, as documented or spelled another way.
-    Token,
-    /// Anything else under `/metadata/`: IMDS paths Lanyard does not serve
-    /// (MSAL's `getplatformmetadata` and `issuecredential` probes).
-    Other,
-}
+/// This surface's paths: the token path, and anything else under
+/// `/metadata/` (IMDS paths Lanyard does not serve, such as MSAL's
+/// `getplatformmetadata` and `issuecredential` probes).
+pub(crate) type Endpoint = paths::TokenPath;
 
 /// The endpoint `path` is, if it is this surface's.
 pub(crate) fn classify(path: &str) -> Option<Endpoint> {
-    if paths::trimmed(path).eq_ignore_ascii_case(TOKEN_PATH) {
-        Some(Endpoint::Token)
-    } else if paths::starts_with_ignore_case(path, "/metadata/") {
-        Some(Endpoint::Other)
-    } else {
-        None
-    }
-}
-
-/// The methods `endpoint` answers.
-#[cfg(test)]
-pub(crate) fn allowed(endpoint: Endpoint) -> Option<&'static str> {
-    (endpoint == Endpoint::Token).then_some(paths::READ)
+    Endpoint::of(path, TOKEN_PATH, "/metadata/")
 }
 
 /// The answer to a request for `endpoint`.

@@ -84,8 +84,8 @@ impl Route {
     /// The methods the route answers; `None` for a path nothing serves.
     pub(crate) fn allowed(self) -> Option<&'static str> {
         match self {
-            Route::AzureImds(endpoint) => azure_imds::allowed(endpoint),
-            Route::AppService(endpoint) => app_service::allowed(endpoint),
+            Route::AzureImds(endpoint) => endpoint.allowed(),
+            Route::AppService(endpoint) => endpoint.allowed(),
             Route::Gce | Route::AwsContainer | Route::Probe => Some(paths::READ),
             Route::AwsImds(endpoint) => aws_imds::allowed(endpoint),
             Route::Unknown => None,

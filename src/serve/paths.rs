@@ -18,6 +18,36 @@ use axum::response::{IntoResponse, Response};
 /// The methods every token path answers.
 pub(crate) const READ: &str = "GET,HEAD";
 
+/// The paths of a surface with one token path and others under a prefix
+/// (Azure IMDS, App Service).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TokenPath {
+    /// The token path, as documented or spelled another way.
+    Token,
+    /// Anything else under the prefix.
+    Other,
+}
+
+impl TokenPath {
+    /// Which of `token` and the rest of `prefix` `path` is, ASCII case and
+    /// one trailing `/` aside; `None` outside `prefix`.
+    pub(crate) fn of(path: &str, token: &str, prefix: &str) -> Option<TokenPath> {
+        if trimmed(path).eq_ignore_ascii_case(token) {
+            Some(TokenPath::Token)
+        } else if starts_with_ignore_case(path, prefix) {
+            Some(TokenPath::Other)
+        } else {
+            None
+        }
+    }
+
+    /// The methods the path answers.
+    #[cfg(test)]
+    pub(crate) fn allowed(self) -> Option<&'static str> {
+        (self == TokenPath::Token).then_some(READ)
+    }
+}
+
 /// `path` without one trailing `/` (but `/` itself stays).
 pub(crate) fn trimmed(path: &str) -> &str {
     match path.strip_suffix('/') {
