@@ -156,6 +156,7 @@ pub async fn token(surfaces: &Surfaces, request: &Parts) -> Response {
         Err(msg) => error(StatusCode::BAD_REQUEST, msg),
     }
 }
+
 /// Path of the App Service managed-identity endpoint (`IDENTITY_ENDPOINT`).
 pub const PATH: &str = "/msi/token";
 /// What this surface serves, for the answer to a path of no surface.

@@ -250,6 +250,7 @@ pub async fn token(surfaces: &Surfaces, request: &Parts) -> Response {
         Err(msg) => bad_request(msg),
     }
 }
+
 /// Path of the Azure IMDS token endpoint.
 pub const TOKEN_PATH: &str = "/metadata/identity/oauth2/token";
 /// What this surface serves, for the answer to a path of no surface.
