@@ -17,15 +17,9 @@ use super::record_fields::{self as fields, Origin, Rfc3339};
 use super::{AuditEvent, CallerText};
 use crate::cache::CacheOutcome;
 
+/// The `credential` record's own members (after [`fields::Envelope`]'s).
 #[derive(Serialize)]
 struct Record<'a> {
-    schema: &'static str,
-    id: uuid::Uuid,
-    time: Rfc3339,
-    #[serde(rename = "type")]
-    kind: &'static str,
-    #[serde(flatten)]
-    origin: &'a Origin,
     caller: Caller<'a>,
     request: Request<'a>,
     decision: Decision<'a>,
@@ -110,11 +104,6 @@ pub(super) fn write(origin: &Origin, e: &AuditEvent<'_>, id: uuid::Uuid, out: &m
     let caller = e.caller;
     let pod = caller.and_then(|c| c.pod.as_ref());
     let record = Record {
-        schema: fields::SCHEMA,
-        id,
-        time: Rfc3339(e.time),
-        kind: "credential",
-        origin,
         caller: Caller {
             namespace: caller.map(|c| c.namespace.as_str()),
             service_account: caller.map(|c| c.service_account.as_str()),
@@ -155,6 +144,7 @@ pub(super) fn write(origin: &Origin, e: &AuditEvent<'_>, id: uuid::Uuid, out: &m
         }),
         latency_ms: fields::millis(e.latency),
     };
+    let record = fields::Envelope::new(id, e.time, "credential", origin, record);
     // Serializing these types into a Vec cannot fail: every map key is a
     // string and no Serialize impl here returns an error.
     let _ = serde_json::to_writer(&mut *out, &record);
@@ -165,6 +155,31 @@ mod tests {
     use super::*;
     use crate::audit::examples::Examples;
     use crate::audit::record::Subject;
+
+    #[test]
+    fn the_envelope_comes_first_in_its_order() {
+        let examples = Examples::new();
+        let origin = Origin::new("prod-eu", "node-1", "agent");
+        let mut out = Vec::new();
+        write(&origin, &examples.events()[0], uuid::Uuid::nil(), &mut out);
+        let line = String::from_utf8(out).unwrap();
+        let at = |key: &str| line.find(&format!("\"{key}\":")).unwrap();
+        let order = [
+            "schema",
+            "id",
+            "time",
+            "type",
+            "cluster",
+            "caller",
+            "request",
+            "latency_ms",
+        ];
+        assert!(order.windows(2).all(|w| at(w[0]) < at(w[1])), "{line}");
+        assert!(
+            line.starts_with("{\"schema\":\"lanyard.audit/v1\",\"id\":"),
+            "{line}"
+        );
+    }
 
     #[test]
     fn every_example_is_one_line_of_json_with_its_fields() {

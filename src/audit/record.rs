@@ -16,7 +16,7 @@ use std::time::SystemTime;
 
 use serde::Serialize;
 
-use super::record_fields::Rfc3339;
+use super::record_fields::Envelope;
 pub use super::record_fields::{rfc3339, Origin, SCHEMA};
 use super::{Admission, AuditEvent, ConfigReload, PolicyReload, ReloadOutcome};
 
@@ -89,19 +89,6 @@ pub struct SinkFailure {
     pub records: u64,
     /// What was done with them: `refused` or `issued_unrecorded`.
     pub handling: &'static str,
-}
-
-#[derive(Serialize)]
-struct Record<'a> {
-    schema: &'static str,
-    id: uuid::Uuid,
-    time: Rfc3339,
-    #[serde(rename = "type")]
-    kind: &'static str,
-    #[serde(flatten)]
-    origin: &'a Origin,
-    #[serde(flatten)]
-    body: Body<'a>,
 }
 
 #[derive(Serialize)]
@@ -284,14 +271,7 @@ pub fn write(origin: &Origin, subject: Subject<'_>, out: &mut Vec<u8>) {
             },
         ),
     };
-    let record = Record {
-        schema: SCHEMA,
-        id: uuid::Uuid::now_v7(),
-        time: Rfc3339(time),
-        kind,
-        origin,
-        body,
-    };
+    let record = Envelope::new(uuid::Uuid::now_v7(), time, kind, origin, body);
     // INVARIANT: a record serializes to one JSON object with no newline
     // (serde_json escapes control characters in strings), which the file
     // sink's chain and every line-based reader rely on.

@@ -84,6 +84,41 @@ fn with_formatted_rfc3339<R>(t: SystemTime, f: impl FnOnce(&str) -> R) -> R {
     f(std::str::from_utf8(&buf[..len]).unwrap_or_default())
 }
 
+/// Every record: the members all types begin with, in this order (the
+/// format and the hash chain depend on it), then the type's own (`body`).
+#[derive(Serialize)]
+pub(super) struct Envelope<'a, B> {
+    schema: &'static str,
+    id: uuid::Uuid,
+    time: Rfc3339,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    #[serde(flatten)]
+    origin: &'a Origin,
+    #[serde(flatten)]
+    body: B,
+}
+
+impl<'a, B: Serialize> Envelope<'a, B> {
+    /// Record `id` of type `kind`, made at `time` by `origin`.
+    pub(super) fn new(
+        id: uuid::Uuid,
+        time: SystemTime,
+        kind: &'static str,
+        origin: &'a Origin,
+        body: B,
+    ) -> Self {
+        Envelope {
+            schema: SCHEMA,
+            id,
+            time: Rfc3339(time),
+            kind,
+            origin,
+            body,
+        }
+    }
+}
+
 /// A record's time, serialized as [`rfc3339`] without a heap string.
 pub(super) struct Rfc3339(pub(super) SystemTime);
 
