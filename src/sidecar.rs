@@ -265,11 +265,9 @@ fn standalone_broker(config: &Config) -> anyhow::Result<crate::broker::Broker> {
         .into_iter()
         .any(|c| c.implicit_identity() && audiences[c].is_some());
     if bindings.is_empty() && !implicit {
-        let names = Cloud::ALL.map(|c| format!("{}=...", c.binding_annotation()));
-        let (last, rest) = names.split_last().unwrap_or((&names[0], &[]));
         anyhow::bail!(
-            "standalone sidecar without bindings: pass --annotation {} or {last}",
-            rest.join(", ")
+            "standalone sidecar without bindings: pass --annotation {}",
+            Cloud::binding_annotations("=...")
         );
     }
     let parts = crate::broker::assemble::Parts::new(

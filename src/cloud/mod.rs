@@ -203,6 +203,17 @@ impl Cloud {
         self.row().binding_annotation
     }
 
+    /// Every cloud's binding annotation, each followed by `suffix`, as one
+    /// phrase for messages: `a, b or c`.
+    pub fn binding_annotations(suffix: &str) -> String {
+        let names = Cloud::ALL.map(|c| format!("{}{suffix}", c.binding_annotation()));
+        match names.split_last() {
+            Some((last, [])) => last.clone(),
+            Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+            None => String::new(),
+        }
+    }
+
     /// Whether a ServiceAccount has an identity of this cloud without
     /// naming one (Google's federated principal).
     pub fn implicit_identity(self) -> bool {
@@ -809,6 +820,14 @@ mod tests {
         assert_eq!(b.aws.as_deref(), Some("arn:aws:iam::111122223333:role/r"));
         assert_eq!(b.gcp.as_deref(), Some("sa@p.iam.gserviceaccount.com"));
         assert!(Cloud::ALL.into_iter().all(|c| b.names(c)));
+    }
+
+    #[test]
+    fn the_binding_annotations_read_as_one_phrase() {
+        assert_eq!(
+            Cloud::binding_annotations("=..."),
+            "azure.workload.identity/client-id=..., iam.gke.io/gcp-service-account=... or eks.amazonaws.com/role-arn=..."
+        );
     }
 
     #[test]

@@ -358,11 +358,9 @@ fn mutate_with(
         },
     )?;
     if bindings.is_empty() {
-        let names = Cloud::ALL.map(Cloud::binding_annotation);
-        let (last, rest) = names.split_last().unwrap_or((&"", &[]));
         return Ok(Mutation::nothing(vec![format!(
-            "lanyard: service account {namespace}/{sa} has no cloud binding ({} or {last}); no credentials injected",
-            rest.join(", "),
+            "lanyard: service account {namespace}/{sa} has no cloud binding ({}); no credentials injected",
+            Cloud::binding_annotations(""),
         )]));
     }
     if !injects {
