@@ -63,8 +63,21 @@ pub struct WebhookServer {
 /// default.
 const DRAIN: Duration = Duration::from_secs(10);
 
-fn mtime(path: &Path) -> Option<SystemTime> {
-    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+/// The certificate and key files' bytes.
+type PemPair = (Vec<u8>, Vec<u8>);
+
+/// The digests of the certificate and key files' bytes.
+type PairDigest = [Option<[u8; 32]>; 2];
+
+/// What a reload is judged on: the bytes of the certificate and key files
+/// as read, as one digest (`None` for a file that cannot be read), and the
+/// bytes themselves.
+fn read_pair(tls: &TlsFiles) -> (PairDigest, Option<PemPair>) {
+    use sha2::{Digest, Sha256};
+    let (cert, key) = (std::fs::read(&tls.cert).ok(), std::fs::read(&tls.key).ok());
+    let digest = |b: &Option<Vec<u8>>| b.as_ref().map(|b| Sha256::digest(b).into());
+    let seen = [digest(&cert), digest(&key)];
+    (seen, cert.zip(key))
 }
 
 impl WebhookServer {
@@ -154,8 +167,11 @@ impl WebhookServer {
     }
 }
 
-/// Re-reads the certificate and key when either file changes; a bad pair
-/// is logged and the previous one kept. Each outcome is an audit record
+/// Re-reads the certificate and key when either file's bytes change; a bad
+/// pair is logged and the previous one kept. Judged on the bytes read, not
+/// on modification times: a file read while half written (its final write
+/// can keep the same coarse mtime as the truncation before it) is judged
+/// again once its bytes are whole. Each outcome is an audit record
 /// (`config_reload`): a new serving certificate, or one that was refused,
 /// changes who the API server can reach.
 async fn reload_loop(
@@ -164,28 +180,35 @@ async fn reload_loop(
     audit: Arc<dyn AuditSink>,
     metrics: Arc<Metrics>,
 ) {
-    let mut seen = (mtime(&tls.cert), mtime(&tls.key));
+    let mut seen = read_pair(&tls).0;
     loop {
         tokio::time::sleep(tls.reload_every).await;
-        let now = (mtime(&tls.cert), mtime(&tls.key));
+        let (now, pair) = read_pair(&tls);
         if now == seen {
             continue;
         }
-        let outcome = match rustls.reload_from_pem_file(&tls.cert, &tls.key).await {
-            Ok(()) => {
-                seen = now;
+        // INVARIANT: each change is judged once: a pair that stays broken
+        // is not reported again until the bytes change again.
+        seen = now;
+        let loaded = match pair {
+            Some((cert, key)) => rustls
+                .reload_from_pem(cert.clone(), key)
+                .await
+                .map(|()| cert),
+            None => Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "the certificate or key file cannot be read",
+            )),
+        };
+        let outcome = match loaded {
+            Ok(cert) => {
                 set_expiry(&metrics, &tls.cert);
-                let fingerprint = std::fs::read(&tls.cert)
-                    .map(|pem| crate::secret::fingerprint_bytes(&pem))
-                    .unwrap_or_default();
+                let fingerprint = crate::secret::fingerprint_bytes(&cert);
                 tracing::info!(cert = %tls.cert.display(), %fingerprint, "reloaded the webhook certificate");
                 Ok(fingerprint)
             }
             Err(e) => {
                 tracing::warn!(error = %e, "new webhook certificate not usable; keeping the old one");
-                // Each change is judged once: a pair that stays broken is
-                // not reported again until the files change again.
-                seen = now;
                 Err(e.to_string())
             }
         };
