@@ -492,6 +492,7 @@ async fn upstreams(
             azure_audience: FEDERATION_AUDIENCE.into(),
             gcp_provider: PROVIDER.into(),
             gcp_allowed_audiences: vec![],
+            gcp_gke: None,
             aws_audience: AWS_AUDIENCE.into(),
             lifetimes: Lifetimes {
                 azure: Duration::from_secs(lifetime[Cloud::Azure]),

@@ -95,6 +95,7 @@ async fn start(lifetime: Duration) -> Env {
                 )],
             },
         ],
+        clusters: vec![],
         lifetime,
     };
     let gcp = Arc::new(Gcp::new(config, lanyard::http::client()).unwrap());

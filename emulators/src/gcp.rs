@@ -10,9 +10,17 @@
 //!   and it must be within its validity window (Google allows about a minute
 //!   of skew). The federated token is opaque; the emulator remembers which
 //!   federated principal (`principal://…/subject/SUB`) it stands for.
+//! * GKE's own pool, `PROJECT.svc.id.goog`: STS takes the audience
+//!   `identitynamespace:PROJECT.svc.id.goog:https://container.googleapis.com/v1/projects/PROJECT/locations/L/clusters/C`
+//!   for a configured cluster, a subject token of that cluster's issuer
+//!   carrying the audience `PROJECT.svc.id.goog` and a Kubernetes
+//!   service-account subject, and answers for the principal
+//!   `principal://…/workloadIdentityPools/PROJECT.svc.id.goog/subject/ns/NS/sa/KSA`.
 //! * IAM Credentials `:generateAccessToken` and `:generateIdToken` let a
 //!   federated principal impersonate a service account only when it (or a
-//!   `principalSet://…/*` covering its pool) holds
+//!   `principalSet://…/*` covering its pool, or for GKE's pool
+//!   `serviceAccount:PROJECT.svc.id.goog[NS/KSA]` and
+//!   `principalSet://…/PROJECT.svc.id.goog/namespace/NS`) holds
 //!   `roles/iam.workloadIdentityUser` on that account. ID tokens are JWTs
 //!   signed by the emulator's own key, published at `GET /oauth2/v3/certs`.
 //!
@@ -114,11 +122,94 @@ pub struct GcpServiceAccount {
     pub members: Vec<String>,
 }
 
+/// A GKE cluster whose service-account tokens GKE's pool,
+/// `PROJECT.svc.id.goog`, accepts.
+#[derive(Debug, Clone)]
+pub struct GkeCluster {
+    /// The cluster's project id.
+    pub project_id: String,
+    /// The project's number (naming the pool in principals).
+    pub project_number: String,
+    /// The cluster's region or zone.
+    pub location: String,
+    /// The cluster's name.
+    pub name: String,
+    /// The cluster's service-account token issuer (on GKE
+    /// `https://container.googleapis.com/v1/projects/P/locations/L/clusters/C`).
+    pub issuer: String,
+}
+
+impl GkeCluster {
+    /// `PROJECT.svc.id.goog`: the pool, and the one audience its tokens
+    /// must carry.
+    pub fn pool(&self) -> String {
+        format!("{}.svc.id.goog", self.project_id)
+    }
+
+    /// The STS audience naming this cluster in its pool.
+    pub fn sts_audience(&self) -> String {
+        format!(
+            "identitynamespace:{}:{}",
+            self.pool(),
+            self.identity_provider()
+        )
+    }
+
+    fn identity_provider(&self) -> String {
+        format!(
+            "https://container.googleapis.com/v1/projects/{}/locations/{}/clusters/{}",
+            self.project_id, self.location, self.name
+        )
+    }
+
+    /// The principal of a Kubernetes service account in the pool.
+    pub fn principal(&self, namespace: &str, service_account: &str) -> String {
+        format!(
+            "principal://iam.googleapis.com/projects/{}/locations/global/workloadIdentityPools/{}/subject/ns/{namespace}/sa/{service_account}",
+            self.project_number,
+            self.pool()
+        )
+    }
+
+    /// The legacy member naming the same principal, as GKE Workload
+    /// Identity grants are written: `serviceAccount:PROJECT.svc.id.goog[NS/KSA]`.
+    pub fn member(&self, namespace: &str, service_account: &str) -> String {
+        format!(
+            "serviceAccount:{}[{namespace}/{service_account}]",
+            self.pool()
+        )
+    }
+}
+
+impl GkeCluster {
+    /// The cluster named `projects/PROJECT/locations/LOCATION/clusters/NAME`
+    /// in the project numbered `project_number`, its tokens issued by
+    /// `issuer`.
+    pub fn named(name: &str, project_number: &str, issuer: &str) -> anyhow::Result<GkeCluster> {
+        match name.split('/').collect::<Vec<_>>().as_slice() {
+            ["projects", project, "locations", location, "clusters", cluster]
+                if !project.is_empty() && !location.is_empty() && !cluster.is_empty() =>
+            {
+                Ok(GkeCluster {
+                    project_id: project.to_string(),
+                    project_number: project_number.to_string(),
+                    location: location.to_string(),
+                    name: cluster.to_string(),
+                    issuer: issuer.to_string(),
+                })
+            }
+            _ => anyhow::bail!("GKE cluster {name:?} is not projects/P/locations/L/clusters/C"),
+        }
+    }
+}
+
 /// What the emulator trusts and grants.
 #[derive(Debug, Clone)]
 pub struct GcpEmulatorConfig {
     /// The workload identity pool providers STS accepts subject tokens of.
     pub providers: Vec<WorkloadIdentityProvider>,
+    /// GKE clusters whose tokens GKE's pools accept.
+    pub clusters: Vec<GkeCluster>,
     /// The service accounts IAM Credentials lets federated principals
     /// impersonate.
     pub service_accounts: Vec<GcpServiceAccount>,
@@ -210,10 +301,23 @@ pub fn principal_for(provider_name: &str, subject: &str) -> String {
 }
 
 /// Whether the IAM member `member` covers `principal`: the same principal,
-/// or `principalSet://…/workloadIdentityPools/P/*` for the principal's pool.
+/// or `principalSet://…/workloadIdentityPools/P/*` for the principal's
+/// pool; in GKE's pool also `serviceAccount:PROJECT.svc.id.goog[NS/KSA]`
+/// and `principalSet://…/workloadIdentityPools/PROJECT.svc.id.goog/namespace/NS`.
 fn member_covers(member: &str, principal: &str) -> bool {
     if member == principal {
         return true;
+    }
+    if let Some(gke) = gke_principal(principal) {
+        if let Some(rest) = member.strip_prefix("serviceAccount:") {
+            return rest == format!("{}[{}/{}]", gke.pool, gke.namespace, gke.service_account);
+        }
+        if let Some(set) = member.strip_prefix("principalSet://") {
+            let namespace_set = format!("{}/namespace/{}", gke.pool_path, gke.namespace);
+            if set == namespace_set {
+                return true;
+            }
+        }
     }
     let Some(pool) = member
         .strip_prefix("principalSet://")
@@ -225,6 +329,32 @@ fn member_covers(member: &str, principal: &str) -> bool {
         .strip_prefix("principal://")
         .and_then(|p| p.strip_prefix(pool))
         .is_some_and(|rest| rest.starts_with("/subject/"))
+}
+
+/// The parts of a principal of GKE's pool:
+/// `principal://iam.googleapis.com/projects/N/locations/global/workloadIdentityPools/PROJECT.svc.id.goog/subject/ns/NS/sa/KSA`.
+struct GkePrincipal<'a> {
+    /// `iam.googleapis.com/projects/N/locations/global/workloadIdentityPools/PROJECT.svc.id.goog`.
+    pool_path: &'a str,
+    pool: &'a str,
+    namespace: &'a str,
+    service_account: &'a str,
+}
+
+fn gke_principal(principal: &str) -> Option<GkePrincipal<'_>> {
+    let rest = principal.strip_prefix("principal://")?;
+    let (pool_path, subject) = rest.split_once("/subject/")?;
+    let pool = pool_path.rsplit('/').next()?;
+    if !pool.ends_with(".svc.id.goog") {
+        return None;
+    }
+    let (namespace, service_account) = subject.strip_prefix("ns/")?.split_once("/sa/")?;
+    Some(GkePrincipal {
+        pool_path,
+        pool,
+        namespace,
+        service_account,
+    })
 }
 
 /// A stable numeric unique id for a service account, shaped like Google's
@@ -293,6 +423,16 @@ struct Provider {
     name: ProviderName,
 }
 
+/// Every GKE member form names one Kubernetes service account of one pool.
+fn is_gke_member(member: &str) -> bool {
+    member
+        .strip_prefix("serviceAccount:")
+        .and_then(|m| m.split_once(".svc.id.goog["))
+        .and_then(|(_, rest)| rest.strip_suffix(']'))
+        .and_then(|ksa| ksa.split_once('/'))
+        .is_some_and(|(ns, sa)| !ns.is_empty() && !sa.is_empty())
+}
+
 struct ServiceAccount {
     email: String,
     unique_id: String,
@@ -302,6 +442,7 @@ struct ServiceAccount {
 /// The emulator's state.
 pub struct Gcp {
     providers: Vec<Provider>,
+    clusters: Vec<GkeCluster>,
     service_accounts: Vec<ServiceAccount>,
     lifetime: Duration,
     /// One key set per issuer that a configured provider names; built up
@@ -348,15 +489,34 @@ impl Gcp {
             });
             providers.push(Provider { config: p, name });
         }
+        for c in &config.clusters {
+            if c.issuer.trim().is_empty() || c.project_number.is_empty() {
+                anyhow::bail!(
+                    "GKE cluster {} needs an issuer and a project number",
+                    c.name
+                );
+            }
+            key_sets.entry(c.issuer.clone()).or_insert_with(|| {
+                Arc::new(KeySet::new(
+                    KeySource::Discovery {
+                        issuer: c.issuer.clone(),
+                    },
+                    http.clone(),
+                ))
+            });
+        }
         let mut service_accounts = Vec::with_capacity(config.service_accounts.len());
         for sa in config.service_accounts {
             if !sa.email.contains('@') || sa.email.contains('/') || sa.email.contains(':') {
                 anyhow::bail!("service account email {:?} is not an email", sa.email);
             }
             for m in &sa.members {
-                if !(m.starts_with("principal://") || m.starts_with("principalSet://")) {
+                if !(m.starts_with("principal://")
+                    || m.starts_with("principalSet://")
+                    || is_gke_member(m))
+                {
                     anyhow::bail!(
-                        "member {m:?} of {} is neither principal:// nor principalSet://",
+                        "member {m:?} of {} is neither principal://, principalSet:// nor serviceAccount:PROJECT.svc.id.goog[NS/KSA]",
                         sa.email
                     );
                 }
@@ -369,6 +529,7 @@ impl Gcp {
         }
         Ok(Gcp {
             providers,
+            clusters: config.clusters,
             service_accounts,
             lifetime: config.lifetime,
             key_sets,
@@ -514,6 +675,51 @@ mod tests {
         ));
         // Without the trailing /* it is not a set.
         assert!(!member_covers(pool.trim_end_matches("/*"), &principal));
+    }
+
+    #[test]
+    fn gke_members_cover_their_kubernetes_service_account_only() {
+        let cluster = GkeCluster::named(
+            "projects/ray-prod/locations/us-central1/clusters/ray",
+            "42",
+            "https://issuer",
+        )
+        .unwrap();
+        let head = cluster.principal("ray", "head");
+        assert_eq!(
+            head,
+            "principal://iam.googleapis.com/projects/42/locations/global/workloadIdentityPools/ray-prod.svc.id.goog/subject/ns/ray/sa/head"
+        );
+        assert!(member_covers(&cluster.member("ray", "head"), &head));
+        assert!(member_covers(
+            "serviceAccount:ray-prod.svc.id.goog[ray/head]",
+            &head
+        ));
+        assert!(!member_covers(
+            "serviceAccount:ray-prod.svc.id.goog[ray/worker]",
+            &head
+        ));
+        assert!(!member_covers(
+            "serviceAccount:other.svc.id.goog[ray/head]",
+            &head
+        ));
+        let namespace = "principalSet://iam.googleapis.com/projects/42/locations/global/workloadIdentityPools/ray-prod.svc.id.goog/namespace/ray";
+        assert!(member_covers(namespace, &head));
+        assert!(!member_covers(
+            namespace,
+            &cluster.principal("ray2", "head")
+        ));
+        // A provider's principal is not GKE's, whatever its subject says.
+        assert!(!member_covers(
+            "serviceAccount:ray-prod.svc.id.goog[ray/head]",
+            &principal_for(PROVIDER, "system:serviceaccount:ray:head")
+        ));
+        assert!(is_gke_member("serviceAccount:p.svc.id.goog[ns/sa]"));
+        assert!(!is_gke_member(
+            "serviceAccount:sa@p.iam.gserviceaccount.com"
+        ));
+        assert!(!is_gke_member("serviceAccount:p.svc.id.goog[ns]"));
+        assert!(GkeCluster::named("ray", "42", "https://issuer").is_err());
     }
 
     #[test]
@@ -675,6 +881,7 @@ mod tests {
                 email: "sa@p.iam.gserviceaccount.com".into(),
                 members: vec![member.into()],
             }],
+            clusters: vec![],
             lifetime: Duration::from_secs(3600),
         };
         let ok_member = principal_for(PROVIDER, "s");

@@ -51,7 +51,7 @@ use axum::Router;
 use crate::aws::{AwsEmulatorConfig, AwsRole, AwsSts, OidcProvider};
 use crate::entra::{App, Entra, FederatedCredential};
 use crate::faults::Faults;
-use crate::gcp::{Gcp, GcpEmulatorConfig, GcpServiceAccount, WorkloadIdentityProvider};
+use crate::gcp::{Gcp, GcpEmulatorConfig, GcpServiceAccount, GkeCluster, WorkloadIdentityProvider};
 use crate::jwks::KeysError;
 
 /// The longest AWS session the emulated roles allow (IAM's maximum).
@@ -89,6 +89,15 @@ impl Lifetimes {
     }
 }
 
+/// A GKE cluster's Workload Identity pool.
+#[derive(Debug, Clone)]
+pub struct GkePool {
+    /// `projects/PROJECT/locations/LOCATION/clusters/CLUSTER`.
+    pub cluster: String,
+    /// The project's number.
+    pub project_number: String,
+}
+
 /// How the clouds are configured to trust one issuer.
 #[derive(Debug, Clone)]
 pub struct CloudsConfig {
@@ -103,6 +112,12 @@ pub struct CloudsConfig {
     /// Audiences the provider accepts; empty: Google's default, the
     /// provider's own name.
     pub gcp_allowed_audiences: Vec<String>,
+    /// GKE's pool instead: the cluster (`projects/P/locations/L/clusters/C`)
+    /// and its project's number. Its pool accepts the issuer's tokens, and
+    /// the service accounts are granted to its members
+    /// (`serviceAccount:P.svc.id.goog[NS/KSA]`) as GKE Workload Identity
+    /// grants are, instead of to the provider's principals.
+    pub gcp_gke: Option<GkePool>,
     /// The audience the AWS OIDC provider lists.
     pub aws_audience: String,
     /// Access-token lifetimes (AWS sessions last what the caller asks).
@@ -142,6 +157,22 @@ impl EmulatorSet {
             })
             .collect();
         let entra = Entra::new(apps, config.lifetimes.azure, http.clone())?;
+        let clusters = match &config.gcp_gke {
+            Some(pool) => vec![GkeCluster::named(
+                &pool.cluster,
+                &pool.project_number,
+                &config.issuer,
+            )?],
+            None => vec![],
+        };
+        let member = |subject: &str| match clusters.first() {
+            Some(cluster) => {
+                let ksa = subject.strip_prefix("system:serviceaccount:").unwrap_or("");
+                let (namespace, name) = ksa.split_once(':').unwrap_or(("", ""));
+                cluster.member(namespace, name)
+            }
+            None => Gcp::principal_for(&config.gcp_provider, subject),
+        };
         let service_accounts = config
             .bindings
             .iter()
@@ -150,7 +181,7 @@ impl EmulatorSet {
                     .as_ref()
                     .map(|email| GcpServiceAccount {
                         email: email.clone(),
-                        members: vec![Gcp::principal_for(&config.gcp_provider, &b.subject)],
+                        members: vec![member(&b.subject)],
                     })
             })
             .collect();
@@ -162,6 +193,7 @@ impl EmulatorSet {
                     allowed_audiences: config.gcp_allowed_audiences.clone(),
                 }],
                 service_accounts,
+                clusters,
                 lifetime: config.lifetimes.gcp,
             },
             http.clone(),

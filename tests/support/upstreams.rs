@@ -79,6 +79,7 @@ pub async fn upstreams(subject: &str, lifetime: Duration) -> Upstreams {
             azure_audience: FEDERATION_AUDIENCE.into(),
             gcp_provider: PROVIDER.into(),
             gcp_allowed_audiences: vec![],
+            gcp_gke: None,
             aws_audience: "sts.amazonaws.com".into(),
             lifetimes: Lifetimes::all(lifetime),
             bindings: vec![Binding {

@@ -88,6 +88,51 @@ pub(super) struct SubjectClaims {
     nbf: Option<u64>,
 }
 
+/// Whom STS trusts for one exchange: a provider of a pool of one's own,
+/// or a GKE cluster in GKE's pool.
+enum Trust<'a> {
+    Provider(&'a Provider),
+    Gke(&'a GkeCluster),
+}
+
+impl Trust<'_> {
+    fn issuer(&self) -> &str {
+        match self {
+            Trust::Provider(p) => p.config.issuer.as_str(),
+            Trust::Gke(c) => c.issuer.as_str(),
+        }
+    }
+
+    /// Audiences a subject token may carry: the provider's (its own name
+    /// by default), or the pool's name for GKE.
+    fn allowed_audiences(&self) -> Vec<String> {
+        match self {
+            Trust::Provider(p) if p.config.allowed_audiences.is_empty() => {
+                p.name.default_audiences().to_vec()
+            }
+            Trust::Provider(p) => p.config.allowed_audiences.clone(),
+            Trust::Gke(c) => vec![c.pool()],
+        }
+    }
+}
+
+/// `identitynamespace:POOL.svc.id.goog:https://container.googleapis.com/v1/projects/P/locations/L/clusters/C`.
+fn is_identity_namespace(audience: &str) -> bool {
+    let Some(rest) = audience.strip_prefix("identitynamespace:") else {
+        return false;
+    };
+    let Some((pool, provider)) = rest.split_once(':') else {
+        return false;
+    };
+    let Some(cluster) = provider.strip_prefix("https://container.googleapis.com/v1/") else {
+        return false;
+    };
+    let parts: Vec<&str> = cluster.split('/').collect();
+    pool.ends_with(".svc.id.goog")
+        && matches!(parts.as_slice(), ["projects", p, "locations", l, "clusters", c]
+            if !p.is_empty() && !l.is_empty() && !c.is_empty())
+}
+
 pub(super) async fn sts_token(
     State(gcp): State<Arc<Gcp>>,
     headers: HeaderMap,
@@ -123,11 +168,22 @@ pub(super) async fn exchange(
         }
     }
     let audience = params.get("audience").unwrap_or_default();
-    if ProviderName::parse(audience).is_none() {
-        return Err(oauth("invalid_request", BAD_AUDIENCE));
-    }
-    let Some(provider) = gcp.providers.iter().find(|p| p.config.name == audience) else {
-        return Err(oauth("invalid_target", UNKNOWN_PROVIDER));
+    let trust = if audience.starts_with("identitynamespace:") {
+        if !is_identity_namespace(audience) {
+            return Err(oauth("invalid_request", BAD_AUDIENCE));
+        }
+        let Some(cluster) = gcp.clusters.iter().find(|c| c.sts_audience() == audience) else {
+            return Err(oauth("invalid_target", UNKNOWN_PROVIDER));
+        };
+        Trust::Gke(cluster)
+    } else {
+        if ProviderName::parse(audience).is_none() {
+            return Err(oauth("invalid_request", BAD_AUDIENCE));
+        }
+        let Some(provider) = gcp.providers.iter().find(|p| p.config.name == audience) else {
+            return Err(oauth("invalid_target", UNKNOWN_PROVIDER));
+        };
+        Trust::Provider(provider)
     };
     if params.get("requested_token_type") != Some(ACCESS_TOKEN_TYPE) {
         return Err(oauth(
@@ -158,7 +214,7 @@ pub(super) async fn exchange(
 
     // Issuer first: it decides whose keys to trust, and only the provider's.
     // Google compares it exactly; even a trailing slash makes a mismatch.
-    let expected_issuer = provider.config.issuer.as_str();
+    let expected_issuer = trust.issuer();
     if claims.iss.as_deref() != Some(expected_issuer) {
         return Err(oauth(
             "invalid_grant",
@@ -223,17 +279,8 @@ pub(super) async fn exchange(
         .as_ref()
         .map(|a| a.iter().collect())
         .unwrap_or_default();
-    let defaults = provider.name.default_audiences();
-    let allowed: Vec<&str> = if provider.config.allowed_audiences.is_empty() {
-        defaults.iter().map(String::as_str).collect()
-    } else {
-        provider
-            .config
-            .allowed_audiences
-            .iter()
-            .map(String::as_str)
-            .collect()
-    };
+    let allowed = trust.allowed_audiences();
+    let allowed: Vec<&str> = allowed.iter().map(String::as_str).collect();
     if !audiences.iter().any(|a| allowed.contains(a)) {
         return Err(oauth(
             "invalid_grant",
@@ -259,7 +306,25 @@ pub(super) async fn exchange(
     // configured lifetime (Google: min(exp - now, 3600)).
     let expires_in = exp.saturating_sub(now).clamp(1, gcp.lifetime.as_secs());
     let access_token = format!("ya29.emulated-federated.{}", random_token(48));
-    let principal = principal_for(&provider.config.name, &subject);
+    let principal = match trust {
+        Trust::Provider(provider) => principal_for(&provider.config.name, &subject),
+        // GKE's pool maps a Kubernetes service account's token to
+        // ns/NAMESPACE/sa/NAME; it has no principal for any other subject.
+        Trust::Gke(cluster) => match subject
+            .strip_prefix("system:serviceaccount:")
+            .and_then(|rest| rest.split_once(':'))
+        {
+            Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() => {
+                cluster.principal(namespace, name)
+            }
+            _ => {
+                return Err(oauth(
+                    "invalid_grant",
+                    format!("The subject {subject} is not a Kubernetes service account."),
+                ))
+            }
+        },
+    };
     gcp.ledger.record(&access_token, &principal);
     gcp.remember(
         &access_token,

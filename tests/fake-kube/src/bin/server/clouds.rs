@@ -31,6 +31,14 @@ pub struct CloudsConfig {
     /// The workload identity provider's full name; also the default
     /// audience, as in Google's own configuration.
     pub gcp_provider: String,
+    /// GKE's pool instead of the provider: the cluster
+    /// (`projects/P/locations/L/clusters/C`); its grants then name GKE's
+    /// members (`serviceAccount:P.svc.id.goog[NS/KSA]`).
+    #[serde(default)]
+    pub gcp_gke_cluster: Option<String>,
+    /// The GKE cluster project's number.
+    #[serde(default)]
+    pub gcp_project_number: Option<String>,
     #[serde(default = "aws_audience")]
     pub aws_audience: String,
     /// Lifetime of access tokens the emulators issue (seconds).
@@ -142,6 +150,12 @@ impl Clouds {
                 azure_audience: config.azure_audience.clone(),
                 gcp_provider: config.gcp_provider.clone(),
                 gcp_allowed_audiences: vec![config.gcp_provider.clone()],
+                gcp_gke: config.gcp_gke_cluster.as_ref().map(|cluster| {
+                    lanyard_emulators::GkePool {
+                        cluster: cluster.clone(),
+                        project_number: config.gcp_project_number.clone().unwrap_or_default(),
+                    }
+                }),
                 aws_audience: config.aws_audience.clone(),
                 lifetimes: Lifetimes::all(Duration::from_secs(config.lifetime_seconds)),
                 bindings: config
