@@ -17,7 +17,7 @@ use crate::http::{
 };
 use crate::secret::{random_token, SecretString};
 use crate::serve::container_token::ContainerToken;
-use crate::serve::sdk_env::{SdkDefaults, SdkEnv};
+use crate::serve::sdk_env::SdkEnv;
 use crate::serve::token_shelf::TokenShelf;
 use crate::serve::{self, SubjectTokens, Surfaces};
 use crate::telemetry::Readiness;
@@ -134,35 +134,51 @@ impl DevStack {
             &dev.node_name,
         );
 
-        // Google: provider and project default to the emulated pool.
+        // Google: provider and project default to the emulated pool; a GKE
+        // cluster's pool is emulated as configured.
+        let gke = config.gcp.gke();
         let provider = config
             .gcp
             .workload_identity_provider
             .clone()
             .unwrap_or_else(|| DEV_GCP_PROVIDER.to_string());
-        let gcp_audience = config
-            .gcp
-            .audience
-            .clone()
-            .unwrap_or_else(|| provider.clone());
-        let emulators = EmulatorSet::new(
-            &CloudsConfig {
-                issuer: issuer.url().to_string(),
-                azure_tenant_id: dev.azure_tenant_id.clone(),
-                azure_audience: config.azure.audience.clone(),
-                gcp_provider: provider.clone(),
-                gcp_allowed_audiences: vec![gcp_audience.clone()],
-                aws_audience: config.aws.audience.clone(),
-                lifetimes: Lifetimes::all(Duration::from_secs(dev.token_lifetime)),
-                bindings: vec![Binding {
-                    subject: pod.subject(),
-                    azure_client_id: Some(dev.azure_client_id.clone()),
-                    gcp_service_account: Some(dev.gcp_service_account.clone()),
-                    aws_role_arn: Some(dev.aws_role_arn.clone()),
-                }],
-            },
-            http.clone(),
-        )?;
+        let gcp_audience = match &gke {
+            Some(cluster) => cluster.pool(),
+            None => config
+                .gcp
+                .audience
+                .clone()
+                .unwrap_or_else(|| provider.clone()),
+        };
+        let emulators =
+            EmulatorSet::new(
+                &CloudsConfig {
+                    issuer: issuer.url().to_string(),
+                    azure_tenant_id: dev.azure_tenant_id.clone(),
+                    azure_audience: config.azure.audience.clone(),
+                    gcp_provider: provider.clone(),
+                    gcp_allowed_audiences: vec![gcp_audience.clone()],
+                    gcp_gke: config.gcp.gke_cluster.clone().map(|cluster| {
+                        lanyard_emulators::GkePool {
+                            cluster,
+                            project_number: config
+                                .gcp
+                                .project_number
+                                .clone()
+                                .unwrap_or_else(|| DEV_GCP_PROJECT_NUMBER.to_string()),
+                        }
+                    }),
+                    aws_audience: config.aws.audience.clone(),
+                    lifetimes: Lifetimes::all(Duration::from_secs(dev.token_lifetime)),
+                    bindings: vec![Binding {
+                        subject: pod.subject(),
+                        azure_client_id: Some(dev.azure_client_id.clone()),
+                        gcp_service_account: Some(dev.gcp_service_account.clone()),
+                        aws_role_arn: Some(dev.aws_role_arn.clone()),
+                    }],
+                },
+                http.clone(),
+            )?;
         // Each cloud is its emulator unless an endpoint is configured.
         let (authority_host, entra) = match &config.azure.authority_host {
             Some(host) => (host.clone(), None),
@@ -266,14 +282,16 @@ impl DevStack {
             .azure
             .tenant_id
             .get_or_insert_with(|| dev.azure_tenant_id.clone());
-        wired.gcp.workload_identity_provider = Some(provider.clone());
+        if gke.is_none() {
+            wired.gcp.workload_identity_provider = Some(provider.clone());
+        }
         wired.gcp.audience = Some(gcp_audience.clone());
         wired.gcp.sts_endpoint = Some(sts_endpoint);
         wired.gcp.iamcredentials_endpoint = Some(iam_endpoint);
-        wired
-            .gcp
-            .project_id
-            .get_or_insert_with(|| DEV_GCP_PROJECT_ID.to_string());
+        wired.gcp.project_id.get_or_insert_with(|| match &gke {
+            Some(cluster) => cluster.project.clone(),
+            None => DEV_GCP_PROJECT_ID.to_string(),
+        });
         wired
             .gcp
             .project_number
@@ -343,10 +361,7 @@ impl DevStack {
         let host_port = surfaces_addr.to_string();
         let aws_token_file = aws_token_file.display().to_string();
         let dev_bindings = Bindings::from_annotations(&dev_annotations);
-        let defaults = SdkDefaults {
-            azure_tenant_id: Some(dev.azure_tenant_id.clone()),
-            aws_region: Some(config.aws.region.clone()),
-        };
+        let defaults = wired.clouds().sdk_defaults();
         let exports = SdkEnv {
             host_port: &host_port,
             clouds: &Cloud::ALL,

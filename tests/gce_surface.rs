@@ -87,6 +87,52 @@ async fn ping_project_and_universe() {
     stack.stop().await;
 }
 
+/// A Trusted Partner Cloud's universe and GKE's pool: the surface reports
+/// the configured universe and the cluster's project, and tokens come
+/// through the cluster's pool.
+#[tokio::test]
+async fn the_configured_universe_and_gke_project_are_reported() {
+    let mut config = lanyard::config::Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        admin_listen: "127.0.0.1:0".parse().unwrap(),
+        ..Default::default()
+    };
+    config.gcp.universe_domain = "apis-tpczero.goog".into();
+    config.gcp.gke_cluster =
+        Some("projects/ray-prod-4821/locations/us-central1/clusters/ray".into());
+    config.gcp.project_number = Some("310987654321".into());
+    let stack = lanyard::dev::DevStack::start(&config).await.unwrap();
+    let v1 = format!("http://{}/computeMetadata/v1", stack.surfaces_addr);
+    for (path, want) in [
+        ("universe/universe-domain", "apis-tpczero.goog"),
+        ("universe/universe_domain", "apis-tpczero.goog"),
+        ("project/project-id", "ray-prod-4821"),
+        ("project/numeric-project-id", "310987654321"),
+    ] {
+        let resp = get(&format!("{v1}/{path}"), true).await;
+        assert_eq!(resp.status(), 200, "{path}");
+        assert_eq!(resp.text().await.unwrap(), want, "{path}");
+    }
+    let all: Value = get(&format!("{v1}/?recursive=true"), true)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(all["universe"]["universeDomain"], "apis-tpczero.goog");
+    let token: Value = get(
+        &format!("{v1}/instance/service-accounts/default/token"),
+        true,
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    let token = token["access_token"].as_str().unwrap();
+    let gcp = stack.gcp.as_ref().unwrap();
+    assert_eq!(gcp.ledger.owner(token).as_deref(), Some(SA));
+    stack.stop().await;
+}
+
 #[tokio::test]
 async fn directories_listings_recursion_and_redirects() {
     let (stack, base) = dev_stack().await;

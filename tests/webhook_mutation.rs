@@ -41,6 +41,7 @@ fn config() -> InjectionConfig {
         sdk: SdkDefaults {
             azure_tenant_id: Some(TENANT.into()),
             aws_region: Some("us-east-1".into()),
+            gcp_universe_domain: None,
         },
         ..InjectionConfig::default()
     };

@@ -141,6 +141,7 @@ async fn start_with_metrics(
         sdk: lanyard::serve::sdk_env::SdkDefaults {
             azure_tenant_id: Some("3b8e4f60-1c2d-4e5f-8a9b-7c6d5e4f3a2b".into()),
             aws_region: Some("us-east-1".into()),
+            gcp_universe_domain: None,
         },
         ..Default::default()
     };

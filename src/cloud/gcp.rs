@@ -3,12 +3,20 @@
 //!
 //! 1. STS `POST {sts}/v1/token` exchanges the pod's projected token for a
 //!    federated access token of the principal
-//!    `principal://…/workloadIdentityPools/P/subject/system:serviceaccount:NS:SA`.
-//!    That token is used directly when the ServiceAccount names no Google
-//!    service account.
+//!    `principal://…/workloadIdentityPools/P/subject/system:serviceaccount:NS:SA`
+//!    (a pool of one's own, `gcp.workload_identity_provider`), or
+//!    `principal://…/workloadIdentityPools/PROJECT.svc.id.goog/subject/ns/NS/sa/SA`
+//!    (GKE's pool, `gcp.gke_cluster`: the audience is
+//!    `identitynamespace:PROJECT.svc.id.goog:https://container.googleapis.com/v1/…/clusters/C`,
+//!    as GKE's metadata server sends it, so grants made for GKE Workload
+//!    Identity apply unchanged). That token is used directly when the
+//!    ServiceAccount names no Google service account.
 //! 2. With `iam.gke.io/gcp-service-account`, IAM Credentials
 //!    `:generateAccessToken` / `:generateIdToken` turn the federated token
 //!    into the service account's access or ID token.
+//!
+//! The endpoints are `sts.` and `iamcredentials.` in the configured
+//! universe domain (`googleapis.com` unless a Trusted Partner Cloud's).
 //!
 //! Written on reqwest rather than a Google auth crate: we need the raw
 //! OAuth `error` / Google `status` to classify failures for caching, and
@@ -56,11 +64,6 @@ pub fn accepted_audiences(configured: &str) -> Vec<String> {
     all
 }
 
-/// Google's public endpoints.
-pub const STS_ENDPOINT: &str = "https://sts.googleapis.com";
-/// Google's IAM Credentials API, for `generateAccessToken` and
-/// `generateIdToken`.
-pub const IAMCREDENTIALS_ENDPOINT: &str = "https://iamcredentials.googleapis.com";
 /// The scope asked for when the caller names none (what the GCE metadata
 /// server hands out by default).
 pub const CLOUD_PLATFORM_SCOPE: &str = "https://www.googleapis.com/auth/cloud-platform";
@@ -286,8 +289,9 @@ impl GcpExchanger {
 pub struct GcpCloud {
     /// The STS and IAM Credentials client.
     pub exchanger: GcpExchanger,
-    /// The workload identity pool provider, `//iam.googleapis.com/projects/N/locations/global/workloadIdentityPools/P/providers/R`:
-    /// the STS `audience`.
+    /// The STS `audience`: the workload identity pool provider,
+    /// `//iam.googleapis.com/projects/N/locations/global/workloadIdentityPools/P/providers/R`,
+    /// or GKE's pool and cluster, `identitynamespace:PROJECT.svc.id.goog:https://container.googleapis.com/v1/projects/…/clusters/C`.
     pub provider: String,
     /// Audience callers' projected tokens must carry for Google.
     pub audience: String,
@@ -625,19 +629,28 @@ fn parse_rfc3339(text: &str) -> Option<u64> {
 }
 
 /// The `gcp` section of the configuration: Google workload identity
-/// federation.
+/// federation, through a pool of one's own or GKE's.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Settings {
     /// `//iam.googleapis.com/projects/N/locations/global/workloadIdentityPools/P/providers/R`.
     pub workload_identity_provider: Option<String>,
+    /// GKE's own pool instead of a provider: the cluster,
+    /// `projects/PROJECT/locations/LOCATION/clusters/CLUSTER`.
+    pub gke_cluster: Option<String>,
     /// The Google project id callers act in (6–30 lowercase letters, digits and
-    /// `-`); required with a workload identity provider.
+    /// `-`); required with a workload identity provider, and the cluster's
+    /// project with GKE's pool.
     pub project_id: Option<String>,
-    /// The numeric project number; default: the one in the provider's name.
+    /// The numeric project number; default: the one in the provider's name
+    /// (required with GKE's pool).
     pub project_number: Option<String>,
-    /// Audience callers' projected tokens must carry; default: the provider.
+    /// Audience callers' projected tokens must carry; default: the provider
+    /// (`PROJECT.svc.id.goog` with GKE's pool, which accepts no other).
     pub audience: Option<String>,
+    /// The universe the endpoints are in (`googleapis.com`; a Trusted
+    /// Partner Cloud's domain), reported by the metadata server.
+    pub universe_domain: String,
     /// Overrides Google's STS endpoint (private endpoints, emulators).
     pub sts_endpoint: Option<String>,
     /// Overrides Google's IAM Credentials endpoint (private endpoints,
@@ -651,9 +664,11 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             workload_identity_provider: None,
+            gke_cluster: None,
             project_id: None,
             project_number: None,
             audience: None,
+            universe_domain: DEFAULT_UNIVERSE_DOMAIN.to_string(),
             sts_endpoint: None,
             iamcredentials_endpoint: None,
             token_lifetime: 3600,
@@ -661,8 +676,71 @@ impl Default for Settings {
     }
 }
 
+/// A GKE cluster whose Workload Identity pool, `PROJECT.svc.id.goog`, the
+/// exchange goes through.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GkeCluster {
+    /// The cluster's project id (the pool's name is `PROJECT.svc.id.goog`).
+    pub project: String,
+    /// Its region or zone.
+    pub location: String,
+    /// Its name.
+    pub name: String,
+}
+
+impl GkeCluster {
+    /// Parses `projects/PROJECT/locations/LOCATION/clusters/CLUSTER`.
+    pub fn parse(text: &str) -> Option<GkeCluster> {
+        let parts: Vec<&str> = text.split('/').collect();
+        match parts.as_slice() {
+            ["projects", project, "locations", location, "clusters", name]
+                if is_project_id(project) && is_gke_name(location) && is_gke_name(name) =>
+            {
+                Some(GkeCluster {
+                    project: project.to_string(),
+                    location: location.to_string(),
+                    name: name.to_string(),
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// The pool, `PROJECT.svc.id.goog`: also the audience of the tokens
+    /// GKE's pool accepts.
+    pub fn pool(&self) -> String {
+        format!("{}.svc.id.goog", self.project)
+    }
+
+    /// The STS `audience` of an exchange through the cluster's pool, as
+    /// GKE's metadata server sends it:
+    /// `identitynamespace:PROJECT.svc.id.goog:https://container.googleapis.com/v1/projects/PROJECT/locations/LOCATION/clusters/CLUSTER`.
+    pub fn sts_audience(&self) -> String {
+        format!(
+            "identitynamespace:{}:https://container.googleapis.com/v1/projects/{}/locations/{}/clusters/{}",
+            self.pool(),
+            self.project,
+            self.location,
+            self.name
+        )
+    }
+}
+
+/// GKE locations and cluster names: lowercase letters, digits and `-`
+/// (cluster names up to 40 characters, locations shorter).
+fn is_gke_name(s: &str) -> bool {
+    (1..=40).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.starts_with(|c: char| c.is_ascii_lowercase())
+}
+
+/// Google's own universe.
+pub const DEFAULT_UNIVERSE_DOMAIN: &str = "googleapis.com";
+
 impl Settings {
-    /// Checks the section: provider, project, endpoints and token lifetime.
+    /// Checks the section: provider or cluster, project, endpoints and
+    /// token lifetime.
     pub fn check(&self) -> Result<(), Invalid> {
         let g = self;
         if let Some(p) = &g.workload_identity_provider {
@@ -672,6 +750,43 @@ impl Settings {
                     "//iam.googleapis.com/projects/NUMBER/locations/global/workloadIdentityPools/POOL/providers/PROVIDER",
                     p,
                 ));
+            }
+        }
+        if let Some(c) = &g.gke_cluster {
+            let Some(cluster) = GkeCluster::parse(c) else {
+                return Err(invalid(
+                    "gcp.gke_cluster",
+                    "projects/PROJECT_ID/locations/LOCATION/clusters/CLUSTER",
+                    c,
+                ));
+            };
+            if g.workload_identity_provider.is_some() {
+                return Err(invalid(
+                    "gcp.gke_cluster",
+                    "unset when gcp.workload_identity_provider is set (one pool: GKE's or a provider's)",
+                    c,
+                ));
+            }
+            if let Some(id) = g.project_id.as_ref().filter(|id| **id != cluster.project) {
+                return Err(invalid(
+                    "gcp.project_id",
+                    "the GKE cluster's project (gcp.gke_cluster), or unset",
+                    id,
+                ));
+            }
+            if let Some(aud) = g.audience.as_ref().filter(|a| **a != cluster.pool()) {
+                return Err(invalid(
+                    "gcp.audience",
+                    "PROJECT_ID.svc.id.goog (the only audience GKE's pool accepts), or unset",
+                    aud,
+                ));
+            }
+            if g.project_number.is_none() {
+                return Err(Invalid {
+                    key: "gcp.project_number",
+                    expected: "the cluster project's number (LANYARD_GCP_PROJECT_NUMBER), required with gcp.gke_cluster",
+                    got: String::new(),
+                });
             }
         }
         if let Some(n) = &g.project_number {
@@ -692,6 +807,13 @@ impl Settings {
                 ));
             }
         }
+        if !is_universe_domain(&g.universe_domain) {
+            return Err(invalid(
+                "gcp.universe_domain",
+                "a DNS domain (googleapis.com)",
+                &g.universe_domain,
+            ));
+        }
         for (key, value) in [
             ("gcp.sts_endpoint", &g.sts_endpoint),
             ("gcp.iamcredentials_endpoint", &g.iamcredentials_endpoint),
@@ -710,49 +832,81 @@ impl Settings {
         Ok(())
     }
 
+    /// The GKE cluster whose pool the exchange goes through, if any.
+    pub fn gke(&self) -> Option<GkeCluster> {
+        self.gke_cluster.as_deref().and_then(GkeCluster::parse)
+    }
+
     /// The audience callers' tokens carry for Google: the configured one,
-    /// else the provider's name; `None` without a provider.
+    /// else the provider's name (`PROJECT.svc.id.goog` with GKE's pool);
+    /// `None` when Google is off.
     pub fn token_audience(&self) -> Option<String> {
         self.audience
             .clone()
             .or_else(|| self.workload_identity_provider.clone())
+            .or_else(|| self.gke().map(|c| c.pool()))
     }
 
     /// The Google side of the broker these settings describe; `None`
-    /// without a workload identity provider (Google is then off).
+    /// without a workload identity provider or a GKE cluster (Google is
+    /// then off).
     pub fn exchanger(&self, http: reqwest::Client) -> Result<Option<GcpCloud>, Invalid> {
-        let Some(provider) = &self.workload_identity_provider else {
-            return Ok(None);
+        let (sts_audience, project_id, derived_number) = match (
+            &self.workload_identity_provider,
+            self.gke(),
+        ) {
+            (Some(provider), _) => {
+                let project_id = self.project_id.clone().ok_or(Invalid {
+                    key: "gcp.project_id",
+                    expected: "the project id (LANYARD_GCP_PROJECT_ID), required with a workload identity provider",
+                    got: String::new(),
+                })?;
+                let number = provider
+                    .strip_prefix("//iam.googleapis.com/projects/")
+                    .and_then(|r| r.split('/').next())
+                    .unwrap_or_default()
+                    .to_string();
+                (provider.clone(), project_id, number)
+            }
+            (None, Some(cluster)) => (cluster.sts_audience(), cluster.project, String::new()),
+            (None, None) => return Ok(None),
         };
-        let project_id = self.project_id.clone().ok_or(Invalid {
-            key: "gcp.project_id",
-            expected: "the project id (LANYARD_GCP_PROJECT_ID), required with a workload identity provider",
-            got: String::new(),
-        })?;
-        let project_number = match &self.project_number {
-            Some(n) => n.clone(),
-            None => provider
-                .strip_prefix("//iam.googleapis.com/projects/")
-                .and_then(|r| r.split('/').next())
-                .unwrap_or_default()
-                .to_string(),
-        };
-        let endpoint = |configured: &Option<String>, default: &str| {
-            configured.clone().unwrap_or_else(|| default.to_string())
+        let project_number = self.project_number.clone().unwrap_or(derived_number);
+        let endpoint = |configured: &Option<String>, service: &str| {
+            configured
+                .clone()
+                .unwrap_or_else(|| format!("https://{service}.{}", self.universe_domain))
         };
         Ok(Some(GcpCloud {
             exchanger: GcpExchanger::new(
                 http,
-                endpoint(&self.sts_endpoint, STS_ENDPOINT),
-                endpoint(&self.iamcredentials_endpoint, IAMCREDENTIALS_ENDPOINT),
+                endpoint(&self.sts_endpoint, "sts"),
+                endpoint(&self.iamcredentials_endpoint, "iamcredentials"),
             ),
-            provider: provider.clone(),
-            audience: self.token_audience().unwrap_or_else(|| provider.clone()),
+            audience: self
+                .token_audience()
+                .unwrap_or_else(|| sts_audience.clone()),
+            provider: sts_audience,
             project_id,
             project_number,
             token_lifetime: Duration::from_secs(self.token_lifetime),
         }))
     }
+}
+
+/// A universe domain: DNS labels of lowercase letters, digits and `-`,
+/// at least two.
+fn is_universe_domain(s: &str) -> bool {
+    s.len() <= 253
+        && s.split('.').count() >= 2
+        && s.split('.').all(|label| {
+            (1..=63).contains(&label.len())
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
 }
 
 fn is_provider_name(s: &str) -> bool {
@@ -981,6 +1135,120 @@ mod tests {
         assert_eq!(jwt_exp("not-a-jwt"), None);
         let no_exp = format!("{}.{}.sig", b64(r#"{"alg":"RS256"}"#), b64(r#"{"iat":1}"#));
         assert_eq!(jwt_exp(&no_exp), None);
+    }
+
+    const CLUSTER: &str = "projects/ray-prod-4821/locations/us-central1/clusters/ray";
+
+    fn gke_settings() -> Settings {
+        Settings {
+            gke_cluster: Some(CLUSTER.into()),
+            project_number: Some("310987654321".into()),
+            ..Settings::default()
+        }
+    }
+
+    fn refused_key(settings: &Settings) -> &'static str {
+        settings.check().expect_err("refused").key
+    }
+
+    #[test]
+    fn gke_clusters_parse_strictly() {
+        let c = GkeCluster::parse(CLUSTER).unwrap();
+        assert_eq!(c.pool(), "ray-prod-4821.svc.id.goog");
+        assert_eq!(
+            c.sts_audience(),
+            "identitynamespace:ray-prod-4821.svc.id.goog:https://container.googleapis.com/v1/projects/ray-prod-4821/locations/us-central1/clusters/ray"
+        );
+        for bad in [
+            "",
+            "projects/ray-prod-4821/locations/us-central1/clusters/",
+            "projects/Ray/locations/us-central1/clusters/ray",
+            "projects/ray-prod-4821/zones/us-central1-a/clusters/ray",
+            "projects/ray-prod-4821/locations/us-central1/clusters/ray/x",
+            "https://container.googleapis.com/v1/projects/ray-prod-4821/locations/us-central1/clusters/ray",
+        ] {
+            assert!(GkeCluster::parse(bad).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn gke_mode_derives_audience_project_and_sts_audience() {
+        let s = gke_settings();
+        s.check().unwrap();
+        assert_eq!(
+            s.token_audience().as_deref(),
+            Some("ray-prod-4821.svc.id.goog")
+        );
+        let google = s.exchanger(reqwest::Client::new()).unwrap().unwrap();
+        assert_eq!(google.project_id, "ray-prod-4821");
+        assert_eq!(google.project_number, "310987654321");
+        assert_eq!(google.audience, "ray-prod-4821.svc.id.goog");
+        assert!(google
+            .provider
+            .starts_with("identitynamespace:ray-prod-4821.svc.id.goog:"));
+        assert_eq!(
+            google.exchanger.sts_endpoint(),
+            "https://sts.googleapis.com"
+        );
+    }
+
+    #[test]
+    fn gke_mode_refuses_what_gkes_pool_would_not_take() {
+        let mut s = gke_settings();
+        s.workload_identity_provider = Some(
+            "//iam.googleapis.com/projects/1/locations/global/workloadIdentityPools/p/providers/r"
+                .into(),
+        );
+        assert_eq!(refused_key(&s), "gcp.gke_cluster");
+        let mut s = gke_settings();
+        s.project_id = Some("another-project".into());
+        assert_eq!(refused_key(&s), "gcp.project_id");
+        // The cluster's own project is fine.
+        s.project_id = Some("ray-prod-4821".into());
+        assert!(s.check().is_ok());
+        let mut s = gke_settings();
+        s.audience = Some("sts.googleapis.com".into());
+        assert_eq!(refused_key(&s), "gcp.audience");
+        let mut s = gke_settings();
+        s.project_number = None;
+        assert_eq!(refused_key(&s), "gcp.project_number");
+        let mut s = gke_settings();
+        s.gke_cluster = Some("ray".into());
+        assert_eq!(refused_key(&s), "gcp.gke_cluster");
+    }
+
+    #[test]
+    fn the_universe_domain_names_the_endpoints() {
+        let mut s = gke_settings();
+        s.universe_domain = "apis-tpczero.goog".into();
+        s.check().unwrap();
+        let google = s.exchanger(reqwest::Client::new()).unwrap().unwrap();
+        assert_eq!(
+            google.exchanger.sts_endpoint(),
+            "https://sts.apis-tpczero.goog"
+        );
+        assert_eq!(
+            google.exchanger.iamcredentials_endpoint(),
+            "https://iamcredentials.apis-tpczero.goog"
+        );
+        // An explicit endpoint still wins.
+        s.sts_endpoint = Some("https://sts.example.internal".into());
+        let google = s.exchanger(reqwest::Client::new()).unwrap().unwrap();
+        assert_eq!(
+            google.exchanger.sts_endpoint(),
+            "https://sts.example.internal"
+        );
+        for bad in [
+            "",
+            "googleapis",
+            "Googleapis.com",
+            "a..com",
+            "-a.com",
+            "a.com/x",
+        ] {
+            s.universe_domain = bad.into();
+            assert_eq!(refused_key(&s), "gcp.universe_domain", "{bad}");
+        }
     }
 
     #[test]

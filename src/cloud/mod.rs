@@ -423,6 +423,8 @@ impl CloudSettings<'_> {
         SdkDefaults {
             azure_tenant_id: self.azure.tenant_id.clone(),
             aws_region: Some(self.aws.region.clone()),
+            gcp_universe_domain: (self.gcp.universe_domain != gcp::DEFAULT_UNIVERSE_DOMAIN)
+                .then(|| self.gcp.universe_domain.clone()),
         }
     }
 
@@ -450,6 +452,9 @@ pub struct SdkDefaults {
     /// The AWS region (`AWS_REGION`, `AWS_DEFAULT_REGION`, and the
     /// sidecar's `LANYARD_AWS_REGION`); `None` sets none.
     pub aws_region: Option<String>,
+    /// Google's universe domain, as the GCE surface reports it; `None`:
+    /// `googleapis.com`.
+    pub gcp_universe_domain: Option<String>,
 }
 
 impl SdkDefaults {
@@ -457,7 +462,10 @@ impl SdkDefaults {
     /// told of these defaults (the region its IMDS surface reports).
     pub fn sidecar_vars(&self) -> Vec<(&'static str, String)> {
         let region = self.aws_region.iter();
-        region.map(|r| ("LANYARD_AWS_REGION", r.clone())).collect()
+        let region = region.map(|r| ("LANYARD_AWS_REGION", r.clone()));
+        let universe = self.gcp_universe_domain.iter();
+        let universe = universe.map(|u| ("LANYARD_GCP_UNIVERSE_DOMAIN", u.clone()));
+        region.chain(universe).collect()
     }
 }
 
@@ -796,6 +804,25 @@ pub(crate) fn now_unix() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sidecars_learn_a_universe_other_than_googles_and_the_region() {
+        let mut gcp = gcp::Settings::default();
+        let (azure, aws) = (azure::Settings::default(), aws::Settings::default());
+        let defaults = |gcp: &gcp::Settings| {
+            CloudSettings {
+                azure: &azure,
+                gcp,
+                aws: &aws,
+            }
+            .sdk_defaults()
+        };
+        let vars = defaults(&gcp).sidecar_vars();
+        assert_eq!(vars, vec![("LANYARD_AWS_REGION", aws.region.clone())]);
+        gcp.universe_domain = "apis-tpczero.goog".into();
+        let vars = defaults(&gcp).sidecar_vars();
+        assert!(vars.contains(&("LANYARD_GCP_UNIVERSE_DOMAIN", "apis-tpczero.goog".into())));
+    }
 
     #[test]
     fn annotations_map_to_bindings() {

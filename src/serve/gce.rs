@@ -17,6 +17,7 @@ use super::{
     FORWARDED_REFUSAL,
 };
 use crate::broker::{BrokerError, ErrorClass, Grant};
+use crate::cloud::gcp::DEFAULT_UNIVERSE_DOMAIN;
 use crate::cloud::{
     now_unix, AccessToken, BodyKey, Cloud, Credential, Identity, Kind, Selector, Surface,
     TokenRequest,
@@ -29,7 +30,6 @@ const DEFAULT_SCOPES: [&str; 2] = [
     "https://www.googleapis.com/auth/cloud-platform",
     "https://www.googleapis.com/auth/userinfo.email",
 ];
-const UNIVERSE_DOMAIN: &str = "googleapis.com";
 
 fn with_flavor(mut resp: Response) -> Response {
     resp.headers_mut()
@@ -143,6 +143,11 @@ pub async fn handle(surfaces: &Surfaces, request: &Parts) -> Response {
         .get("recursive")
         .is_some_and(|v| v.eq_ignore_ascii_case("true"));
     let path = uri.path();
+    let universe = surfaces
+        .defaults
+        .gcp_universe_domain
+        .as_deref()
+        .unwrap_or(DEFAULT_UNIVERSE_DOMAIN);
 
     // Root and version directories.
     match path {
@@ -169,7 +174,7 @@ pub async fn handle(surfaces: &Surfaces, request: &Parts) -> Response {
                     Ok(id) => json_body(json!({
                         "instance": { "serviceAccounts": accounts_json(&id) },
                         "project": { "numericProjectId": number(id.account_number.as_deref().unwrap_or_default()), "projectId": id.account },
-                        "universe": { "universeDomain": UNIVERSE_DOMAIN },
+                        "universe": { "universeDomain": universe },
                     })),
                     Err(e) => render_error(&e),
                 };
@@ -178,12 +183,15 @@ pub async fn handle(surfaces: &Surfaces, request: &Parts) -> Response {
         }
         (["universe"], true) => {
             if recursive {
-                json_body(json!({ "universeDomain": UNIVERSE_DOMAIN }))
+                json_body(json!({ "universeDomain": universe }))
             } else {
                 listing(&["universe-domain"])
             }
         }
-        (["universe", "universe-domain"], false) => text(StatusCode::OK, UNIVERSE_DOMAIN),
+        // Older golang.org/x/oauth2 clients ask for `universe_domain`.
+        (["universe", "universe-domain" | "universe_domain"], false) => {
+            text(StatusCode::OK, universe.to_string())
+        }
         (["project"], true) => match identity_for_account(surfaces, "default").await {
             Ok(id) if recursive => json_body(json!({
                 "numericProjectId": number(id.account_number.as_deref().unwrap_or_default()),

@@ -134,6 +134,7 @@ mod tests {
             defaults: super::super::sdk_env::SdkDefaults {
                 azure_tenant_id: None,
                 aws_region: Some("eu-west-1".into()),
+                gcp_universe_domain: None,
             },
         };
         (super::super::router(Arc::new(surfaces)), broker, session)

@@ -72,6 +72,7 @@ mod tests {
         let defaults = SdkDefaults {
             azure_tenant_id: None,
             aws_region: Some("eu-west-1".into()),
+            gcp_universe_domain: None,
         };
         let env = SdkEnv {
             host_port: "127.0.0.1:8642",

@@ -2,7 +2,7 @@
 each cloud's real SDK for a credential, as docs/examples/ray_job.py's tasks
 do, with nothing but the environment the pod was given.
 
-    pod_sdk.py [--clouds azure,gcp,aws] [--count N] [--interval S] [--stop-file F]
+    pod_sdk.py [--clouds azure,gcp,aws,gcloud] [--count N] [--interval S] [--stop-file F]
 
 Each attempt builds a fresh credential object, so that the SDKs' own caches
 do not hide a failing call, and prints one JSON line: the cloud, whether it
@@ -33,6 +33,26 @@ def gcp() -> str:
     return credentials.token
 
 
+def gcloud() -> str:
+    """The gcloud CLI's token, with a configuration of its own as a fresh
+    container has."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    binary = shutil.which("gcloud")
+    if binary is None:
+        raise RuntimeError("gcloud is not installed")
+    with tempfile.TemporaryDirectory() as config:
+        env = {**os.environ, "CLOUDSDK_CONFIG": config, "CLOUDSDK_CORE_DISABLE_PROMPTS": "1",
+               "CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK": "1"}
+        out = subprocess.run([binary, "auth", "print-access-token"], env=env, capture_output=True, text=True,
+                             timeout=120)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr.strip()[-400:])
+    return out.stdout.strip()
+
+
 def aws() -> str:
     import boto3
 
@@ -42,7 +62,9 @@ def aws() -> str:
     return credentials.get_frozen_credentials().access_key
 
 
-CLOUDS = {"azure": azure, "gcp": gcp, "aws": aws}
+CLOUDS = {"azure": azure, "gcp": gcp, "aws": aws, "gcloud": gcloud}
+# The cloud each client's credential comes from, when not its own name.
+CLOUD_OF = {"gcloud": "gcp"}
 
 
 def main() -> int:
@@ -58,9 +80,11 @@ def main() -> int:
         for cloud in clouds:
             started = time.time()
             try:
-                line = {"cloud": cloud, "ok": True, "credential": CLOUDS[cloud]()}
+                line = {"cloud": CLOUD_OF.get(cloud, cloud), "client": cloud, "ok": True,
+                        "credential": CLOUDS[cloud]()}
             except Exception as e:  # noqa: BLE001 - reported, the harness judges
-                line = {"cloud": cloud, "ok": False, "error": f"{type(e).__name__}: {str(e)[:400]}"}
+                line = {"cloud": CLOUD_OF.get(cloud, cloud), "client": cloud, "ok": False,
+                        "error": f"{type(e).__name__}: {str(e)[:400]}"}
             line.update(started=started, t=time.time())
             print(json.dumps(line), flush=True)
         done += 1

@@ -159,6 +159,21 @@ def test_pods_are_restricted_and_never_on_the_host_network(rendered):
         assert pod_spec(objects, kind)["terminationGracePeriodSeconds"] == config["shutdown_delay_seconds"] + 25
 
 
+def test_gkes_pool_reaches_the_agent_the_webhook_and_the_guard():
+    cluster = "projects/ml-data-1/locations/europe-west4/clusters/ray"
+    objects = render({"gcp": {"gkeCluster": cluster, "projectNumber": "123456789012",
+                              "universeDomain": "apis-tpczero.goog"},
+                      "guard": {"enabled": True, "admissionPolicy": True}})
+    for role in ("agent", "webhook"):
+        config = yaml.safe_load(find(objects, "ConfigMap", "lanyard-config")["data"][f"{role}.yaml"])
+        assert config["gcp"]["gke_cluster"] == cluster, role
+        assert config["gcp"]["universe_domain"] == "apis-tpczero.goog", role
+        assert "workload_identity_provider" not in config["gcp"]
+    policy = find(objects, "ValidatingAdmissionPolicy")
+    (audiences,) = [v["expression"] for v in policy["spec"]["variables"] if v["name"] == "audiences"]
+    assert '"ml-data-1.svc.id.goog"' in audiences, audiences
+
+
 def test_the_agent_is_reached_on_its_own_node():
     objects = render({})
     service = find(objects, "Service", "lanyard-agent")
@@ -266,6 +281,11 @@ def test_values_schema_refuses_wrong_types_and_unknown_keys():
         {"policy": {"policies": {"no-extension": "permit (principal, action, resource);"}}},
         # A Google provider needs its project (the agent would stop).
         {"gcp": {"workloadIdentityProvider": GCP["workloadIdentityProvider"]}},
+        # GKE's pool needs its project's number, and excludes a provider.
+        {"gcp": {"gkeCluster": "projects/ml-data-1/locations/europe-west4/clusters/ray"}},
+        {"gcp": {"gkeCluster": "projects/ml-data-1/locations/europe-west4/clusters/ray", "projectNumber": "1",
+                 "workloadIdentityProvider": GCP["workloadIdentityProvider"], "projectId": "ml-data-1"}},
+        {"gcp": {"gkeCluster": "ml-data-1/ray", "projectNumber": "1"}},
         {"aws": {"region": "Europe"}},
     ]:
         with pytest.raises(helm.HelmError) as e:

@@ -79,7 +79,10 @@ def fake_kube_binary() -> Path:
 class E2E:
     """The running cluster: API server with clouds, webhook, two nodes."""
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, gke_cluster: str | None = None):
+        """`gke_cluster`: Google through GKE's own pool for that cluster
+        (`projects/P/locations/L/clusters/C`), its grants written as GKE
+        Workload Identity's, instead of through a provider."""
         self.started = time.monotonic()
         self.workdir = workdir
         self.cluster = Cluster(workdir)
@@ -87,13 +90,16 @@ class E2E:
         self.startup: list[float] = []
         self.figures: dict = {}
         clouds = {"azure_tenant_id": TENANT, "gcp_provider": PROVIDER, "identities": IDENTITIES}
+        gcp = {"workloadIdentityProvider": PROVIDER, "projectId": "lanyard-e2e", "projectNumber": "123456789012"}
+        if gke_cluster:
+            clouds.update(gcp_gke_cluster=gke_cluster, gcp_project_number="123456789012")
+            gcp = {"gkeCluster": gke_cluster, "projectNumber": "123456789012"}
         self.kube = FakeKubeProcess(self.cluster, fake_kube_binary(), clouds)
         self.bundle = trust_bundle(workdir, self.kube.clouds_ca)
         self.values = {
             "cluster": {"name": "e2e"},
             "azure": {"tenantId": TENANT},
-            "gcp": {"workloadIdentityProvider": PROVIDER, "projectId": "lanyard-e2e",
-                    "projectNumber": "123456789012"},
+            "gcp": gcp,
             "aws": {"region": "us-east-1"},
             # Shutdown delays shorter than the chart's 5 s: the harness's
             # endpoints lag by ENDPOINTS_LAG, not by a real cluster's seconds.
@@ -242,12 +248,14 @@ class E2E:
         return found if issued else ["no credential was issued at all"]
 
 
-@pytest.fixture(scope="module")
-def e2e():
+def running_e2e(gke_cluster: str | None = None, figures_name: str = "pods-e2e-figures.json"):
+    """The cluster for a module's tests; on the way out, no namespace,
+    process problem or leaked token may be left, and its figures are
+    written to the target directory."""
     workdir = Path(tempfile.mkdtemp(prefix="lanyard-pods-"))
     env = None
     try:
-        env = E2E(workdir)
+        env = E2E(workdir, gke_cluster)
         yield env
     finally:
         problems = env.close() if env else []
@@ -256,7 +264,7 @@ def e2e():
                        "startup_samples": len(env.startup),
                        "harness_s": round(time.monotonic() - env.started, 1), **env.figures}
             target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
-            (target / "pods-e2e-figures.json").write_text(json.dumps(figures))
+            (target / figures_name).write_text(json.dumps(figures))
             print("pods end to end:", figures)
         leftover = [ns for ns in os.listdir("/var/run/netns") if env and ns.startswith(env.cluster.tag)] \
             if os.path.isdir("/var/run/netns") else []
@@ -264,6 +272,11 @@ def e2e():
             shutil.rmtree(workdir, ignore_errors=True)
         assert not leftover, f"namespaces left behind: {leftover}"
         assert not problems, problems
+
+
+@pytest.fixture(scope="module")
+def e2e():
+    yield from running_e2e()
 
 
 def ray_templates() -> tuple[dict, dict]:

@@ -29,6 +29,7 @@ pub fn injection(settings: &Value) -> InjectionConfig {
         sdk: SdkDefaults {
             azure_tenant_id: Some(text("azure_tenant_id")),
             aws_region: Some(text("aws_region")),
+            gcp_universe_domain: None,
         },
         ..InjectionConfig::default()
     };

@@ -84,6 +84,8 @@ at Lanyard's defaults.
 {{- with $v.gcp.projectId }}{{ $_ := set $gcp "project_id" . }}{{ end -}}
 {{- with $v.gcp.projectNumber }}{{ $_ := set $gcp "project_number" (toString .) }}{{ end -}}
 {{- with $v.gcp.audience }}{{ $_ := set $gcp "audience" . }}{{ end -}}
+{{- with $v.gcp.gkeCluster }}{{ $_ := set $gcp "gke_cluster" . }}{{ end -}}
+{{- with $v.gcp.universeDomain }}{{ $_ := set $gcp "universe_domain" . }}{{ end -}}
 {{- $aws := dict "region" $v.aws.region "audience" $v.aws.audience "session_duration" $v.aws.sessionDuration -}}
 {{- with $v.aws.stsEndpoint }}{{ $_ := set $aws "sts_endpoint" . }}{{ end -}}
 {{- $cluster := dict "token_review" $v.cluster.tokenReview -}}
@@ -145,6 +147,8 @@ what lanyard webhook's Guard::new computes from the same configuration.
 {{- $list = append $list $google -}}
 {{- if hasPrefix "//" $google }}{{ $list = append $list (printf "https:%s" $google) }}{{ end -}}
 {{- if hasPrefix "https://" $google }}{{ $list = append $list (trimPrefix "https:" $google) }}{{ end -}}
+{{- else if $v.gcp.gkeCluster -}}
+{{- $list = append $list ($v.gcp.audience | default (printf "%s.svc.id.goog" (index (splitList "/" $v.gcp.gkeCluster) 1))) -}}
 {{- end -}}
 {{- range $v.guard.extraAudiences }}{{ $list = append $list . }}{{ end -}}
 {{- $lower := list -}}

@@ -52,7 +52,7 @@ use tower::ServiceExt;
 use lanyard::broker::{BrokerError, Grant, TokenBroker};
 use lanyard::cloud::aws::{AwsCloud, AwsCredentials, AwsExchanger};
 use lanyard::cloud::azure::{AzureCloud, AzureExchanger, FEDERATION_AUDIENCE, PUBLIC_CLOUD};
-use lanyard::cloud::gcp::{GcpCloud, GcpExchanger, IAMCREDENTIALS_ENDPOINT, STS_ENDPOINT};
+use lanyard::cloud::gcp::{GcpCloud, GcpExchanger};
 use lanyard::cloud::{azure, Bindings};
 use lanyard::cloud::{
     AccessToken, Cloud, CloudExchanger, Credential, Fetcher, Identity, Kind, RequestError,
@@ -117,6 +117,7 @@ pub fn run(data: &[u8]) {
             defaults: lanyard::serve::sdk_env::SdkDefaults {
                 azure_tenant_id: None,
                 aws_region: Some("us-east-1".into()),
+                gcp_universe_domain: None,
             },
         });
 
@@ -342,7 +343,11 @@ fn broker() -> lanyard::broker::Broker {
         audience: FEDERATION_AUDIENCE.into(),
     }))
     .with_cloud(Offline(GcpCloud {
-        exchanger: GcpExchanger::new(http.clone(), STS_ENDPOINT, IAMCREDENTIALS_ENDPOINT),
+        exchanger: GcpExchanger::new(
+            http.clone(),
+            "https://sts.googleapis.com",
+            "https://iamcredentials.googleapis.com",
+        ),
         provider: GCP_PROVIDER.into(),
         audience: GCP_PROVIDER.into(),
         project_id: "team-a".into(),
