@@ -19,11 +19,15 @@ await report({
     if (!token) throw new Error("getAccessToken returned no token");
     const projectId = await auth.getProjectId();
     const credentials = await auth.getCredentials();
+    // What the library reads from a metadata server (its Compute client
+    // keeps its own default otherwise).
+    const universeDomain = await auth.getUniverseDomainFromMetadataServer();
     return {
       client: client.constructor.name,
       token,
       expiryDate: client.credentials.expiry_date ?? null,
       projectId,
+      universeDomain,
       email: credentials.client_email ?? null,
       now: Date.now(),
     };

@@ -97,3 +97,28 @@ def test_other_service_account_is_not_found(dev):
     resp = requests.get(url, headers={"Metadata-Flavor": "Google"}, timeout=5)
     assert resp.status_code == 404
     assert "access_token" not in resp.text
+
+
+def test_universe_and_project_through_gkes_pool(tmp_path):
+    from conftest import Dev
+    dev = Dev([], tmp_path / "lanyard.log", extra_env={
+        "LANYARD_GCP_GKE_CLUSTER": "projects/ray-prod-4821/locations/us-central1/clusters/ray",
+        "LANYARD_GCP_PROJECT_NUMBER": "310987654321",
+        "LANYARD_GCP_UNIVERSE_DOMAIN": "apis-tpczero.goog"})
+    try:
+        result = run_client(dev, """
+            import json
+            import google.auth, google.auth.transport.requests
+            from google.auth.compute_engine import _metadata
+            request = google.auth.transport.requests.Request()
+            creds, project = google.auth.default()
+            creds.refresh(request)
+            print(json.dumps({"project": project, "universe": _metadata.get_universe_domain(request),
+                              "token": creds.token, "email": creds.service_account_email}))
+        """)
+    finally:
+        assert dev.stop() == 0, dev.read_log()
+    assert result["project"] == "ray-prod-4821"
+    assert result["universe"] == "apis-tpczero.goog"
+    assert result["token"].startswith("ya29.")
+    assert result["email"] == "ray-worker@lanyard-dev.iam.gserviceaccount.com"

@@ -26,7 +26,7 @@ import time
 import pytest
 
 import jwt_check
-from conftest import ROOT, SDK_VARIABLES
+from conftest import ROOT, SDK_VARIABLES, Dev
 
 # The `split` fixture (separate agent and sidecar on top of `lanyard dev`),
 # shared with the Python SDKs' sidecar test.
@@ -114,6 +114,7 @@ def check_google_access_token(dev, result):
     assert result["client"] == "Compute", result["client"]
     assert result["token"].startswith("ya29."), result["token"][:10]
     assert result["projectId"] == "lanyard-dev"
+    assert result["universeDomain"] == "googleapis.com"
     assert result["email"] == "ray-worker@lanyard-dev.iam.gserviceaccount.com"
     assert result["expiryDate"] > time.time() * 1000 + FIVE_MINUTES_MS, result["expiryDate"]
     dev.issued.append(result["token"])
@@ -169,6 +170,27 @@ def test_google_auth_access_token_and_project(dev, tmp_path):
     offset = log_size(dev.log_path)
     check_google_access_token(dev, run_node("google.mjs", "access-token", env=env))
     assert set(surfaces_since(dev.log_path, offset)) == {"gce"}
+
+
+@pytest.fixture
+def gke_dev(tmp_path):
+    """`lanyard dev` with Google through GKE's own pool, in another
+    universe."""
+    d = Dev([], tmp_path / "lanyard-gke.log", extra_env={
+        "LANYARD_GCP_GKE_CLUSTER": "projects/ray-prod-4821/locations/us-central1/clusters/ray",
+        "LANYARD_GCP_PROJECT_NUMBER": "310987654321",
+        "LANYARD_GCP_UNIVERSE_DOMAIN": "apis-tpczero.goog"})
+    yield d
+    assert d.stop() == 0, d.read_log()
+
+
+def test_google_auth_reads_project_and_universe_through_gkes_pool(gke_dev, tmp_path):
+    env = client_env(gke_dev.exports, tmp_path)
+    result = run_node("google.mjs", "access-token", env=env)
+    assert result["token"].startswith("ya29."), result
+    assert result["projectId"] == "ray-prod-4821"
+    assert result["universeDomain"] == "apis-tpczero.goog"
+    assert result["email"] == "ray-worker@lanyard-dev.iam.gserviceaccount.com"
 
 
 def test_google_auth_id_token_has_requested_audience(dev, tmp_path):
