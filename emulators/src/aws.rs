@@ -34,6 +34,8 @@
 //! roles' sessions may chain into them.
 
 mod assume_role;
+#[cfg(test)]
+mod router_tests;
 pub mod sessions;
 mod sigv4;
 mod validation;
