@@ -17,9 +17,9 @@
 //!
 //! `AssumeRole` and `GetCallerIdentity` must be signed (SigV4, verified by
 //! the `sigv4` module from the specification) with credentials this
-//! emulator issued: it remembers each issued credential ([`sessions`]) and
-//! answers `InvalidClientTokenId`, `ExpiredToken`, `SignatureDoesNotMatch`
-//! and their kin as STS does. `AssumeRole` then applies the target role's
+//! emulator issued: it remembers each issued credential (bounded, in the
+//! `sessions` module) and answers `InvalidClientTokenId`, `ExpiredToken`,
+//! `SignatureDoesNotMatch` and their kin as STS does. `AssumeRole` then applies the target role's
 //! trust policy as modelled by [`AwsRole`] (trusted source roles, an
 //! `sts:ExternalId` condition, `sts:TagSession`), session tags with their
 //! chaining rules, the one-hour limit of role chaining and a deterministic
@@ -36,7 +36,7 @@
 mod assume_role;
 #[cfg(test)]
 mod router_tests;
-pub mod sessions;
+mod sessions;
 mod sigv4;
 mod validation;
 

@@ -948,6 +948,36 @@ mod tests {
     }
 
     #[test]
+    fn sigv4_survives_hostile_signed_header_lists() {
+        let date = format_amz_date(NOW);
+        let mut h = sts_headers(SECRET, &date, BODY);
+        for list in [
+            "host;x-amz-date;bad header;\"quoted\";;",
+            "host;x-amz-date;x-amz-date;host",
+            "HOST;X-Amz-Date",
+        ] {
+            let auth = format!(
+                "AWS4-HMAC-SHA256 Credential={AKID}/20260101/us-east-1/sts/aws4_request, SignedHeaders={list}, Signature={}",
+                "0".repeat(64)
+            );
+            h.insert("authorization", HeaderValue::from_str(&auth).unwrap());
+            assert_eq!(
+                check(&h, BODY, NOW),
+                Err(SigV4Error::Mismatch(SIGNATURE_MISMATCH.into())),
+                "{list}"
+            );
+        }
+        let auth = format!(
+            "AWS4-HMAC-SHA256 Credential={AKID}/20260101/us-east-1/sts/aws4_request, SignedHeaders=host;x-amz-date, Signature=not-hex"
+        );
+        h.insert("authorization", HeaderValue::from_str(&auth).unwrap());
+        assert_eq!(
+            check(&h, BODY, NOW),
+            Err(SigV4Error::Mismatch(SIGNATURE_MISMATCH.into()))
+        );
+    }
+
+    #[test]
     fn sigv4_canonicalises_paths_and_queries() {
         assert_eq!(canonical_uri(""), "/");
         assert_eq!(canonical_uri("/"), "/");
