@@ -75,13 +75,20 @@ async fn start(extra_providers: &[&str]) -> Env {
                     arn: ROLE.into(),
                     trusted_subjects: vec!["system:serviceaccount:ml:ray-*".into()],
                     max_session_duration: ROLE_MAX,
+                    trusted_roles: Vec::new(),
+                    external_id: None,
+                    allow_tag_session: false,
                 },
                 AwsRole {
                     arn: EXACT_ROLE.into(),
                     trusted_subjects: vec!["system:serviceaccount:ml:exact".into()],
                     max_session_duration: 43200,
+                    trusted_roles: Vec::new(),
+                    external_id: None,
+                    allow_tag_session: false,
                 },
             ],
+            ..Default::default()
         },
         lanyard::http::client(),
     ));

@@ -315,7 +315,11 @@ async fn external_sts_endpoint_is_used_and_untrusted_subject_is_access_denied() 
                 arn: config.dev.aws_role_arn.clone(),
                 trusted_subjects: vec!["system:serviceaccount:other:*".into()],
                 max_session_duration: 43_200,
+                trusted_roles: Vec::new(),
+                external_id: None,
+                allow_tag_session: false,
             }],
+            ..Default::default()
         },
         lanyard::http::client(),
     ));

@@ -1,8 +1,11 @@
-//! AWS STS emulator: `AssumeRoleWithWebIdentity`, validating like AWS.
+//! AWS STS emulator: `AssumeRoleWithWebIdentity`, `AssumeRole` and
+//! `GetCallerIdentity`, validating like AWS.
 //!
-//! The request is the unsigned query-protocol form `Action`, `Version`,
-//! `RoleArn`, `RoleSessionName`, `WebIdentityToken`, `DurationSeconds`.
-//! Checks run in the order STS applies them as far as its answers show:
+//! `AssumeRoleWithWebIdentity` is the unsigned query-protocol form `Action`,
+//! `Version`, `RoleArn`, `RoleSessionName`, `WebIdentityToken`,
+//! `DurationSeconds` (an `Authorization` header on it is ignored: the token
+//! is the credential). Checks run in the order STS applies them as far as
+//! its answers show:
 //! operation and version, the request's field constraints (AWS's
 //! "N validation errors detected" text), the token's issuer against the
 //! registered IAM OIDC providers (the issuer URL without scheme is the
@@ -12,27 +15,52 @@
 //! role's `MaxSessionDuration`. Answers carry STS's XML shapes and error
 //! codes, so the exchanger and the SDKs see what they would see from AWS.
 //!
+//! `AssumeRole` and `GetCallerIdentity` must be signed (SigV4, verified by
+//! the `sigv4` module from the specification) with credentials this
+//! emulator issued: it remembers each issued credential (bounded, in the
+//! `sessions` module) and answers `InvalidClientTokenId`, `ExpiredToken`,
+//! `SignatureDoesNotMatch` and their kin as STS does. `AssumeRole` then applies the target role's
+//! trust policy as modelled by [`AwsRole`] (trusted source roles, an
+//! `sts:ExternalId` condition, `sts:TagSession`), session tags with their
+//! chaining rules, the one-hour limit of role chaining and a deterministic
+//! model of the packed policy size (documented in the `assume_role`
+//! module and at [`AwsEmulatorConfig::packed_policy_limit`]). Every
+//! issuance is recorded for tests ([`AwsSts::sessions`]).
+//!
 //! Simplification: the emulator has one IAM namespace. Every registered
 //! provider is trusted by every role (as if each role's trust policy named
 //! each provider as its `Federated` principal); roles differ in which
-//! subjects they accept (`StringLike` patterns on `sub`).
+//! subjects they accept (`StringLike` patterns on `sub`), and in which
+//! roles' sessions may chain into them.
+
+mod assume_role;
+#[cfg(test)]
+mod router_tests;
+mod sessions;
+mod sigv4;
+mod validation;
+
+pub use sessions::{SessionAction, SessionRecord, SESSION_RECORD_CAPACITY};
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use quick_xml::escape::escape;
 use sha2::{Digest, Sha256};
 
-use crate::arn::{session_name_char, RoleArn};
+use crate::arn::RoleArn;
 use crate::claims::Audience;
 use crate::jwks::{KeySet, KeysError, Lookup};
+use sessions::{Credential, CredentialStore, Principal, SessionLog};
+use sigv4::{KeyMaterial, SigV4Error, SignedRequest};
+use validation::{Shown, Violations};
 
 /// The XML namespace of every STS answer.
 pub const STS_NAMESPACE: &str = "https://sts.amazonaws.com/doc/2011-06-15/";
@@ -42,7 +70,15 @@ pub const STS_VERSION: &str = "2011-06-15";
 /// AWS carry as `aud`.
 pub const DEFAULT_AUDIENCE: &str = "sts.amazonaws.com";
 
-const ACTION: &str = "AssumeRoleWithWebIdentity";
+const WEB_IDENTITY_ACTION: &str = "AssumeRoleWithWebIdentity";
+const ASSUME_ROLE_ACTION: &str = "AssumeRole";
+const CALLER_IDENTITY_ACTION: &str = "GetCallerIdentity";
+/// The packed-size budget [`AwsEmulatorConfig::packed_policy_limit`]
+/// defaults to, in bytes of tag keys, tag values and policy text: the six
+/// EKS session tags with realistic values (keys 114 bytes, values
+/// 100–250) fill 11–18% of it; 50 tags of 256-character values (over
+/// 12,800 bytes) overflow it six times.
+pub const DEFAULT_PACKED_POLICY_LIMIT: usize = 2048;
 /// STS's bounds on `DurationSeconds`, independent of the role.
 const MIN_DURATION: u64 = 900;
 const MAX_DURATION: u64 = 43200;
@@ -73,15 +109,47 @@ pub struct AwsRole {
     pub trusted_subjects: Vec<String>,
     /// The role's `MaxSessionDuration`, in seconds (IAM allows 3600–43200).
     pub max_session_duration: u64,
+    /// Principals whose sessions may `AssumeRole` into this role (trust
+    /// policy `"Principal": {"AWS": …}` with `sts:AssumeRole`): role ARNs,
+    /// whose sessions are trusted, or an account (`arn:aws:iam::ACCOUNT:root`
+    /// or the bare id), all of whose sessions are. Empty: no chaining in.
+    pub trusted_roles: Vec<String>,
+    /// The trust policy's `StringEquals {"sts:ExternalId": …}` condition:
+    /// `AssumeRole` must present exactly this `ExternalId`. `None`: no
+    /// condition (a presented id is ignored, as by AWS).
+    pub external_id: Option<String>,
+    /// Whether the trust policy also grants `sts:TagSession`, which
+    /// `AssumeRole` needs to pass session tags or transitive keys, or to
+    /// inherit transitive tags from the caller.
+    pub allow_tag_session: bool,
 }
 
 /// What the emulated account contains.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct AwsEmulatorConfig {
     /// The IAM OIDC identity providers: which issuers' tokens STS accepts.
     pub providers: Vec<OidcProvider>,
     /// The roles, with the subjects their trust policies accept.
     pub roles: Vec<AwsRole>,
+    /// The packed-size budget of an `AssumeRole` session, in bytes.
+    ///
+    /// AWS packs session tags and policies into a binary form of
+    /// undocumented size; the emulator models it deterministically:
+    /// `PackedPolicySize = ceil((UTF-8 bytes of every tag key and value the
+    /// session carries, passed or inherited, + bytes of the session policy)
+    /// × 100 / packed_policy_limit)`. Over 100 is `PackedPolicyTooLarge`.
+    /// [`DEFAULT_PACKED_POLICY_LIMIT`] unless a test shrinks it.
+    pub packed_policy_limit: usize,
+}
+
+impl Default for AwsEmulatorConfig {
+    fn default() -> Self {
+        AwsEmulatorConfig {
+            providers: Vec::new(),
+            roles: Vec::new(),
+            packed_policy_limit: DEFAULT_PACKED_POLICY_LIMIT,
+        }
+    }
 }
 
 /// Counters tests and the dev admin endpoint read.
@@ -93,6 +161,15 @@ pub struct AwsStsStats {
     pub issued: AtomicU64,
     /// Requests refused by the throttle knob.
     pub throttled: AtomicU64,
+    /// `AssumeRole` requests (signed or not) past the throttle.
+    pub assume_role_requests: AtomicU64,
+    /// Credentials handed out by `AssumeRole` (also counted in `issued`).
+    pub assume_role_issued: AtomicU64,
+    /// `GetCallerIdentity` requests past the throttle.
+    pub caller_identity_requests: AtomicU64,
+    /// Signed actions refused before they ran: missing, malformed or wrong
+    /// signatures, unknown or expired credentials.
+    pub auth_failures: AtomicU64,
 }
 
 /// The emulator's state.
@@ -106,6 +183,38 @@ pub struct AwsSts {
     pub ledger: super::Ledger,
     /// Misbehaviour to inject (tests, benchmarks).
     pub faults: Arc<super::faults::Faults>,
+    /// Every credential issued, to verify signed calls with.
+    credentials: Mutex<CredentialStore>,
+    /// Every issuance, for tests.
+    session_log: Mutex<SessionLog>,
+}
+
+/// A session about to be issued, with what its record shows.
+struct Grant {
+    action: SessionAction,
+    role_arn: String,
+    session_name: String,
+    duration: u64,
+    subject: Option<String>,
+    /// The caller, for `AssumeRole`.
+    source: Option<Principal>,
+    tags: Vec<(String, String)>,
+    transitive_tag_keys: Vec<String>,
+    inherited_tags: Vec<(String, String)>,
+    /// The new session's transitive tags.
+    transitive_tags: Vec<(String, String)>,
+    external_id: Option<String>,
+    session_policy: bool,
+    packed_policy_size: Option<u32>,
+}
+
+/// Credentials issued for a [`Grant`], and how the answer names them.
+struct Minted {
+    credentials: Issued,
+    expiration: String,
+    assumed_role_arn: String,
+    assumed_role_id: String,
+    request_id: String,
 }
 
 impl AwsSts {
@@ -120,7 +229,115 @@ impl AwsSts {
             stats: AwsStsStats::default(),
             ledger: super::Ledger::default(),
             faults: Default::default(),
+            credentials: Mutex::new(CredentialStore::new(sessions::CREDENTIAL_CAPACITY)),
+            session_log: Mutex::new(SessionLog::default()),
         }
+    }
+
+    /// Every issuance still in the record (the newest
+    /// [`SESSION_RECORD_CAPACITY`]), oldest first: which operation, role,
+    /// session name, source, tags, external id, policy and duration, as
+    /// CloudTrail would show them.
+    pub fn sessions(&self) -> Vec<SessionRecord> {
+        self.session_log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .snapshot()
+    }
+
+    /// Generates credentials for `grant` on `role`, remembers them for
+    /// signature checks, and records the issuance (ledger, stats, log).
+    fn issue(&self, grant: Grant, role: &RoleArn, now: u64) -> Result<Minted, StsError> {
+        let credentials = Issued::generate().ok_or_else(|| {
+            sts_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalFailure",
+                "An internal error occurred.",
+            )
+        })?;
+        let expires_at = now + grant.duration;
+        let assumed_role_arn = role.assumed_role_arn(&grant.session_name);
+        let assumed_role_id = format!("{}:{}", role_unique_id(&grant.role_arn), grant.session_name);
+        let request_id = uuid::Uuid::new_v4().to_string();
+        let principal = Principal {
+            role_arn: grant.role_arn.clone(),
+            assumed_role_arn: assumed_role_arn.clone(),
+            user_id: assumed_role_id.clone(),
+            account: role.account().to_string(),
+            transitive_tags: grant.transitive_tags,
+        };
+        self.credentials
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                &credentials.access_key_id,
+                Credential::new(
+                    &credentials.secret_access_key,
+                    &credentials.session_token,
+                    expires_at,
+                    principal,
+                ),
+                now,
+            );
+        let record = SessionRecord {
+            action: grant.action,
+            request_id: request_id.clone(),
+            access_key_id: credentials.access_key_id.clone(),
+            role_arn: grant.role_arn.clone(),
+            assumed_role_arn: assumed_role_arn.clone(),
+            session_name: grant.session_name,
+            subject: grant.subject,
+            source_role_arn: grant.source.as_ref().map(|s| s.role_arn.clone()),
+            source_assumed_role_arn: grant.source.map(|s| s.assumed_role_arn),
+            tags: grant.tags,
+            transitive_tag_keys: grant.transitive_tag_keys,
+            inherited_tags: grant.inherited_tags,
+            external_id: grant.external_id,
+            session_policy: grant.session_policy,
+            packed_policy_size: grant.packed_policy_size,
+            duration_seconds: grant.duration,
+            expires_at,
+        };
+        self.session_log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(record);
+        self.stats.issued.fetch_add(1, Ordering::Relaxed);
+        self.ledger
+            .record(&credentials.access_key_id, &grant.role_arn);
+        Ok(Minted {
+            credentials,
+            expiration: iso8601(expires_at),
+            assumed_role_arn,
+            assumed_role_id,
+            request_id,
+        })
+    }
+
+    /// Verifies `request`'s signature against the credentials issued here
+    /// and returns whom they stand for.
+    fn authenticate(&self, request: &SignedRequest<'_>, now: u64) -> Result<Principal, StsError> {
+        let now_secs = i64::try_from(now).unwrap_or(i64::MAX);
+        let verified = sigv4::verify(request, now_secs, |access_key_id, token| {
+            let store = self.credentials.lock().unwrap_or_else(|p| p.into_inner());
+            let credential = store.get(access_key_id).ok_or(SigV4Error::InvalidToken)?;
+            // Issued credentials are all temporary: the token is required.
+            if !token.is_some_and(|t| credential.token_matches(t)) {
+                return Err(SigV4Error::InvalidToken);
+            }
+            if credential.expires_at() <= now {
+                return Err(SigV4Error::ExpiredToken);
+            }
+            Ok(KeyMaterial {
+                secret: credential.secret().to_string(),
+                principal: credential.principal().clone(),
+            })
+        });
+        verified.map_err(|e| {
+            self.stats.auth_failures.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(code = e.code(), "STS emulator refused a signed request");
+            StsError::from(e)
+        })
     }
 
     /// STS answers every action on `POST /`.
@@ -209,6 +426,29 @@ fn access_denied() -> StsError {
     )
 }
 
+impl From<SigV4Error> for StsError {
+    fn from(e: SigV4Error) -> Self {
+        let status = match e {
+            SigV4Error::Incomplete(_) => StatusCode::BAD_REQUEST,
+            _ => StatusCode::FORBIDDEN,
+        };
+        sts_error(status, e.code(), e.message())
+    }
+}
+
+/// A successful STS answer: XML, with its request id in a header too.
+fn xml_response(body: String, request_id: String) -> Response {
+    (
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE.as_str(), "text/xml".to_string()),
+            ("x-amzn-requestid", request_id),
+        ],
+        body,
+    )
+        .into_response()
+}
+
 impl IntoResponse for StsError {
     fn into_response(self) -> Response {
         let request_id = uuid::Uuid::new_v4().to_string();
@@ -229,15 +469,74 @@ impl IntoResponse for StsError {
     }
 }
 
-async fn handle(State(sts): State<Arc<AwsSts>>, body: Bytes) -> Response {
+async fn handle(
+    State(sts): State<Arc<AwsSts>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     sts.stats.requests.fetch_add(1, Ordering::Relaxed);
     if sts.take_throttle() {
         sts.stats.throttled.fetch_add(1, Ordering::Relaxed);
         return sts_error(StatusCode::BAD_REQUEST, "Throttling", "Rate exceeded").into_response();
     }
-    match assume(&sts, &body).await {
+    let request = SignedRequest {
+        method: method.as_str(),
+        path: uri.path(),
+        query: uri.query().unwrap_or(""),
+        headers: &headers,
+        body: &body,
+    };
+    match dispatch(&sts, &request).await {
         Ok(resp) => resp,
         Err(e) => e.into_response(),
+    }
+}
+
+/// Routes on `Action`: a web identity needs no signature, the others do.
+async fn dispatch(sts: &AwsSts, request: &SignedRequest<'_>) -> Result<Response, StsError> {
+    let form: HashMap<String, String> = url::form_urlencoded::parse(request.body)
+        .into_owned()
+        .collect();
+    let field = |name: &str| form.get(name).map(String::as_str);
+
+    let Some(action) = field("Action").filter(|a| !a.is_empty()) else {
+        return Err(sts_error(
+            StatusCode::BAD_REQUEST,
+            "MissingAction",
+            "Missing Action",
+        ));
+    };
+    let version = field("Version").unwrap_or("NO_VERSION_SPECIFIED");
+    let known = matches!(
+        action,
+        WEB_IDENTITY_ACTION | ASSUME_ROLE_ACTION | CALLER_IDENTITY_ACTION
+    );
+    if !known || version != STS_VERSION {
+        return Err(sts_error(
+            StatusCode::BAD_REQUEST,
+            "InvalidAction",
+            format!("Could not find operation {action} for version {version}"),
+        ));
+    }
+    let now = jsonwebtoken::get_current_timestamp();
+    match action {
+        ASSUME_ROLE_ACTION => {
+            sts.stats
+                .assume_role_requests
+                .fetch_add(1, Ordering::Relaxed);
+            let caller = sts.authenticate(request, now)?;
+            assume_role::assume_role(sts, &caller, &form, now)
+        }
+        CALLER_IDENTITY_ACTION => {
+            sts.stats
+                .caller_identity_requests
+                .fetch_add(1, Ordering::Relaxed);
+            let caller = sts.authenticate(request, now)?;
+            Ok(assume_role::caller_identity(&caller))
+        }
+        _ => assume_with_web_identity(sts, &form, now).await,
     }
 }
 
@@ -250,25 +549,12 @@ struct WebIdentityClaims {
     nbf: Option<u64>,
 }
 
-async fn assume(sts: &AwsSts, body: &[u8]) -> Result<Response, StsError> {
-    let form: HashMap<String, String> = url::form_urlencoded::parse(body).into_owned().collect();
+async fn assume_with_web_identity(
+    sts: &AwsSts,
+    form: &HashMap<String, String>,
+    now: u64,
+) -> Result<Response, StsError> {
     let field = |name: &str| form.get(name).map(String::as_str);
-
-    let Some(action) = field("Action").filter(|a| !a.is_empty()) else {
-        return Err(sts_error(
-            StatusCode::BAD_REQUEST,
-            "MissingAction",
-            "Missing Action",
-        ));
-    };
-    let version = field("Version").unwrap_or("NO_VERSION_SPECIFIED");
-    if action != ACTION || version != STS_VERSION {
-        return Err(sts_error(
-            StatusCode::BAD_REQUEST,
-            "InvalidAction",
-            format!("Could not find operation {action} for version {version}"),
-        ));
-    }
 
     let params = validate_params(
         field("RoleArn"),
@@ -335,7 +621,6 @@ async fn assume(sts: &AwsSts, body: &[u8]) -> Result<Response, StsError> {
         ));
     }
 
-    let now = jsonwebtoken::get_current_timestamp();
     let Some(exp) = claims.exp else {
         return Err(invalid_token("The ID token has no expiration (exp) claim."));
     };
@@ -378,47 +663,45 @@ async fn assume(sts: &AwsSts, body: &[u8]) -> Result<Response, StsError> {
         ));
     }
 
-    let credentials = Issued::generate().ok_or_else(|| {
-        sts_error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "InternalFailure",
-            "An internal error occurred.",
-        )
-    })?;
-    let expiration = iso8601(now + params.duration);
-    let session = params.session_name;
-    let role_id = format!("{}:{session}", role_unique_id(&role.arn));
-    let assumed_arn = role_arn.assumed_role_arn(session);
     let provider_arn = format!(
         "arn:{}:iam::{}:oidc-provider/{}",
         role_arn.partition(),
         role_arn.account(),
         provider_id(&provider.issuer)
     );
-    let request_id = uuid::Uuid::new_v4().to_string();
+    let minted = sts.issue(
+        Grant {
+            action: SessionAction::AssumeRoleWithWebIdentity,
+            role_arn: role.arn.clone(),
+            session_name: params.session_name.to_string(),
+            duration: params.duration,
+            subject: Some(sub.to_string()),
+            source: None,
+            tags: Vec::new(),
+            transitive_tag_keys: Vec::new(),
+            inherited_tags: Vec::new(),
+            transitive_tags: Vec::new(),
+            external_id: None,
+            session_policy: false,
+            packed_policy_size: None,
+        },
+        &role_arn,
+        now,
+    )?;
     let body = format!(
-        "<AssumeRoleWithWebIdentityResponse xmlns=\"{STS_NAMESPACE}\">\n  <AssumeRoleWithWebIdentityResult>\n    <Audience>{}</Audience>\n    <AssumedRoleUser>\n      <AssumedRoleId>{}</AssumedRoleId>\n      <Arn>{}</Arn>\n    </AssumedRoleUser>\n    <Provider>{}</Provider>\n    <Credentials>\n      <AccessKeyId>{}</AccessKeyId>\n      <SecretAccessKey>{}</SecretAccessKey>\n      <SessionToken>{}</SessionToken>\n      <Expiration>{}</Expiration>\n    </Credentials>\n    <SubjectFromWebIdentityToken>{}</SubjectFromWebIdentityToken>\n  </AssumeRoleWithWebIdentityResult>\n  <ResponseMetadata>\n    <RequestId>{request_id}</RequestId>\n  </ResponseMetadata>\n</AssumeRoleWithWebIdentityResponse>\n",
+        "<AssumeRoleWithWebIdentityResponse xmlns=\"{STS_NAMESPACE}\">\n  <AssumeRoleWithWebIdentityResult>\n    <Audience>{}</Audience>\n    <AssumedRoleUser>\n      <AssumedRoleId>{}</AssumedRoleId>\n      <Arn>{}</Arn>\n    </AssumedRoleUser>\n    <Provider>{}</Provider>\n    <Credentials>\n      <AccessKeyId>{}</AccessKeyId>\n      <SecretAccessKey>{}</SecretAccessKey>\n      <SessionToken>{}</SessionToken>\n      <Expiration>{}</Expiration>\n    </Credentials>\n    <SubjectFromWebIdentityToken>{}</SubjectFromWebIdentityToken>\n  </AssumeRoleWithWebIdentityResult>\n  <ResponseMetadata>\n    <RequestId>{}</RequestId>\n  </ResponseMetadata>\n</AssumeRoleWithWebIdentityResponse>\n",
         escape(audience.as_str()),
-        escape(role_id.as_str()),
-        escape(assumed_arn.as_str()),
+        escape(minted.assumed_role_id.as_str()),
+        escape(minted.assumed_role_arn.as_str()),
         escape(provider_arn.as_str()),
-        credentials.access_key_id,
-        escape(credentials.secret_access_key.as_str()),
-        escape(credentials.session_token.as_str()),
-        expiration,
+        minted.credentials.access_key_id,
+        escape(minted.credentials.secret_access_key.as_str()),
+        escape(minted.credentials.session_token.as_str()),
+        minted.expiration,
         escape(sub),
+        minted.request_id,
     );
-    sts.stats.issued.fetch_add(1, Ordering::Relaxed);
-    sts.ledger.record(&credentials.access_key_id, &role.arn);
-    Ok((
-        StatusCode::OK,
-        [
-            (header::CONTENT_TYPE.as_str(), "text/xml".to_string()),
-            ("x-amzn-requestid", request_id),
-        ],
-        body,
-    )
-        .into_response())
+    Ok(xml_response(body, minted.request_id))
 }
 
 /// The request's fields after STS's declarative constraints.
@@ -439,108 +722,57 @@ fn validate_params<'a>(
     token: Option<&'a str>,
     duration: Option<&'a str>,
 ) -> Result<Params<'a>, StsError> {
-    let mut errors: Vec<String> = Vec::new();
-    let mut fail = |value: Option<&str>, member: &str, constraint: &str| {
-        let value = match value {
-            Some(v) => format!("'{v}'"),
-            None => "null".to_string(),
-        };
-        errors.push(format!(
-            "Value {value} at '{member}' failed to satisfy constraint: {constraint}"
-        ));
-    };
-
+    let mut v = Violations::default();
     match role_arn {
-        None => fail(None, "roleArn", "Member must not be null"),
-        Some(v) if v.chars().count() < 20 => fail(
-            Some(v),
-            "roleArn",
-            "Member must have length greater than or equal to 20",
-        ),
-        Some(v) if v.chars().count() > 2048 => fail(
-            Some(v),
-            "roleArn",
-            "Member must have length less than or equal to 2048",
-        ),
-        Some(_) => {}
+        None => v.fail(Shown::Null, "roleArn", "Member must not be null"),
+        Some(arn) => v.length(arn, Shown::Value(arn), "roleArn", 20, 2048),
     }
     match session_name {
-        None => fail(None, "roleSessionName", "Member must not be null"),
-        Some(v) => {
-            if !v.chars().all(session_name_char) {
-                fail(
-                    Some(v),
-                    "roleSessionName",
-                    r"Member must satisfy regular expression pattern: [\w+=,.@-]*",
-                );
-            }
-            let len = v.chars().count();
-            if len < 2 {
-                fail(
-                    Some(v),
-                    "roleSessionName",
-                    "Member must have length greater than or equal to 2",
-                );
-            } else if len > 64 {
-                fail(
-                    Some(v),
-                    "roleSessionName",
-                    "Member must have length less than or equal to 64",
-                );
-            }
+        None => v.fail(Shown::Null, "roleSessionName", "Member must not be null"),
+        Some(name) => {
+            v.pattern(
+                name,
+                Shown::Value(name),
+                "roleSessionName",
+                validation::session_name_char,
+                r"[\w+=,.@-]*",
+            );
+            v.length(name, Shown::Value(name), "roleSessionName", 2, 64);
         }
     }
-    let redacted = Some("*** Sensitive Data Redacted ***");
     match token {
-        None => fail(None, "webIdentityToken", "Member must not be null"),
-        Some(v) if v.len() < 4 => fail(
-            redacted,
+        None => v.fail(Shown::Null, "webIdentityToken", "Member must not be null"),
+        // Bytes, not characters: tokens are ASCII. Never echoed.
+        Some(t) if t.len() < 4 => v.fail(
+            Shown::Redacted,
             "webIdentityToken",
             "Member must have length greater than or equal to 4",
         ),
-        Some(v) if v.len() > 20000 => fail(
-            redacted,
+        Some(t) if t.len() > 20000 => v.fail(
+            Shown::Redacted,
             "webIdentityToken",
             "Member must have length less than or equal to 20000",
         ),
         Some(_) => {}
     }
-    let mut seconds = DEFAULT_DURATION;
-    if let Some(raw) = duration {
-        match raw.trim().parse::<i64>() {
-            Ok(n) if n < MIN_DURATION as i64 => fail(
-                Some(raw),
-                "durationSeconds",
-                "Member must have value greater than or equal to 900",
-            ),
-            Ok(n) if n > MAX_DURATION as i64 => fail(
-                Some(raw),
-                "durationSeconds",
-                "Member must have value less than or equal to 43200",
-            ),
-            Ok(n) => seconds = n.unsigned_abs(),
-            Err(_) => fail(
-                Some(raw),
-                "durationSeconds",
-                "Member must be a valid integer",
-            ),
-        }
-    }
-
+    let seconds = validation::duration(
+        &mut v,
+        duration,
+        MIN_DURATION,
+        MAX_DURATION,
+        DEFAULT_DURATION,
+    );
     match (role_arn, session_name, token) {
-        (Some(role_arn), Some(session_name), Some(token)) if errors.is_empty() => Ok(Params {
+        (Some(role_arn), Some(session_name), Some(token)) if v.is_empty() => Ok(Params {
             role_arn,
             session_name,
             token,
             duration: seconds,
         }),
         _ => {
-            let n = errors.len();
-            let plural = if n == 1 { "" } else { "s" };
-            Err(validation(format!(
-                "{n} validation error{plural} detected: {}",
-                errors.join("; ")
-            )))
+            v.finish()?;
+            // Unreachable: a missing member is a violation.
+            Err(validation("1 validation error detected"))
         }
     }
 }

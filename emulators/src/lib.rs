@@ -206,6 +206,9 @@ impl EmulatorSet {
                     arn: arn.clone(),
                     trusted_subjects: vec![b.subject.clone()],
                     max_session_duration: MAX_SESSION_SECONDS,
+                    trusted_roles: Vec::new(),
+                    external_id: None,
+                    allow_tag_session: false,
                 })
             })
             .collect();
@@ -216,6 +219,7 @@ impl EmulatorSet {
                     audiences: vec![config.aws_audience.clone()],
                 }],
                 roles,
+                ..Default::default()
             },
             http,
         );
