@@ -475,6 +475,7 @@ async fn upstreams(
             // Google's identities are the federated principals themselves.
             gcp_service_account: None,
             aws_role_arn: (i.cloud == Cloud::Aws).then(|| i.role_arn()),
+            aws_target: None,
         })
         .collect();
     // Entra answers "tenant not found" to a tenant without apps.

@@ -512,8 +512,8 @@ async fn unknown_action_and_version_are_invalid_action() {
     let http = lanyard::http::client();
     for (form, message) in [
         (
-            vec![("Action", "AssumeRole"), ("Version", "2011-06-15")],
-            "Could not find operation AssumeRole for version 2011-06-15",
+            vec![("Action", "GetSessionToken"), ("Version", "2011-06-15")],
+            "Could not find operation GetSessionToken for version 2011-06-15",
         ),
         (
             vec![

@@ -68,6 +68,20 @@ pub struct Binding {
     pub gcp_service_account: Option<String>,
     /// The AWS role that trusts it.
     pub aws_role_arn: Option<String>,
+    /// A role that role chains into (EKS Pod Identity's target role),
+    /// trusting its sessions.
+    pub aws_target: Option<AwsTarget>,
+}
+
+/// A target role whose trust policy names another role's sessions, with
+/// an `sts:ExternalId` condition and `sts:TagSession`, as EKS Pod
+/// Identity's target roles are set up.
+#[derive(Debug, Clone, Default)]
+pub struct AwsTarget {
+    /// The target role (often in another account).
+    pub role_arn: String,
+    /// The `sts:ExternalId` its trust policy asks for.
+    pub external_id: Option<String>,
 }
 
 /// Each cloud's access-token lifetime.
@@ -198,20 +212,31 @@ impl EmulatorSet {
             },
             http.clone(),
         )?;
-        let roles = config
-            .bindings
-            .iter()
-            .filter_map(|b| {
-                b.aws_role_arn.as_ref().map(|arn| AwsRole {
-                    arn: arn.clone(),
-                    trusted_subjects: vec![b.subject.clone()],
-                    max_session_duration: MAX_SESSION_SECONDS,
-                    trusted_roles: Vec::new(),
-                    external_id: None,
-                    allow_tag_session: false,
-                })
-            })
-            .collect();
+        let mut roles: Vec<AwsRole> = Vec::new();
+        for b in &config.bindings {
+            let Some(arn) = &b.aws_role_arn else { continue };
+            roles.push(AwsRole {
+                arn: arn.clone(),
+                trusted_subjects: vec![b.subject.clone()],
+                max_session_duration: MAX_SESSION_SECONDS,
+                trusted_roles: Vec::new(),
+                external_id: None,
+                allow_tag_session: false,
+            });
+            if let Some(target) = &b.aws_target {
+                match roles.iter_mut().find(|r| r.arn == target.role_arn) {
+                    Some(role) => role.trusted_roles.push(arn.clone()),
+                    None => roles.push(AwsRole {
+                        arn: target.role_arn.clone(),
+                        trusted_subjects: Vec::new(),
+                        max_session_duration: MAX_SESSION_SECONDS,
+                        trusted_roles: vec![arn.clone()],
+                        external_id: target.external_id.clone(),
+                        allow_tag_session: true,
+                    }),
+                }
+            }
+        }
         let aws = AwsSts::new(
             AwsEmulatorConfig {
                 providers: vec![OidcProvider {

@@ -87,6 +87,7 @@ pub async fn upstreams(subject: &str, lifetime: Duration) -> Upstreams {
                 azure_client_id: Some(CLIENT.into()),
                 gcp_service_account: Some(GCP_SA.into()),
                 aws_role_arn: Some(ROLE.into()),
+                aws_target: None,
             }],
         },
         lanyard::http::client(),

@@ -126,6 +126,13 @@ pub struct Identity {
     pub azure_client_id: Option<String>,
     pub gcp_service_account: Option<String>,
     pub aws_role_arn: Option<String>,
+    /// A target role `aws_role_arn` chains into, trusting its sessions
+    /// (with `sts:TagSession`).
+    #[serde(default)]
+    pub aws_target_role_arn: Option<String>,
+    /// The `sts:ExternalId` the target role's trust policy asks for.
+    #[serde(default)]
+    pub aws_external_id: Option<String>,
 }
 
 impl Identity {
@@ -166,6 +173,12 @@ impl Clouds {
                         azure_client_id: i.azure_client_id.clone(),
                         gcp_service_account: i.gcp_service_account.clone(),
                         aws_role_arn: i.aws_role_arn.clone(),
+                        aws_target: i.aws_target_role_arn.as_ref().map(|arn| {
+                            lanyard_emulators::AwsTarget {
+                                role_arn: arn.clone(),
+                                external_id: i.aws_external_id.clone(),
+                            }
+                        }),
                     })
                     .collect(),
             },
