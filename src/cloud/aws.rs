@@ -1,7 +1,10 @@
 //! AWS: `sts:AssumeRoleWithWebIdentity` with the pod's projected token.
 //!
 //! An unsigned `POST /` of the query-protocol form to the (regional) STS
-//! endpoint; the answer is XML. Written on reqwest rather than the AWS SDK:
+//! endpoint; the answer is XML. A ServiceAccount may chain on into a
+//! target role (EKS Pod Identity's target role, often in another account):
+//! a SigV4-signed `sts:AssumeRole` with the first session's credentials,
+//! carrying EKS's session tags, an external id and a session policy. Written on reqwest rather than the AWS SDK:
 //! we need the raw STS error code to classify failures for caching, a
 //! per-request role and session name, and plain-HTTP endpoints for the
 //! emulator, and the SDK's credential chain would go looking for
@@ -52,14 +55,150 @@ const KEY_RETRIEVAL_PREFIX: &str = "Couldn't retrieve verification key";
 pub mod annotations {
     /// The IAM role to assume (EKS IRSA's annotation).
     pub const ROLE_ARN: &str = "eks.amazonaws.com/role-arn";
+    /// A role to chain into from that one with `sts:AssumeRole`, as EKS
+    /// Pod Identity's target role (often in another account).
+    pub const TARGET_ROLE_ARN: &str = "lanyard.dev/aws-target-role-arn";
+    /// The external id the target role's trust policy asks for
+    /// (`sts:ExternalId`).
+    pub const EXTERNAL_ID: &str = "lanyard.dev/aws-external-id";
+    /// `"false"`: the chained hop carries no session tags (EKS Pod
+    /// Identity's `disableSessionTags`).
+    pub const SESSION_TAGS: &str = "lanyard.dev/aws-session-tags";
+    /// An inline session policy (JSON) for the chained hop.
+    pub const SESSION_POLICY: &str = "lanyard.dev/aws-session-policy";
 }
 
-/// The IAM role a ServiceAccount assumes (its ARN, as annotated).
-pub type Binding = String;
+/// The IAM role a ServiceAccount assumes, and the role it chains into
+/// from there, if any.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Binding {
+    /// The role assumed with the pod's token (`eks.amazonaws.com/role-arn`).
+    pub role_arn: String,
+    /// The second hop, `sts:AssumeRole` into a target role.
+    pub chain: Option<Chain>,
+}
 
-/// The role `annotations` name, if any.
+/// The chained hop's parameters, as EKS Pod Identity's target role
+/// association carries them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chain {
+    /// The role the credentials are for in the end.
+    pub target_role_arn: String,
+    /// `ExternalId`, when the target's trust policy asks for one.
+    pub external_id: Option<String>,
+    /// Whether the hop carries EKS's six session tags (transitive).
+    pub session_tags: bool,
+    /// `Policy`: an inline session policy, JSON.
+    pub session_policy: Option<String>,
+}
+
+impl From<String> for Binding {
+    fn from(role_arn: String) -> Self {
+        Binding {
+            role_arn,
+            chain: None,
+        }
+    }
+}
+
+impl From<&str> for Binding {
+    fn from(role_arn: &str) -> Self {
+        Binding::from(role_arn.to_string())
+    }
+}
+
+/// The role `annotations` name, if any, with the chained hop they describe.
 pub fn binding(annotations: &Annotations) -> Option<Binding> {
-    annotation(annotations, annotations::ROLE_ARN)
+    let role_arn = annotation(annotations, annotations::ROLE_ARN)?;
+    let chain =
+        annotation(annotations, annotations::TARGET_ROLE_ARN).map(|target_role_arn| Chain {
+            target_role_arn,
+            external_id: annotation(annotations, annotations::EXTERNAL_ID),
+            session_tags: annotation(annotations, annotations::SESSION_TAGS)
+                .is_none_or(|v| !v.eq_ignore_ascii_case("false")),
+            session_policy: annotation(annotations, annotations::SESSION_POLICY),
+        });
+    Some(Binding { role_arn, chain })
+}
+
+/// STS's bounds on the chained hop's caller-supplied values, checked
+/// before anything is sent so that the caller learns which annotation is
+/// wrong.
+const MAX_POLICY_CHARS: usize = 2048;
+const EXTERNAL_ID_CHARS: std::ops::RangeInclusive<usize> = 2..=1224;
+/// A chained session lasts at most an hour, whatever the role allows.
+const MAX_CHAINED_SESSION: Duration = Duration::from_secs(3600);
+/// STS's limits on session tags.
+const MAX_TAG_VALUE_CHARS: usize = 256;
+
+impl Chain {
+    /// The first thing wrong with the hop's annotations, in words naming
+    /// the annotation.
+    fn problem(&self) -> Option<String> {
+        if RoleArn::parse(self.target_role_arn.as_str()).is_err() {
+            return Some(format!(
+                "{} is not an IAM role ARN (arn:aws:iam::ACCOUNT:role/NAME)",
+                annotations::TARGET_ROLE_ARN
+            ));
+        }
+        if let Some(id) = &self.external_id {
+            let ok_chars = id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_+=,.@:/-".contains(c));
+            if !EXTERNAL_ID_CHARS.contains(&id.chars().count()) || !ok_chars {
+                return Some(format!(
+                    "{} must be 2-1224 characters of letters, digits and _+=,.@:/-",
+                    annotations::EXTERNAL_ID
+                ));
+            }
+        }
+        if let Some(policy) = &self.session_policy {
+            if policy.chars().count() > MAX_POLICY_CHARS {
+                return Some(format!(
+                    "{} is longer than STS's {MAX_POLICY_CHARS} characters",
+                    annotations::SESSION_POLICY
+                ));
+            }
+            if serde_json::from_str::<serde::de::IgnoredAny>(policy).is_err() {
+                return Some(format!("{} is not JSON", annotations::SESSION_POLICY));
+            }
+        }
+        None
+    }
+}
+
+/// EKS Pod Identity's session tags for a pod: keys and values as EKS
+/// sets them, all transitive (they follow further chaining). Values are
+/// cut to STS's 256 characters.
+pub fn session_tags(cluster_arn: Option<&str>, caller: &Caller) -> Vec<(&'static str, String)> {
+    let cut = |v: &str| v.chars().take(MAX_TAG_VALUE_CHARS).collect::<String>();
+    let mut tags = Vec::with_capacity(6);
+    if let Some(arn) = cluster_arn {
+        tags.push(("eks-cluster-arn", cut(arn)));
+        tags.push((
+            "eks-cluster-name",
+            cut(arn.rsplit('/').next().unwrap_or(arn)),
+        ));
+    }
+    tags.push(("kubernetes-namespace", cut(&caller.namespace)));
+    tags.push(("kubernetes-service-account", cut(&caller.service_account)));
+    if let Some(pod) = &caller.pod {
+        tags.push(("kubernetes-pod-name", cut(&pod.name)));
+        tags.push(("kubernetes-pod-uid", cut(&pod.uid)));
+    }
+    tags
+}
+
+/// What the chained hop sends besides the role: `ExternalId`, `Policy`,
+/// and the session tags (all transitive).
+#[derive(Debug, Clone, Default)]
+pub struct AssumeRoleOptions {
+    /// `ExternalId`.
+    pub external_id: Option<String>,
+    /// `Policy`, an inline session policy.
+    pub policy: Option<String>,
+    /// `Tags.member.N`, each also a `TransitiveTagKeys.member.N`.
+    pub tags: Vec<(&'static str, String)>,
 }
 
 /// Session credentials from STS.
@@ -262,6 +401,183 @@ impl AwsExchanger {
     }
 }
 
+impl AwsExchanger {
+    /// Chains from `source` (a web identity's session) into `role_arn` with
+    /// a SigV4-signed `sts:AssumeRole`, as EKS Pod Identity does for a
+    /// target role. `region` names the signing scope. The session lasts
+    /// at most an hour (STS's limit for chained roles).
+    pub async fn assume_role(
+        &self,
+        source: &AwsCredentials,
+        region: &str,
+        role_arn: &str,
+        session_name: &str,
+        duration: Duration,
+        options: &AssumeRoleOptions,
+    ) -> Result<AwsCredentials, CloudError> {
+        let role = RoleArn::parse(role_arn).map_err(|e| CloudError::Rejected {
+            cloud: Cloud::Aws,
+            code: "InvalidRoleArn".into(),
+            message: e.to_string(),
+        })?;
+        let seconds = duration.min(MAX_CHAINED_SESSION).as_secs().to_string();
+        let mut form: Vec<(String, String)> = vec![
+            ("Action".into(), "AssumeRole".into()),
+            ("Version".into(), STS_VERSION.into()),
+            ("RoleArn".into(), role_arn.into()),
+            ("RoleSessionName".into(), session_name.into()),
+            ("DurationSeconds".into(), seconds),
+        ];
+        if let Some(id) = &options.external_id {
+            form.push(("ExternalId".into(), id.clone()));
+        }
+        if let Some(policy) = &options.policy {
+            form.push(("Policy".into(), policy.clone()));
+        }
+        for (i, (key, value)) in options.tags.iter().enumerate() {
+            let n = i + 1;
+            form.push((format!("Tags.member.{n}.Key"), key.to_string()));
+            form.push((format!("Tags.member.{n}.Value"), value.clone()));
+            form.push((format!("TransitiveTagKeys.member.{n}"), key.to_string()));
+        }
+        let body = form_body(&form);
+        let url = format!("{}/", self.endpoint);
+        let signed =
+            sign_sts_post(&url, &body, source, region).map_err(|reason| CloudError::Protocol {
+                cloud: Cloud::Aws,
+                reason: format!("signing AssumeRole: {reason}"),
+            })?;
+        let mut request = self
+            .http
+            .post(&url)
+            .header("accept", "text/xml")
+            .header("content-type", FORM_CONTENT_TYPE);
+        for (name, value) in signed {
+            request = request.header(name, value);
+        }
+        let issued_at = now_unix();
+        let resp = request
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| CloudError::Unavailable {
+                cloud: Cloud::Aws,
+                reason: e.without_url().to_string(),
+            })?;
+        let status = resp.status();
+        super::note_request_id(resp.headers(), "x-amzn-requestid");
+        let retry = retry_after(resp.headers());
+        let body = resp.bytes().await.map_err(|e| CloudError::Unavailable {
+            cloud: Cloud::Aws,
+            reason: e.without_url().to_string(),
+        })?;
+        if !status.is_success() {
+            return Err(
+                match classify(
+                    status.as_u16(),
+                    retry,
+                    &body,
+                    source.session_token.expose_secret(),
+                ) {
+                    // The caller's fix is an annotation: say which.
+                    CloudError::Rejected {
+                        cloud,
+                        code,
+                        message,
+                    } if code == "PackedPolicyTooLarge" => CloudError::Rejected {
+                        cloud,
+                        message: format!(
+                            "{message} (chaining into {role_arn}; {}: \"false\" sends no session tags)",
+                            annotations::SESSION_TAGS
+                        ),
+                        code,
+                    },
+                    other => other,
+                },
+            );
+        }
+        let ok = parse_success_of(&body, "AssumeRole").map_err(|reason| CloudError::Protocol {
+            cloud: Cloud::Aws,
+            reason,
+        })?;
+        if ok.expires_at <= issued_at {
+            return Err(CloudError::Protocol {
+                cloud: Cloud::Aws,
+                reason: "STS returned credentials that have already expired".into(),
+            });
+        }
+        Ok(AwsCredentials {
+            rendered: Default::default(),
+            assumed_role_arn: ok
+                .assumed_role_arn
+                .unwrap_or_else(|| role.assumed_role_arn(session_name)),
+            access_key_id: ok.access_key_id,
+            secret_access_key: ok.secret_access_key,
+            session_token: ok.session_token,
+            expires_at: ok.expires_at,
+            issued_at,
+            account_id: role.account().to_string(),
+        })
+    }
+}
+
+const FORM_CONTENT_TYPE: &str = "application/x-www-form-urlencoded; charset=utf-8";
+
+/// `application/x-www-form-urlencoded` of `pairs`, in order.
+fn form_body(pairs: &[(String, String)]) -> String {
+    let mut out = url::form_urlencoded::Serializer::new(String::new());
+    for (k, v) in pairs {
+        out.append_pair(k, v);
+    }
+    out.finish()
+}
+
+/// The headers that sign a `POST` of `body` to STS at `url` with `source`'s
+/// credentials (SigV4, service `sts`, `region`): `authorization`,
+/// `x-amz-date`, `x-amz-security-token`.
+fn sign_sts_post(
+    url: &str,
+    body: &str,
+    source: &AwsCredentials,
+    region: &str,
+) -> Result<Vec<(String, String)>, String> {
+    use aws_sigv4::http_request::{sign, SignableBody, SignableRequest, SigningSettings};
+    use aws_sigv4::sign::v4;
+    let identity = aws_credential_types::Credentials::new(
+        source.access_key_id.clone(),
+        source.secret_access_key.expose_secret().to_string(),
+        Some(source.session_token.expose_secret().to_string()),
+        None,
+        "lanyard-web-identity",
+    )
+    .into();
+    let params = v4::SigningParams::builder()
+        .identity(&identity)
+        .region(region)
+        .name("sts")
+        .time(std::time::SystemTime::now())
+        .settings(SigningSettings::default())
+        .build()
+        .map_err(|e| e.to_string())?
+        .into();
+    let headers = [("content-type", FORM_CONTENT_TYPE)];
+    let request = SignableRequest::new(
+        "POST",
+        url,
+        headers.into_iter(),
+        SignableBody::Bytes(body.as_bytes()),
+    )
+    .map_err(|e| e.to_string())?;
+    let (instructions, _) = sign(request, &params)
+        .map_err(|e| e.to_string())?
+        .into_parts();
+    let (headers, _) = instructions.into_parts();
+    Ok(headers
+        .into_iter()
+        .map(|h| (h.name().to_string(), h.value().to_string()))
+        .collect())
+}
+
 /// The AWS side of the broker: the STS exchanger, the audience callers'
 /// tokens carry, and the session duration asked of STS.
 #[derive(Clone)]
@@ -272,22 +588,19 @@ pub struct AwsCloud {
     pub audience: String,
     /// `DurationSeconds` asked of STS (and the most a caller may ask).
     pub session_duration: Duration,
+    /// The region that signs the chained hop.
+    pub region: String,
+    /// The cluster's EKS ARN, for the `eks-cluster-arn` and
+    /// `eks-cluster-name` session tags of a chained hop.
+    pub cluster_arn: Option<String>,
 }
 
 /// STS's shortest session.
 const MIN_SESSION: Duration = Duration::from_secs(900);
 
-impl AwsCloud {
-    fn duration(&self, request: &TokenRequest) -> Duration {
-        request.lifetime.map_or(self.session_duration, |l| {
-            l.clamp(MIN_SESSION, self.session_duration.max(MIN_SESSION))
-        })
-    }
-}
-
 impl CloudExchanger for AwsCloud {
-    /// The role ARN.
-    type Binding = String;
+    /// The role, and the role chained into from it.
+    type Binding = Binding;
 
     fn cloud(&self) -> Cloud {
         Cloud::Aws
@@ -301,50 +614,135 @@ impl CloudExchanger for AwsCloud {
         &[Kind::AwsCredentials]
     }
 
-    fn bind(&self, bindings: &Bindings, _: &Caller) -> Result<String, RequestError> {
+    fn bind(&self, bindings: &Bindings, _: &Caller) -> Result<Binding, RequestError> {
         bindings.aws.clone().ok_or(RequestError::NotBound)
     }
 
-    fn identity(&self, role_arn: &String) -> Identity {
+    /// The role the credentials are for: the target of a chain, else the
+    /// role assumed with the pod's token.
+    fn identity(&self, binding: &Binding) -> Identity {
+        let account = |role_arn: &str| {
+            RoleArn::parse(role_arn)
+                .map(|arn| arn.account().to_string())
+                .unwrap_or_default()
+        };
+        let role_arn = binding.final_role();
         Identity {
             cloud: Cloud::Aws,
-            id: role_arn.clone(),
-            account: RoleArn::parse(role_arn.as_str())
-                .map(|arn| arn.account().to_string())
-                .unwrap_or_default(),
+            id: role_arn.to_string(),
+            account: account(role_arn),
             account_number: None,
+            via: binding.chain.as_ref().map(|chain| super::Via {
+                id: binding.role_arn.clone(),
+                account: account(&binding.role_arn),
+                session_tags: chain.session_tags,
+                session_policy: chain.session_policy.is_some(),
+            }),
         }
     }
 
-    fn lifetime(&self, _: &String, request: &TokenRequest) -> Option<Duration> {
-        Some(self.duration(request))
+    fn lifetime(&self, binding: &Binding, request: &TokenRequest) -> Option<Duration> {
+        Some(self.duration(binding, request))
     }
 
-    fn selects(&self, role_arn: &String, selector: &Selector) -> bool {
-        matches!(selector, Selector::RoleName(name) if role_arn.rsplit('/').next() == Some(name.as_str()))
+    fn selects(&self, binding: &Binding, selector: &Selector) -> bool {
+        matches!(selector, Selector::RoleName(name) if binding.final_role().rsplit('/').next() == Some(name.as_str()))
     }
 
-    fn scope(&self, _: &String, request: &TokenRequest) -> Result<String, RequestError> {
+    fn scope(&self, binding: &Binding, request: &TokenRequest) -> Result<String, RequestError> {
+        let duration = self.duration(binding, request).as_secs();
+        let Some(chain) = &binding.chain else {
+            return Ok(format!("sts:AssumeRoleWithWebIdentity {duration}"));
+        };
+        if let Some(problem) = chain.problem() {
+            return Err(RequestError::BadRequest(problem));
+        }
+        // Every parameter of the second hop is in the key: two
+        // ServiceAccounts chaining alike share nothing anyway (the key
+        // names the caller's ServiceAccount), but a changed annotation
+        // must not be served the old session.
+        let mut hasher = Sha256::new();
+        hasher.update(binding.role_arn.as_bytes());
+        hasher.update([0]);
+        hasher.update(chain.external_id.as_deref().unwrap_or("").as_bytes());
+        hasher.update([0]);
+        hasher.update(chain.session_policy.as_deref().unwrap_or("").as_bytes());
+        let digest = hasher.finalize();
+        let hash: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
         Ok(format!(
-            "sts:AssumeRoleWithWebIdentity {}",
-            self.duration(request).as_secs()
+            "sts:AssumeRole {duration} via {} tags={} {hash}",
+            binding.role_arn, chain.session_tags
         ))
     }
 
-    fn fetcher(&self, role_arn: &String, request: &TokenRequest, caller: &Caller) -> Fetcher {
+    fn fetcher(&self, binding: &Binding, request: &TokenRequest, caller: &Caller) -> Fetcher {
+        let session = AwsExchanger::session_name(&caller.namespace, &caller.service_account);
+        let duration = self.duration(binding, request);
+        let hop = binding.chain.as_ref().map(|chain| {
+            let tags = if chain.session_tags {
+                session_tags(self.cluster_arn.as_deref(), caller)
+            } else {
+                Vec::new()
+            };
+            (
+                chain.target_role_arn.clone(),
+                self.region.clone(),
+                AssumeRoleOptions {
+                    external_id: chain.external_id.clone(),
+                    policy: chain.session_policy.clone(),
+                    tags,
+                },
+            )
+        });
         let params = (
             self.exchanger.clone(),
-            AwsExchanger::session_name(&caller.namespace, &caller.service_account),
-            role_arn.clone(),
-            self.duration(request),
+            session,
+            binding.role_arn.clone(),
+            duration,
+            hop,
         );
         fetcher(params, |p, subject| async move {
-            let (exchanger, session, role_arn, duration) = &*p;
+            let (exchanger, session, role_arn, duration, hop) = &*p;
+            // The first hop lives as long as the second needs it to sign.
+            let first_duration = if hop.is_some() {
+                MIN_SESSION
+            } else {
+                *duration
+            };
             let credentials = exchanger
-                .assume_role_with_web_identity(role_arn, session, &subject, *duration)
+                .assume_role_with_web_identity(role_arn, session, &subject, first_duration)
                 .await?;
-            Ok(Credential::Aws(credentials))
+            let Some((target, region, options)) = hop else {
+                return Ok(Credential::Aws(credentials));
+            };
+            let chained = exchanger
+                .assume_role(&credentials, region, target, session, *duration, options)
+                .await?;
+            Ok(Credential::Aws(chained))
         })
+    }
+}
+
+impl Binding {
+    /// The role the credentials are for in the end.
+    pub fn final_role(&self) -> &str {
+        self.chain
+            .as_ref()
+            .map_or(&self.role_arn, |c| &c.target_role_arn)
+    }
+}
+
+impl AwsCloud {
+    /// The session asked for: the configured or requested duration, at
+    /// most an hour when chained.
+    fn duration(&self, binding: &Binding, request: &TokenRequest) -> Duration {
+        let asked = request.lifetime.map_or(self.session_duration, |l| {
+            l.clamp(MIN_SESSION, self.session_duration.max(MIN_SESSION))
+        });
+        match binding.chain {
+            Some(_) => asked.min(MAX_CHAINED_SESSION),
+            None => asked,
+        }
     }
 }
 
@@ -564,7 +962,7 @@ impl fmt::Display for Region {
 
 #[derive(Deserialize)]
 struct SuccessXml {
-    #[serde(rename = "AssumeRoleWithWebIdentityResult")]
+    #[serde(rename = "AssumeRoleWithWebIdentityResult", alias = "AssumeRoleResult")]
     result: Option<ResultXml>,
 }
 
@@ -606,12 +1004,18 @@ pub struct Parsed {
 /// Parses STS's success XML. Failure reasons name the missing element but
 /// never quote the body: it holds secrets.
 pub fn parse_success(body: &[u8]) -> Result<Parsed, String> {
+    parse_success_of(body, "AssumeRoleWithWebIdentity")
+}
+
+/// [`parse_success`] of `action`'s answer (`AssumeRoleWithWebIdentity`,
+/// `AssumeRole`: the same credentials, in `{action}Result`).
+fn parse_success_of(body: &[u8], action: &str) -> Result<Parsed, String> {
     let text = std::str::from_utf8(body).map_err(|_| "response is not UTF-8".to_string())?;
     let doc: SuccessXml = quick_xml::de::from_str(text)
-        .map_err(|_| "response is not an AssumeRoleWithWebIdentityResponse document".to_string())?;
+        .map_err(|_| format!("response is not an {action}Response document"))?;
     let result = doc
         .result
-        .ok_or("response has no AssumeRoleWithWebIdentityResult")?;
+        .ok_or_else(|| format!("response has no {action}Result"))?;
     let creds = result.credentials.ok_or("response has no Credentials")?;
     let non_empty = |v: Option<String>, name: &str| {
         v.map(|s| s.trim().to_string())
@@ -729,8 +1133,13 @@ pub struct Settings {
     pub sts_endpoint: Option<String>,
     /// Audience callers' projected tokens must carry for AWS.
     pub audience: String,
-    /// `DurationSeconds` asked of STS (900–43200).
+    /// `DurationSeconds` asked of STS (900–43200; at most 3600 for a
+    /// chained role).
     pub session_duration: u64,
+    /// The cluster's EKS ARN (`arn:aws:eks:REGION:ACCOUNT:cluster/NAME`),
+    /// for the `eks-cluster-arn` and `eks-cluster-name` session tags of a
+    /// chained hop; unset: those two tags are left out.
+    pub cluster_arn: Option<String>,
 }
 
 impl Default for Settings {
@@ -740,6 +1149,7 @@ impl Default for Settings {
             sts_endpoint: None,
             audience: "sts.amazonaws.com".into(),
             session_duration: 3600,
+            cluster_arn: None,
         }
     }
 }
@@ -768,6 +1178,20 @@ impl Settings {
         if let Some(v) = &a.sts_endpoint {
             check_endpoint(v).map_err(|expected| invalid("aws.sts_endpoint", expected, v))?;
         }
+        if let Some(v) = &a.cluster_arn {
+            let parts: Vec<&str> = v.split(':').collect();
+            let ok = matches!(parts.as_slice(), ["arn", partition, "eks", region, account, resource]
+                if !partition.is_empty() && !region.is_empty()
+                    && account.len() == 12 && account.bytes().all(|b| b.is_ascii_digit())
+                    && resource.strip_prefix("cluster/").is_some_and(|n| !n.is_empty() && n.len() <= 100));
+            if !ok {
+                return Err(invalid(
+                    "aws.cluster_arn",
+                    "arn:aws:eks:REGION:ACCOUNT:cluster/NAME",
+                    v,
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -781,6 +1205,8 @@ impl Settings {
             exchanger: AwsExchanger::new(http, endpoint),
             audience: self.audience.clone(),
             session_duration: Duration::from_secs(self.session_duration),
+            region: self.region.clone(),
+            cluster_arn: self.cluster_arn.clone(),
         }
     }
 }
@@ -788,6 +1214,160 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn chained_annotations(extra: &[(&str, &str)]) -> Annotations {
+        let mut a: Annotations = [
+            (annotations::ROLE_ARN, "arn:aws:iam::111122223333:role/ray"),
+            (
+                annotations::TARGET_ROLE_ARN,
+                "arn:aws:iam::222233334444:role/lake",
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        a.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        a
+    }
+
+    #[test]
+    fn aws_chains_are_read_from_lanyards_annotations() {
+        let plain: Annotations = [(
+            annotations::ROLE_ARN.to_string(),
+            "arn:aws:iam::1:role/r".to_string(),
+        )]
+        .into_iter()
+        .collect();
+        assert_eq!(
+            binding(&plain),
+            Some(Binding::from("arn:aws:iam::1:role/r"))
+        );
+        let b = binding(&chained_annotations(&[
+            (annotations::EXTERNAL_ID, "ext-1"),
+            (annotations::SESSION_TAGS, "False"),
+            (annotations::SESSION_POLICY, "{}"),
+        ]))
+        .unwrap();
+        let chain = b.chain.as_ref().unwrap();
+        assert_eq!(b.final_role(), "arn:aws:iam::222233334444:role/lake");
+        assert_eq!(chain.external_id.as_deref(), Some("ext-1"));
+        assert!(!chain.session_tags);
+        assert_eq!(chain.session_policy.as_deref(), Some("{}"));
+        // Tags are on unless turned off; a target alone is not a binding.
+        let b = binding(&chained_annotations(&[])).unwrap();
+        assert!(b.chain.unwrap().session_tags);
+        let target_only: Annotations = [(
+            annotations::TARGET_ROLE_ARN.to_string(),
+            "arn:aws:iam::2:role/t".to_string(),
+        )]
+        .into_iter()
+        .collect();
+        assert_eq!(binding(&target_only), None);
+    }
+
+    #[test]
+    fn aws_chain_annotations_are_checked_naming_the_annotation() {
+        let problem = |extra: &[(&str, &str)]| {
+            binding(&chained_annotations(extra))
+                .unwrap()
+                .chain
+                .unwrap()
+                .problem()
+        };
+        assert_eq!(problem(&[]), None);
+        let long = "x".repeat(2049);
+        for (extra, names) in [
+            ((annotations::EXTERNAL_ID, "x"), annotations::EXTERNAL_ID),
+            ((annotations::EXTERNAL_ID, "a b"), annotations::EXTERNAL_ID),
+            (
+                (annotations::SESSION_POLICY, "{"),
+                annotations::SESSION_POLICY,
+            ),
+            (
+                (annotations::SESSION_POLICY, long.as_str()),
+                annotations::SESSION_POLICY,
+            ),
+            (
+                (annotations::TARGET_ROLE_ARN, "lake"),
+                annotations::TARGET_ROLE_ARN,
+            ),
+        ] {
+            let found = problem(&[extra]).expect("refused");
+            assert!(found.starts_with(names), "{found}");
+        }
+    }
+
+    #[test]
+    fn aws_session_tags_are_ekss_six_when_the_pod_and_cluster_are_known() {
+        let caller = Caller::example();
+        let tags = session_tags(
+            Some("arn:aws:eks:us-east-1:111122223333:cluster/ray"),
+            &caller,
+        );
+        let keys: Vec<&str> = tags.iter().map(|(k, _)| *k).collect();
+        assert_eq!(
+            keys,
+            [
+                "eks-cluster-arn",
+                "eks-cluster-name",
+                "kubernetes-namespace",
+                "kubernetes-service-account",
+                "kubernetes-pod-name",
+                "kubernetes-pod-uid"
+            ]
+        );
+        assert_eq!(tags[1].1, "ray");
+        assert_eq!(tags[2].1, caller.namespace);
+        // Without a cluster ARN, the cluster's two are left out.
+        assert_eq!(session_tags(None, &caller).len(), 4);
+    }
+
+    #[test]
+    fn aws_chained_sessions_last_at_most_an_hour_and_key_every_parameter() {
+        let cloud = Settings {
+            session_duration: 7200,
+            ..Settings::default()
+        }
+        .exchanger(reqwest::Client::new());
+        let request = TokenRequest::new(
+            Cloud::Aws,
+            Kind::AwsCredentials,
+            super::super::Surface::AwsContainer,
+        );
+        let plain = Binding::from("arn:aws:iam::111122223333:role/ray");
+        assert_eq!(cloud.duration(&plain, &request), Duration::from_secs(7200));
+        let chained = binding(&chained_annotations(&[])).unwrap();
+        assert_eq!(
+            cloud.duration(&chained, &request),
+            Duration::from_secs(3600)
+        );
+        let scope = cloud.scope(&chained, &request).unwrap();
+        let other_id =
+            binding(&chained_annotations(&[(annotations::EXTERNAL_ID, "ext-2")])).unwrap();
+        assert_ne!(scope, cloud.scope(&other_id, &request).unwrap());
+        let untagged = binding(&chained_annotations(&[(
+            annotations::SESSION_TAGS,
+            "false",
+        )]))
+        .unwrap();
+        assert_ne!(scope, cloud.scope(&untagged, &request).unwrap());
+        let bad = binding(&chained_annotations(&[(
+            annotations::SESSION_POLICY,
+            "nope",
+        )]))
+        .unwrap();
+        assert!(matches!(
+            cloud.scope(&bad, &request),
+            Err(RequestError::BadRequest(_))
+        ));
+        // The identity is the target's, reached through the first role.
+        let id = cloud.identity(&chained);
+        assert_eq!(id.id, "arn:aws:iam::222233334444:role/lake");
+        assert_eq!(id.account, "222233334444");
+        let via = id.via.unwrap();
+        assert_eq!(via.id, "arn:aws:iam::111122223333:role/ray");
+        assert!(via.session_tags && !via.session_policy);
+    }
 
     /// The shape STS answers with (element order and whitespace as AWS
     /// sends them), values made up.

@@ -31,7 +31,7 @@ use crate::secret::SecretString;
 pub use aws::AwsCredentials;
 pub use exchanger::CloudExchanger;
 pub use rendered::{BodyKey, RenderedBody};
-pub use request::{Identity, Kind, RequestError, Selector, TokenRequest};
+pub use request::{Identity, Kind, RequestError, Selector, TokenRequest, Via};
 
 /// The clouds Lanyard brokers for.
 #[derive(
@@ -609,12 +609,16 @@ tokio::task_local! {
 
 /// Longest request id kept; real ones are UUIDs or shorter.
 const MAX_REQUEST_ID: usize = 128;
+/// Most request ids kept for one exchange (its calls, in order).
+pub const MAX_REQUEST_IDS: usize = 4;
 
 /// Notes the upstream's request id from `headers[name]` for the exchange in
 /// progress, so that its audit record names it. Each exchanger calls it on
-/// every answer; the last one (the final call of a two-step exchange)
-/// wins. An id that is long or not plain printable text is dropped: it is
-/// upstream-supplied. Outside [`with_request_id`] it does nothing.
+/// every answer; the ids of a multi-step exchange (STS then IAM
+/// Credentials, a web identity then a chained role) are kept in order,
+/// comma-separated, at most [`MAX_REQUEST_IDS`]. An id that is long or not
+/// plain printable text is dropped: it is upstream-supplied. Outside
+/// [`with_request_id`] it does nothing.
 pub fn note_request_id(headers: &reqwest::header::HeaderMap, name: &str) {
     let id = headers
         .get(name)
@@ -627,7 +631,17 @@ pub fn note_request_id(headers: &reqwest::header::HeaderMap, name: &str) {
                     .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
         });
     if let Some(id) = id {
-        let _ = REQUEST_ID.try_with(|slot| *slot.borrow_mut() = Some(id.to_string()));
+        let _ = REQUEST_ID.try_with(|slot| {
+            let mut slot = slot.borrow_mut();
+            match slot.as_mut() {
+                None => *slot = Some(id.to_string()),
+                Some(ids) if ids.split(',').count() < MAX_REQUEST_IDS => {
+                    ids.push(',');
+                    ids.push_str(id);
+                }
+                Some(_) => {}
+            }
+        });
     }
 }
 
@@ -844,7 +858,7 @@ mod tests {
             "sa@p.iam.gserviceaccount.com".into(),
         );
         let b = Bindings::from_annotations(&a);
-        assert_eq!(b.aws.as_deref(), Some("arn:aws:iam::111122223333:role/r"));
+        assert_eq!(b.aws, Some("arn:aws:iam::111122223333:role/r".into()));
         assert_eq!(b.gcp.as_deref(), Some("sa@p.iam.gserviceaccount.com"));
         assert!(Cloud::ALL.into_iter().all(|c| b.names(c)));
     }
@@ -897,8 +911,19 @@ mod tests {
         })
         .await;
         assert_eq!(out, 7);
-        // The last call's id, trimmed.
-        assert_eq!(id.as_deref(), Some("0b6e2e0a-8f1c-4c1e-9a0e-1f2d3c4b5a69"));
+        // Every call's id, in order, trimmed.
+        assert_eq!(
+            id.as_deref(),
+            Some("first,0b6e2e0a-8f1c-4c1e-9a0e-1f2d3c4b5a69")
+        );
+        // At most MAX_REQUEST_IDS of them.
+        let ((), id) = with_request_id(async {
+            for i in 0..10 {
+                note_request_id(&headers(&format!("id{i}")), "x-ms-request-id");
+            }
+        })
+        .await;
+        assert_eq!(id.as_deref(), Some("id0,id1,id2,id3"));
         for bad in ["a b", "x;y", &"a".repeat(129), "<script>"] {
             let ((), id) = with_request_id(async {
                 note_request_id(&headers(bad), "x-ms-request-id");

@@ -165,6 +165,24 @@ pub struct Identity {
     /// The account's number where the cloud has one (Google's project number).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub account_number: Option<String>,
+    /// The identity this one is reached through, when it is chained (an
+    /// AWS target role, assumed from the role the pod's token gives).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<Via>,
+}
+
+/// The first hop of a chained identity and what the second hop carries,
+/// as policy and audit see them.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Via {
+    /// The first hop's identity (the role assumed with the pod's token).
+    pub id: String,
+    /// Its account.
+    pub account: String,
+    /// Whether the second hop carries session tags.
+    pub session_tags: bool,
+    /// Whether the second hop carries an inline session policy.
+    pub session_policy: bool,
 }
 
 impl Identity {
@@ -220,6 +238,7 @@ mod tests {
             id: "arn:aws:iam::1:role/path/ray".into(),
             account: "1".into(),
             account_number: None,
+            via: None,
         };
         assert_eq!(id.short_name(), "ray");
     }

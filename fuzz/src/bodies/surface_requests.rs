@@ -358,6 +358,8 @@ fn broker() -> lanyard::broker::Broker {
         exchanger: AwsExchanger::new(http.clone(), "https://sts.us-east-1.amazonaws.com"),
         audience: "sts.amazonaws.com".into(),
         session_duration: Duration::from_secs(3600),
+        region: "us-east-1".into(),
+        cluster_arn: None,
     }))
 }
 
