@@ -69,6 +69,7 @@ fn main() {
             id: "5f2c9e1a-8d4b-4c7e-9a13-0d6e2b7f4c21".into(),
             account: "contoso.onmicrosoft.com".into(),
             account_number: None,
+            via: None,
         };
         let request = TokenRequest::new(Cloud::Azure, Kind::AccessToken, Surface::AzureImds)
             .with_scopes(vec!["https://storage.azure.com/".into()]);

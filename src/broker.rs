@@ -114,6 +114,8 @@ pub struct Broker {
 struct Trail {
     caller: Option<Arc<Caller>>,
     identity: Option<String>,
+    /// A chained identity's first hop.
+    via: Option<String>,
     policies: Vec<String>,
     cache: Option<CacheOutcome>,
     /// The upstream call this request waited on, if any.
@@ -262,6 +264,7 @@ impl Core {
         let mut trail = Trail {
             caller: None,
             identity: None,
+            via: None,
             policies: Vec::new(),
             cache: None,
             upstream: None,
@@ -301,6 +304,7 @@ impl Core {
                 Err(e) => {
                     // A grant names its identity; a refusal keeps it here.
                     trail.identity = Some(identity.id);
+                    trail.via = identity.via.map(|v| v.id);
                     Err(e)
                 }
             }
@@ -413,6 +417,10 @@ impl Core {
             identity: match &result {
                 Ok(grant) => Some(grant.identity.id.as_str()),
                 Err(_) => trail.identity.as_deref(),
+            },
+            via: match &result {
+                Ok(grant) => grant.identity.via.as_ref().map(|v| v.id.as_str()),
+                Err(_) => trail.via.as_deref(),
             },
             scopes: CallerText::new(&request.scopes),
             audience: request.audience.as_ref().map(CallerText::one),

@@ -359,6 +359,13 @@ pub struct DevConfig {
     pub gcp_service_account: String,
     /// IAM role the dev identity assumes.
     pub aws_role_arn: String,
+    /// A target role the dev identity chains into from `aws_role_arn`
+    /// (`lanyard.dev/aws-target-role-arn`); the emulated target trusts the
+    /// dev role's sessions with session tags.
+    pub aws_target_role_arn: Option<String>,
+    /// The external id the emulated target role asks for
+    /// (`lanyard.dev/aws-external-id`).
+    pub aws_external_id: Option<String>,
     /// Lifetime, in seconds, of the credentials the emulators issue.
     pub token_lifetime: u64,
     /// Lifetime, in seconds, of the projected tokens the built-in issuer
@@ -408,6 +415,22 @@ impl DevConfig {
                 &self.aws_role_arn,
             ));
         }
+        if let Some(target) = &self.aws_target_role_arn {
+            if aws::RoleArn::parse(target.as_str()).is_err() {
+                return Err(invalid(
+                    "dev.aws_target_role_arn",
+                    "arn:aws:iam::ACCOUNT:role/NAME",
+                    target,
+                ));
+            }
+        }
+        if self.aws_external_id.is_some() && self.aws_target_role_arn.is_none() {
+            return Err(invalid(
+                "dev.aws_external_id",
+                "unset without dev.aws_target_role_arn",
+                self.aws_external_id.as_deref().unwrap_or(""),
+            ));
+        }
         Ok(())
     }
 }
@@ -423,6 +446,8 @@ impl Default for DevConfig {
             azure_tenant_id: "3b8e4f60-1c2d-4e5f-8a9b-7c6d5e4f3a2b".into(),
             gcp_service_account: format!("ray-worker@{DEV_GCP_PROJECT_ID}.iam.gserviceaccount.com"),
             aws_role_arn: "arn:aws:iam::111122223333:role/ray-worker".into(),
+            aws_target_role_arn: None,
+            aws_external_id: None,
             token_lifetime: 3600,
             projected_token_lifetime: 3600,
             upstream_latency_ms: 0,

@@ -175,6 +175,12 @@ impl DevStack {
                         azure_client_id: Some(dev.azure_client_id.clone()),
                         gcp_service_account: Some(dev.gcp_service_account.clone()),
                         aws_role_arn: Some(dev.aws_role_arn.clone()),
+                        aws_target: dev.aws_target_role_arn.as_ref().map(|arn| {
+                            lanyard_emulators::AwsTarget {
+                                role_arn: arn.clone(),
+                                external_id: dev.aws_external_id.clone(),
+                            }
+                        }),
                     }],
                 },
                 http.clone(),
@@ -245,6 +251,16 @@ impl DevStack {
             ),
         ]
         .into_iter()
+        .chain(
+            dev.aws_target_role_arn
+                .iter()
+                .map(|arn| (aws::annotations::TARGET_ROLE_ARN.to_string(), arn.clone())),
+        )
+        .chain(
+            dev.aws_external_id
+                .iter()
+                .map(|id| (aws::annotations::EXTERNAL_ID.to_string(), id.clone())),
+        )
         .collect();
         let mut entries = vec![ServiceAccountEntry {
             labels: Default::default(),
@@ -297,7 +313,7 @@ impl DevStack {
             .project_number
             .get_or_insert_with(|| DEV_GCP_PROJECT_NUMBER.to_string());
         wired.gcp.token_lifetime = config.gcp.token_lifetime.min(dev.token_lifetime.max(300));
-        wired.aws.sts_endpoint = Some(aws_endpoint);
+        wired.aws.sts_endpoint = Some(aws_endpoint.clone());
         wired.aws.session_duration = config.aws.session_duration.min(dev.token_lifetime.max(900));
         let parts = Parts::new(&wired, "dev", verifier, directory)?;
         let metrics = parts.metrics.clone();
@@ -373,6 +389,13 @@ impl DevStack {
         .vars()
         .into_iter()
         .map(|(name, value)| (name.to_string(), value))
+        .chain(
+            // Dev only: what users type first to check an identity, `aws
+            // sts get-caller-identity`, asks the dev STS emulator, which
+            // knows the credentials it issued. A pod has no such variable.
+            aws.as_ref()
+                .map(|_| ("AWS_ENDPOINT_URL_STS".to_string(), aws_endpoint.clone())),
+        )
         .collect();
         if dev.upstream_latency_ms > 0 {
             let latency = lanyard_emulators::faults::Fault::Latency {

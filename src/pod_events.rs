@@ -283,6 +283,7 @@ mod tests {
             kind: Kind::AccessToken,
             surface: Surface::AzureImds,
             identity: Some("client-1"),
+            via: None,
             scopes: CallerText::new(&[]),
             audience: None,
             lifetime: None,

@@ -29,6 +29,7 @@ fn the_example_sets_check_and_pass_their_cases() {
         "aws-max-session",
         "untrusted-pods",
         "operator-only",
+        "aws-chain",
     ] {
         let dir = root.join(set);
         let dir = dir.to_str().unwrap();

@@ -53,6 +53,8 @@ struct Request<'a> {
     surface: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     identity: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    via: Option<&'a str>,
     #[serde(skip_serializing_if = "CallerText::is_empty")]
     scopes: CallerText<'a>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -119,6 +121,7 @@ pub(super) fn write(origin: &Origin, e: &AuditEvent<'_>, id: uuid::Uuid, out: &m
             kind: e.kind.name(),
             surface: e.surface.name(),
             identity: e.identity,
+            via: e.via,
             scopes: e.scopes,
             audience: e.audience.and_then(|a| a.iter().next()),
             lifetime_seconds: e.lifetime.map(|l| l.as_secs()),

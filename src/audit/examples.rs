@@ -62,6 +62,7 @@ impl Examples {
             kind: Kind::AccessToken,
             surface: Surface::AzureImds,
             identity: Some("5f2c9e1a-8d4b-4c7e-9a13-0d6e2b7f4c21"),
+            via: None,
             scopes: CallerText::new(&texts[..1]),
             audience: None,
             lifetime: None,
@@ -107,6 +108,17 @@ impl Examples {
             cache: Some(CacheOutcome::Miss),
             upstream: Some(&self.upstream),
             latency: Duration::from_nanos(48_731_500),
+            ..base.clone()
+        });
+        events.push(AuditEvent {
+            cloud: Cloud::Aws,
+            kind: Kind::AwsCredentials,
+            surface: Surface::AwsContainer,
+            identity: Some("arn:aws:iam::222233334444:role/data-lake"),
+            via: Some("arn:aws:iam::111122223333:role/ray-worker"),
+            scopes: CallerText::new(&[]),
+            cache: Some(CacheOutcome::Miss),
+            upstream: Some(&self.upstream),
             ..base.clone()
         });
         events.push(AuditEvent {

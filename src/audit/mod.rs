@@ -93,6 +93,9 @@ pub struct AuditEvent<'a> {
     pub surface: Surface,
     /// The identity the request was decided for, once bound.
     pub identity: Option<&'a str>,
+    /// The identity it was reached through, when chained (an AWS target
+    /// role's first role).
+    pub via: Option<&'a str>,
     /// Scopes or resource, readable only bounded.
     pub scopes: CallerText<'a>,
     /// ID-token audience, readable only bounded.

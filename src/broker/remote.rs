@@ -229,6 +229,7 @@ mod tests {
                 id: "client".into(),
                 account: "tenant".into(),
                 account_number: None,
+                via: None,
             },
             credential: None,
         })

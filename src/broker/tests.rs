@@ -46,6 +46,7 @@ impl CloudExchanger for TestCloud {
             id: id.clone(),
             account: "tenant".into(),
             account_number: None,
+            via: None,
         }
     }
     fn selects(&self, id: &String, selector: &Selector) -> bool {

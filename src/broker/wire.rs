@@ -486,6 +486,7 @@ mod tests {
                 id: "arn:aws:iam::111122223333:role/r".into(),
                 account: "111122223333".into(),
                 account_number: None,
+                via: None,
             },
             credential: Some(WireCredential::Token {
                 access_token: "secret-token".into(),

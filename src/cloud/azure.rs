@@ -314,6 +314,7 @@ impl CloudExchanger for AzureCloud {
             id: bound.binding.client_id.clone(),
             account: bound.tenant.clone(),
             account_number: None,
+            via: None,
         }
     }
 

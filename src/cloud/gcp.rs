@@ -376,6 +376,7 @@ impl CloudExchanger for GcpCloud {
             id: bound.email.clone(),
             account: self.project_id.clone(),
             account_number: Some(self.project_number.clone()),
+            via: None,
         }
     }
 

@@ -134,6 +134,30 @@ pub struct IdentityCase {
     /// Google's project number.
     #[serde(default)]
     pub account_number: Option<String>,
+    /// A chained identity's first hop (an AWS target role's source role).
+    #[serde(default)]
+    pub via: Option<ViaCase>,
+}
+
+/// A case's chained hop (`resource.via`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ViaCase {
+    /// The first hop's identity (the source role's ARN).
+    pub id: String,
+    /// Its account.
+    #[serde(default)]
+    pub account: String,
+    /// Whether the second hop carries session tags (EKS's default: yes).
+    #[serde(default = "yes")]
+    pub session_tags: bool,
+    /// Whether the second hop carries an inline session policy.
+    #[serde(default)]
+    pub session_policy: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// A case's request details.
@@ -284,6 +308,12 @@ fn decide(policy: &CedarPolicy, case: &Case) -> Decision {
         id: case.identity.id.clone(),
         account: case.identity.account.clone(),
         account_number: case.identity.account_number.clone(),
+        via: case.identity.via.as_ref().map(|v| crate::cloud::Via {
+            id: v.id.clone(),
+            account: v.account.clone(),
+            session_tags: v.session_tags,
+            session_policy: v.session_policy,
+        }),
     };
     let surface = case
         .context

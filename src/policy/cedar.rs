@@ -68,11 +68,11 @@ struct EntityCache {
 
 /// What the entities of a decision are built from.
 struct EntityKey {
-    texts: [String; 9],
+    texts: [String; 12],
     attributes: [Metadata; 4],
 }
 
-fn key_texts<'a>(input: &'a PolicyInput<'_>) -> [&'a str; 9] {
+fn key_texts<'a>(input: &'a PolicyInput<'_>) -> [&'a str; 12] {
     let c = input.caller;
     let i = input.identity;
     [
@@ -85,7 +85,19 @@ fn key_texts<'a>(input: &'a PolicyInput<'_>) -> [&'a str; 9] {
         &i.account,
         &i.id,
         i.account_number.as_deref().unwrap_or("\0"),
+        // A chained identity's first hop, and what its second carries.
+        i.via.as_ref().map_or("\0", |v| v.id.as_str()),
+        i.via.as_ref().map_or("\0", |v| flag(v.session_tags)),
+        i.via.as_ref().map_or("\0", |v| flag(v.session_policy)),
     ]
+}
+
+fn flag(on: bool) -> &'static str {
+    if on {
+        "1"
+    } else {
+        "0"
+    }
 }
 
 fn key_attributes(a: &Attributes) -> [&Metadata; 4] {

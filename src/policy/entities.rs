@@ -126,6 +126,22 @@ pub fn entities(input: &PolicyInput<'_>) -> Result<Entities, MappingError> {
     if let Some(number) = &identity.account_number {
         identity_attrs.push(("account_number".to_string(), string(number)));
     }
+    if let Some(via) = &identity.via {
+        let record = RestrictedExpression::new_record([
+            ("id".to_string(), string(&via.id)),
+            ("account".to_string(), string(&via.account)),
+            (
+                "session_tags".to_string(),
+                RestrictedExpression::new_bool(via.session_tags),
+            ),
+            (
+                "session_policy".to_string(),
+                RestrictedExpression::new_bool(via.session_policy),
+            ),
+        ])
+        .map_err(|e| MappingError(e.to_string()))?;
+        identity_attrs.push(("via".to_string(), record));
+    }
     let entities = [
         Entity::new_with_tags(
             namespace.clone(),

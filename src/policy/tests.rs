@@ -22,6 +22,7 @@ fn identity() -> Identity {
         id: "ray@proj.iam.gserviceaccount.com".into(),
         account: "proj".into(),
         account_number: Some("123".into()),
+        via: None,
     }
 }
 
