@@ -344,6 +344,9 @@ class FakeKubeProcess:
     def counts(self) -> dict:
         return self.control("GET", "/clouds/counts").json()
 
+    def aws_sessions(self) -> list[dict]:
+        return self.control("GET", "/clouds/aws/sessions").json()
+
 
 def expand(value: str, env: dict[str, str]) -> str:
     """The kubelet's `$(VAR)` expansion: references to defined variables are

@@ -44,9 +44,11 @@ EXAMPLE_SA = list(yaml.safe_load_all((ROOT / "docs/examples/ray-serviceaccount.y
 RAY = EXAMPLE_SA[1]["metadata"]["annotations"]
 
 
-def identity(namespace: str, name: str, client_id: str, gcp_sa: str, role: str) -> dict:
+def identity(namespace: str, name: str, client_id: str, gcp_sa: str, role: str, **chain) -> dict:
+    """`chain`: aws_target_role_arn and aws_external_id, a target role the
+    role chains into (trusting its sessions, with sts:TagSession)."""
     return {"namespace": namespace, "service_account": name, "azure_client_id": client_id,
-            "gcp_service_account": gcp_sa, "aws_role_arn": role}
+            "gcp_service_account": gcp_sa, "aws_role_arn": role, **chain}
 
 
 IDENTITIES = [
@@ -59,14 +61,20 @@ IDENTITIES = [
     # A namespace the guard governs (labelled below).
     identity("governed", "builder", "77777777-8888-9999-aaaa-bbbbbbbbbbbb",
              "builder@lanyard-e2e.iam.gserviceaccount.com", "arn:aws:iam::111122223333:role/builder"),
+    # Chains into a data lake's role in another account, as an EKS Pod
+    # Identity target role association does.
+    identity("lake", "loader", "88888888-9999-aaaa-bbbb-cccccccccccc",
+             "loader@lanyard-e2e.iam.gserviceaccount.com", "arn:aws:iam::111122223333:role/loader",
+             aws_target_role_arn="arn:aws:iam::222233334444:role/data-lake", aws_external_id="e2e-lake-4f1c"),
 ]
+CLUSTER_ARN = "arn:aws:eks:us-east-1:111122223333:cluster/e2e"
 GOVERNED = {"governed": {"lanyard.dev/guard": "enforce"}}
 
 
 def expected(ident: dict) -> dict:
     """Whose credentials each cloud must have issued to a pod of `ident`."""
     return {"azure": f"{TENANT}/{ident['azure_client_id']}", "gcp": ident["gcp_service_account"],
-            "aws": ident["aws_role_arn"]}
+            "aws": ident.get("aws_target_role_arn", ident["aws_role_arn"])}
 
 
 def fake_kube_binary() -> Path:
@@ -100,7 +108,7 @@ class E2E:
             "cluster": {"name": "e2e"},
             "azure": {"tenantId": TENANT},
             "gcp": gcp,
-            "aws": {"region": "us-east-1"},
+            "aws": {"region": "us-east-1", "clusterArn": CLUSTER_ARN},
             # Shutdown delays shorter than the chart's 5 s: the harness's
             # endpoints lag by ENDPOINTS_LAG, not by a real cluster's seconds.
             "agent": {"port": AGENT_PORT, "adminPort": AGENT_ADMIN, "reachVia": "hostPort",
@@ -118,11 +126,13 @@ class E2E:
         for ident in IDENTITIES[1:]:
             ns = ident["namespace"]
             self.kube.apply(self.admission.namespace(ns, GOVERNED.get(ns)))
+            chain = {f"lanyard.dev/aws-{key}": ident[f"aws_{key.replace('-', '_')}"]
+                     for key in ("target-role-arn", "external-id") if f"aws_{key.replace('-', '_')}" in ident}
             self.kube.apply({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {
                 "name": ident["service_account"], "namespace": ident["namespace"], "annotations": {
                     "azure.workload.identity/client-id": ident["azure_client_id"],
                     "iam.gke.io/gcp-service-account": ident["gcp_service_account"],
-                    "eks.amazonaws.com/role-arn": ident["aws_role_arn"]}}})
+                    "eks.amazonaws.com/role-arn": ident["aws_role_arn"], **chain}}})
         self.webhook = Container(self.objects, "Deployment", lanyard_binary(), workdir / "webhook",
                                  {"spec.nodeName": "control-plane", "status.hostIP": API_IP},
                                  self.kube.kubeconfig, prefix=["ip", "netns", "exec", self.cluster.api])
@@ -314,6 +324,26 @@ def assert_all_ok_and_owned(e2e: E2E, lines: list[dict], ident: dict) -> None:
     assert not failed, failed
     for line in lines:
         assert e2e.whose(line) == want[line["cloud"]], (line["cloud"], want[line["cloud"]])
+
+
+def test_a_target_role_in_another_account_serves_boto3_with_ekss_session_tags(e2e):
+    lake = IDENTITIES[-1]
+    node = e2e.nodes[1]
+    pod = e2e.run_pod(node, plain_template("loader"), "loader-0", "lake")
+    (line,) = run_app(e2e, pod, "--clouds", "aws")
+    assert_all_ok_and_owned(e2e, [line], lake)
+    chained = [s for s in e2e.kube.aws_sessions() if s["access_key_id"] == line["credential"]]
+    assert len(chained) == 1 and chained[0]["action"] == "AssumeRole", chained
+    (session,) = chained
+    assert session["role_arn"] == lake["aws_target_role_arn"]
+    assert session["source_role_arn"] == lake["aws_role_arn"]
+    assert session["external_id"] == lake["aws_external_id"]
+    assert session["duration_seconds"] <= 3600
+    tags = dict(session["tags"])
+    assert tags == {"eks-cluster-arn": CLUSTER_ARN, "eks-cluster-name": "e2e", "kubernetes-namespace": "lake",
+                    "kubernetes-service-account": "loader", "kubernetes-pod-name": "loader-0",
+                    "kubernetes-pod-uid": pod.meta["uid"]}, tags
+    assert sorted(session["transitive_tag_keys"]) == sorted(tags)
 
 
 def test_one_raycluster_on_one_node_shares_one_exchange_per_identity(e2e):

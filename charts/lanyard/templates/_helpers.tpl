@@ -88,6 +88,7 @@ at Lanyard's defaults.
 {{- with $v.gcp.universeDomain }}{{ $_ := set $gcp "universe_domain" . }}{{ end -}}
 {{- $aws := dict "region" $v.aws.region "audience" $v.aws.audience "session_duration" $v.aws.sessionDuration -}}
 {{- with $v.aws.stsEndpoint }}{{ $_ := set $aws "sts_endpoint" . }}{{ end -}}
+{{- with $v.aws.clusterArn }}{{ $_ := set $aws "cluster_arn" . }}{{ end -}}
 {{- $cluster := dict "token_review" $v.cluster.tokenReview -}}
 {{- with $v.cluster.issuer }}{{ $_ := set $cluster "issuer" . }}{{ end -}}
 {{- $audit := dict "on_failure" $v.audit.onFailure "stdout" $v.audit.stdout "export_max_backlog" $v.audit.exportMaxBacklog "export_when_full" $v.audit.exportWhenFull -}}

@@ -258,6 +258,33 @@ impl Clouds {
             "aws": self.0.aws.ledger.counts(),
         })
     }
+
+    /// Every session AWS STS issued, oldest first: the operation, the
+    /// role, the calling role of a chained one, its session tags (passed
+    /// and inherited), transitive keys and external id. No secrets.
+    pub fn aws_sessions(&self) -> Value {
+        let sessions: Vec<Value> = self
+            .0
+            .aws
+            .sessions()
+            .into_iter()
+            .map(|s| {
+                json!({
+                    "action": format!("{:?}", s.action),
+                    "role_arn": s.role_arn,
+                    "assumed_role_arn": s.assumed_role_arn,
+                    "source_role_arn": s.source_role_arn,
+                    "tags": s.tags,
+                    "transitive_tag_keys": s.transitive_tag_keys,
+                    "external_id": s.external_id,
+                    "session_policy": s.session_policy,
+                    "duration_seconds": s.duration_seconds,
+                    "access_key_id": s.access_key_id,
+                })
+            })
+            .collect();
+        Value::Array(sessions)
+    }
 }
 
 /// The query of `POST /clouds/faults`.

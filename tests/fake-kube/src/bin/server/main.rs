@@ -23,7 +23,9 @@
 //! `clouds.rs`), trusting this cluster's issuer, which it then serves over
 //! HTTP on a listener of its own; the control port answers
 //! `GET /clouds/whois?credential=C` (which cloud issued C, to whom) and
-//! `GET /clouds/counts` (credentials issued per principal) and
+//! `GET /clouds/counts` (credentials issued per principal),
+//! `GET /clouds/aws/sessions` (every STS session: role, calling role, tags,
+//! external id) and
 //! `POST /clouds/faults?cloud=azure|gcp|aws&fault=KIND[&count=N]`, which
 //! makes that cloud misbehave for its next N requests (without `count`:
 //! until `fault=clear`): `fault=status&status=503[&retry_after=S]` (an
@@ -239,6 +241,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .route("/requests", get(requests))
         .route("/clouds/whois", get(whois))
         .route("/clouds/counts", get(counts))
+        .route("/clouds/aws/sessions", get(aws_sessions))
         .route("/clouds/faults", post(faults))
         .route("/control/unavailable", post(unavailable))
         .route("/control/watches", post(watches))
@@ -378,6 +381,13 @@ async fn whois(State(ctl): State<Ctl>, Query(q): Query<Credential>) -> Response 
 async fn counts(State(ctl): State<Ctl>) -> Response {
     match &ctl.clouds {
         Some(clouds) => Json(clouds.counts()).into_response(),
+        None => bad("the clouds are not running (--clouds)"),
+    }
+}
+
+async fn aws_sessions(State(ctl): State<Ctl>) -> Response {
+    match &ctl.clouds {
+        Some(clouds) => Json(clouds.aws_sessions()).into_response(),
         None => bad("the clouds are not running (--clouds)"),
     }
 }
