@@ -487,9 +487,19 @@ impl AwsExchanger {
                     } if code == "PackedPolicyTooLarge" => CloudError::Rejected {
                         cloud,
                         message: format!(
-                            "{message} (chaining into {role_arn}; {}: \"false\" sends no session tags)",
+                            "sts:AssumeRole into {role_arn}: {message} ({}: \"false\" sends no session tags)",
                             annotations::SESSION_TAGS
                         ),
+                        code,
+                    },
+                    // Say which hop failed, unless STS's text already does.
+                    CloudError::Rejected {
+                        cloud,
+                        code,
+                        message,
+                    } if !message.contains("sts:AssumeRole ") => CloudError::Rejected {
+                        cloud,
+                        message: format!("sts:AssumeRole into {role_arn}: {message}"),
                         code,
                     },
                     other => other,
@@ -1047,6 +1057,16 @@ fn parse_success_of(body: &[u8], action: &str) -> Result<Parsed, String> {
 struct ErrorResponseXml {
     #[serde(rename = "Error")]
     error: Option<ErrorXml>,
+    /// `<Errors><Error>…`, the shape of other query-protocol services,
+    /// which some STS-compatible endpoints answer with.
+    #[serde(rename = "Errors")]
+    errors: Option<ErrorsXml>,
+}
+
+#[derive(Deserialize)]
+struct ErrorsXml {
+    #[serde(rename = "Error")]
+    error: Option<ErrorXml>,
 }
 
 #[derive(Deserialize)]
@@ -1061,7 +1081,7 @@ struct ErrorXml {
 fn parse_error(body: &[u8]) -> Option<(String, String)> {
     let text = std::str::from_utf8(body).ok()?;
     let doc: ErrorResponseXml = quick_xml::de::from_str(text).ok()?;
-    let error = doc.error?;
+    let error = doc.error.or(doc.errors.and_then(|e| e.error))?;
     let code = error
         .code
         .map(|c| c.trim().to_string())
@@ -1423,6 +1443,19 @@ mod tests {
         assert!(parse_success(bad_time.as_bytes()).is_err());
         assert!(parse_success(b"not xml at all <").is_err());
         assert!(parse_success(b"{\"json\": true}").is_err());
+    }
+
+    #[test]
+    fn aws_parses_the_nested_error_shape_too() {
+        let body = br#"<?xml version="1.0" encoding="utf-8"?>
+<ErrorResponse><Errors><Error><Code>InvalidClientTokenId</Code><Message>The security token included in the request is invalid.</Message><Type>Sender</Type></Error></Errors></ErrorResponse>"#;
+        assert_eq!(
+            parse_error(body),
+            Some((
+                "InvalidClientTokenId".into(),
+                "The security token included in the request is invalid.".into()
+            ))
+        );
     }
 
     #[test]

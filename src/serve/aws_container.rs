@@ -61,7 +61,9 @@ pub(crate) fn render_error(err: &BrokerError) -> Response {
             BrokerError::Upstream(CloudError::Rejected { code, message, .. }) => error(
                 StatusCode::FORBIDDEN,
                 code,
-                format!("STS refused AssumeRoleWithWebIdentity: {message}"),
+                // STS's message names the action it refused; a chained
+                // hop's names the role it chained into.
+                format!("STS refused the exchange: {message}"),
             ),
             other => error(StatusCode::FORBIDDEN, "AccessDenied", other.describe()),
         },

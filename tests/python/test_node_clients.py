@@ -221,6 +221,32 @@ def test_aws_node_provider_chain_uses_container_endpoint(dev, tmp_path):
     assert surfaces_since(dev.log_path, offset) == ["aws_container"]
 
 
+@pytest.fixture
+def chain_dev(tmp_path):
+    """`lanyard dev` whose ServiceAccount chains into a target role in
+    another account."""
+    d = Dev([], tmp_path / "lanyard-chain.log", extra_env={
+        "LANYARD_DEV_AWS_TARGET_ROLE_ARN": "arn:aws:iam::222233334444:role/data-lake",
+        "LANYARD_DEV_AWS_EXTERNAL_ID": "lanyard-dev-7f3a"})
+    yield d
+    assert d.stop() == 0, d.read_log()
+
+
+@pytest.mark.parametrize("scenario", ["http", "instance-metadata"])
+def test_aws_sdk_receives_the_target_roles_credentials(chain_dev, tmp_path, scenario):
+    drop = AWS_CONTAINER_VARIABLES if scenario == "instance-metadata" else ()
+    env = client_env({k: v for k, v in chain_dev.exports.items() if k != "AWS_ENDPOINT_URL_STS"}, tmp_path, drop)
+    result = run_node("aws.mjs", scenario, env=env)
+    # Whose they are, asked of the dev STS that issued them.
+    import boto3
+    sts = boto3.client("sts", endpoint_url=chain_dev.exports["AWS_ENDPOINT_URL_STS"], region_name="us-east-1",
+                       aws_access_key_id=result["accessKeyId"], aws_secret_access_key=result["secretAccessKey"],
+                       aws_session_token=result["sessionToken"])
+    assert sts.get_caller_identity()["Arn"] == \
+        "arn:aws:sts::222233334444:assumed-role/data-lake/lanyard-default_ray-worker"
+    chain_dev.issued += [result["secretAccessKey"], result["sessionToken"]]
+
+
 def test_aws_from_http_reads_the_token_file(dev, tmp_path):
     # fromHttp, not fromContainerMetadata: see tests/node/aws.mjs.
     env = client_env(dev.exports, tmp_path)
