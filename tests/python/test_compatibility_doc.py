@@ -176,6 +176,15 @@ def aws_version(tmp_path) -> str:
 
 
 CLI_VERSIONS = {"gcloud": gcloud_version, "awscli": aws_version}
+# Rust clients (tests/rust-clients): the version Cargo.lock resolves.
+RUST_CLIENTS = ("aws-config", "google-cloud-auth")
+
+
+def locked_version(crate: str) -> str:
+    lock = (ROOT / "Cargo.lock").read_text()
+    versions = re.findall(rf'\[\[package\]\]\nname = "{re.escape(crate)}"\nversion = "([^"]+)"', lock)
+    assert len(versions) == 1, f"Cargo.lock has {len(versions)} versions of {crate}"
+    return versions[0]
 
 
 # -- the tests ---------------------------------------------------------------
@@ -230,6 +239,8 @@ def test_version_is_the_installed_one(row, tmp_path):
                 f"with {row.version}; run its tests here and update the row to record this version"
             )
         return
+    elif row.client in RUST_CLIENTS:
+        installed, source = locked_version(row.client), "Cargo.lock"
     elif row.client.startswith("@") or row.client in node_dependencies():
         if not NODE_MODULES.is_dir():
             pytest.skip(

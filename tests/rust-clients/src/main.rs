@@ -1,0 +1,74 @@
+//! The official Rust SDKs' default credential chains, unmodified, with
+//! nothing but the environment a pod has: `aws-config` (container
+//! credentials or IMDSv2, as `AWS_*` choose) and `google-cloud-auth`
+//! (the metadata server at `GCE_METADATA_HOST`). Prints one JSON line per
+//! client for the Python tests to judge.
+//!
+//!     lanyard-rust-clients aws      aws-config's default provider chain
+//!     lanyard-rust-clients google   google-cloud-auth's default credentials
+
+use aws_credential_types::provider::ProvideCredentials;
+use serde_json::json;
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let which = std::env::args().nth(1).unwrap_or_default();
+    let result = match which.as_str() {
+        "aws" => aws().await,
+        "google" => google().await,
+        other => Err(format!("unknown client {other:?}: aws or google")),
+    };
+    match result {
+        Ok(value) => {
+            println!("{value}");
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            println!("{}", json!({ "ok": false, "error": e }));
+            std::process::ExitCode::from(1)
+        }
+    }
+}
+
+async fn aws() -> Result<serde_json::Value, String> {
+    let config = aws_config::load_from_env().await;
+    let provider = config
+        .credentials_provider()
+        .ok_or("aws-config found no credentials provider")?;
+    let creds = provider
+        .provide_credentials()
+        .await
+        .map_err(|e| format!("{e:?}"))?;
+    Ok(json!({
+        "ok": true,
+        "access_key_id": creds.access_key_id(),
+        "secret_access_key": creds.secret_access_key(),
+        "session_token": creds.session_token(),
+        "expiry": creds
+            .expiry()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| d.as_secs()),
+        "region": config.region().map(|r| r.to_string()),
+    }))
+}
+
+async fn google() -> Result<serde_json::Value, String> {
+    let credentials = google_cloud_auth::credentials::Builder::default()
+        .build()
+        .map_err(|e| format!("{e}"))?;
+    let headers = credentials
+        .headers(Default::default())
+        .await
+        .map_err(|e| format!("{e}"))?;
+    let google_cloud_auth::credentials::CacheableResource::New { data, .. } = headers else {
+        return Err("no headers on the first call".into());
+    };
+    let authorization = data
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .ok_or("no authorization header")?;
+    let token = authorization
+        .strip_prefix("Bearer ")
+        .ok_or("not a bearer token")?;
+    Ok(json!({ "ok": true, "token": token }))
+}
