@@ -346,6 +346,38 @@ def test_a_target_role_in_another_account_serves_boto3_with_ekss_session_tags(e2
     assert sorted(session["transitive_tag_keys"]) == sorted(tags)
 
 
+def test_a_wrong_external_id_is_access_denied_in_boto3(e2e):
+    lake = IDENTITIES[-1]
+    sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {
+        "name": "loader", "namespace": "lake", "annotations": {
+            "azure.workload.identity/client-id": lake["azure_client_id"],
+            "iam.gke.io/gcp-service-account": lake["gcp_service_account"],
+            "eks.amazonaws.com/role-arn": lake["aws_role_arn"],
+            "lanyard.dev/aws-target-role-arn": lake["aws_target_role_arn"],
+            "lanyard.dev/aws-external-id": "not-the-lakes-id"}}}
+    e2e.kube.apply(sa)
+    try:
+        def refused():
+            pod = e2e.run_pod(e2e.nodes[0], plain_template("loader"), f"loader-x{time.monotonic_ns() % 10_000}",
+                              "lake")
+            (line,) = run_app(e2e, pod, "--clouds", "aws")
+            pod.stop()
+            return line
+        # The agents follow the ServiceAccount's annotations through their
+        # watch: wait until the new external id is the one presented.
+        deadline = time.monotonic() + 20
+        while True:
+            line = refused()
+            if not line["ok"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert not line["ok"], line
+        assert "AccessDenied" in line["error"] and "sts:AssumeRole on resource" in line["error"], line["error"]
+    finally:
+        sa["metadata"]["annotations"]["lanyard.dev/aws-external-id"] = lake["aws_external_id"]
+        e2e.kube.apply(sa)
+
+
 def test_one_raycluster_on_one_node_shares_one_exchange_per_identity(e2e):
     head, worker = ray_templates()
     node = e2e.nodes[0]
