@@ -346,59 +346,78 @@ impl AwsExchanger {
             ("WebIdentityToken", token.expose_secret()),
             ("DurationSeconds", seconds.as_str()),
         ];
-        let issued_at = now_unix();
-        let url = format!("{}/", self.endpoint);
-        let resp = self
+        let request = self
             .http
-            .post(&url)
+            .post(format!("{}/", self.endpoint))
             .header("accept", "text/xml")
-            .form(&form)
-            .send()
-            .await
-            .map_err(|e| CloudError::Unavailable {
-                cloud: Cloud::Aws,
-                reason: e.without_url().to_string(),
-            })?;
-        let status = resp.status();
-        super::note_request_id(resp.headers(), "x-amzn-requestid");
-        let retry = retry_after(resp.headers());
-        let body = resp.bytes().await.map_err(|e| CloudError::Unavailable {
-            cloud: Cloud::Aws,
-            reason: e.without_url().to_string(),
-        })?;
-
-        if status.is_success() {
-            let ok = parse_success(&body).map_err(|reason| CloudError::Protocol {
-                cloud: Cloud::Aws,
-                reason,
-            })?;
-            if ok.expires_at <= issued_at {
-                return Err(CloudError::Protocol {
-                    cloud: Cloud::Aws,
-                    reason: "STS returned credentials that have already expired".into(),
-                });
-            }
-            let assumed_role_arn = ok
-                .assumed_role_arn
-                .unwrap_or_else(|| role.assumed_role_arn(session_name));
-            return Ok(AwsCredentials {
-                rendered: Default::default(),
-                access_key_id: ok.access_key_id,
-                secret_access_key: ok.secret_access_key,
-                session_token: ok.session_token,
-                expires_at: ok.expires_at,
-                issued_at,
-                account_id: role.account().to_string(),
-                assumed_role_arn,
-            });
+            .form(&form);
+        let (status, retry, body, issued_at) = send(request).await?;
+        if !status.is_success() {
+            return Err(classify(
+                status.as_u16(),
+                retry,
+                &body,
+                token.expose_secret(),
+            ));
         }
-        Err(classify(
-            status.as_u16(),
-            retry,
+        credentials_from(
             &body,
-            token.expose_secret(),
-        ))
+            "AssumeRoleWithWebIdentity",
+            &role,
+            session_name,
+            issued_at,
+        )
     }
+}
+
+/// Sends one STS request: its status, `Retry-After`, body and the time it
+/// was sent (noting the request id for the audit record).
+async fn send(
+    request: reqwest::RequestBuilder,
+) -> Result<(reqwest::StatusCode, Option<Duration>, bytes::Bytes, u64), CloudError> {
+    let unavailable = |e: reqwest::Error| CloudError::Unavailable {
+        cloud: Cloud::Aws,
+        reason: e.without_url().to_string(),
+    };
+    let issued_at = now_unix();
+    let resp = request.send().await.map_err(unavailable)?;
+    let status = resp.status();
+    super::note_request_id(resp.headers(), "x-amzn-requestid");
+    let retry = retry_after(resp.headers());
+    let body = resp.bytes().await.map_err(unavailable)?;
+    Ok((status, retry, body, issued_at))
+}
+
+/// The credentials of `action`'s success answer for `role`.
+fn credentials_from(
+    body: &[u8],
+    action: &str,
+    role: &RoleArn,
+    session_name: &str,
+    issued_at: u64,
+) -> Result<AwsCredentials, CloudError> {
+    let protocol = |reason: String| CloudError::Protocol {
+        cloud: Cloud::Aws,
+        reason,
+    };
+    let ok = parse_success_of(body, action).map_err(protocol)?;
+    if ok.expires_at <= issued_at {
+        return Err(protocol(
+            "STS returned credentials that have already expired".into(),
+        ));
+    }
+    Ok(AwsCredentials {
+        rendered: Default::default(),
+        assumed_role_arn: ok
+            .assumed_role_arn
+            .unwrap_or_else(|| role.assumed_role_arn(session_name)),
+        access_key_id: ok.access_key_id,
+        secret_access_key: ok.secret_access_key,
+        session_token: ok.session_token,
+        expires_at: ok.expires_at,
+        issued_at,
+        account_id: role.account().to_string(),
+    })
 }
 
 impl AwsExchanger {
@@ -455,22 +474,7 @@ impl AwsExchanger {
         for (name, value) in signed {
             request = request.header(name, value);
         }
-        let issued_at = now_unix();
-        let resp = request
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| CloudError::Unavailable {
-                cloud: Cloud::Aws,
-                reason: e.without_url().to_string(),
-            })?;
-        let status = resp.status();
-        super::note_request_id(resp.headers(), "x-amzn-requestid");
-        let retry = retry_after(resp.headers());
-        let body = resp.bytes().await.map_err(|e| CloudError::Unavailable {
-            cloud: Cloud::Aws,
-            reason: e.without_url().to_string(),
-        })?;
+        let (status, retry, body, issued_at) = send(request.body(body)).await?;
         if !status.is_success() {
             return Err(
                 match classify(
@@ -506,28 +510,7 @@ impl AwsExchanger {
                 },
             );
         }
-        let ok = parse_success_of(&body, "AssumeRole").map_err(|reason| CloudError::Protocol {
-            cloud: Cloud::Aws,
-            reason,
-        })?;
-        if ok.expires_at <= issued_at {
-            return Err(CloudError::Protocol {
-                cloud: Cloud::Aws,
-                reason: "STS returned credentials that have already expired".into(),
-            });
-        }
-        Ok(AwsCredentials {
-            rendered: Default::default(),
-            assumed_role_arn: ok
-                .assumed_role_arn
-                .unwrap_or_else(|| role.assumed_role_arn(session_name)),
-            access_key_id: ok.access_key_id,
-            secret_access_key: ok.secret_access_key,
-            session_token: ok.session_token,
-            expires_at: ok.expires_at,
-            issued_at,
-            account_id: role.account().to_string(),
-        })
+        credentials_from(&body, "AssumeRole", &role, session_name, issued_at)
     }
 }
 
