@@ -723,23 +723,7 @@ fn validate_params<'a>(
     duration: Option<&'a str>,
 ) -> Result<Params<'a>, StsError> {
     let mut v = Violations::default();
-    match role_arn {
-        None => v.fail(Shown::Null, "roleArn", "Member must not be null"),
-        Some(arn) => v.length(arn, Shown::Value(arn), "roleArn", 20, 2048),
-    }
-    match session_name {
-        None => v.fail(Shown::Null, "roleSessionName", "Member must not be null"),
-        Some(name) => {
-            v.pattern(
-                name,
-                Shown::Value(name),
-                "roleSessionName",
-                validation::session_name_char,
-                r"[\w+=,.@-]*",
-            );
-            v.length(name, Shown::Value(name), "roleSessionName", 2, 64);
-        }
-    }
+    v.role_and_session(role_arn, session_name);
     match token {
         None => v.fail(Shown::Null, "webIdentityToken", "Member must not be null"),
         // Bytes, not characters: tokens are ASCII. Never echoed.

@@ -50,9 +50,7 @@ use axum::response::Response;
 use quick_xml::escape::escape;
 
 use super::sessions::{Principal, SessionAction};
-use super::validation::{
-    duration, external_id_char, policy_char, session_name_char, tag_char, Shown, Violations,
-};
+use super::validation::{duration, external_id_char, policy_char, tag_char, Shown, Violations};
 use super::{sts_error, xml_response, AwsRole, AwsSts, Grant, StsError, STS_NAMESPACE};
 use crate::arn::RoleArn;
 
@@ -140,24 +138,8 @@ fn parse_request(form: &HashMap<String, String>) -> Result<AssumeRoleRequest<'_>
     let mut v = Violations::default();
 
     let role_arn = field("RoleArn");
-    match role_arn {
-        None => v.fail(Shown::Null, "roleArn", "Member must not be null"),
-        Some(arn) => v.length(arn, Shown::Value(arn), "roleArn", 20, 2048),
-    }
     let session_name = field("RoleSessionName");
-    match session_name {
-        None => v.fail(Shown::Null, "roleSessionName", "Member must not be null"),
-        Some(name) => {
-            v.pattern(
-                name,
-                Shown::Value(name),
-                "roleSessionName",
-                session_name_char,
-                r"[\w+=,.@-]*",
-            );
-            v.length(name, Shown::Value(name), "roleSessionName", 2, 64);
-        }
-    }
+    v.role_and_session(role_arn, session_name);
     let policy = field("Policy");
     if let Some(p) = policy {
         v.length(p, Shown::Value(p), "policy", 1, MAX_POLICY);

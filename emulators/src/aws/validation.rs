@@ -87,6 +87,28 @@ impl Violations {
     }
 
     /// Whether nothing failed.
+    /// `RoleArn` and `RoleSessionName`, constrained alike by both
+    /// `AssumeRole` operations.
+    pub(super) fn role_and_session(&mut self, role_arn: Option<&str>, session_name: Option<&str>) {
+        match role_arn {
+            None => self.fail(Shown::Null, "roleArn", "Member must not be null"),
+            Some(arn) => self.length(arn, Shown::Value(arn), "roleArn", 20, 2048),
+        }
+        match session_name {
+            None => self.fail(Shown::Null, "roleSessionName", "Member must not be null"),
+            Some(name) => {
+                self.pattern(
+                    name,
+                    Shown::Value(name),
+                    "roleSessionName",
+                    session_name_char,
+                    r"[\w+=,.@-]*",
+                );
+                self.length(name, Shown::Value(name), "roleSessionName", 2, 64);
+            }
+        }
+    }
+
     pub(super) fn is_empty(&self) -> bool {
         self.errors.is_empty()
     }
