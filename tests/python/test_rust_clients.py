@@ -64,7 +64,22 @@ def test_aws_config_receives_the_target_roles_credentials(chain_dev, tmp_path, s
     chain_dev.issued += [result["secret_access_key"], result["session_token"]]
 
 
-def test_google_cloud_auth_gets_a_token_from_the_metadata_surface(chain_dev, tmp_path):
-    result = run(chain_dev, tmp_path, "google")
-    assert result["token"].startswith("ya29.")
-    chain_dev.issued.append(result["token"])
+@pytest.fixture
+def gke_dev(tmp_path):
+    """`lanyard dev` with Google through GKE's own pool."""
+    d = Dev([], tmp_path / "lanyard-gke.log", extra_env={
+        "LANYARD_GCP_GKE_CLUSTER": "projects/ray-prod-4821/locations/us-central1/clusters/ray",
+        "LANYARD_GCP_PROJECT_NUMBER": "310987654321"})
+    yield d
+    log = d.read_log()
+    assert d.stop() == 0, log
+    for secret in d.issued:
+        assert secret not in log
+
+
+def test_google_cloud_auth_gets_a_token_from_the_metadata_surface(gke_dev, tmp_path):
+    result = run(gke_dev, tmp_path, "google")
+    # Through GKE's pool: the emulated IAM grants the service account only
+    # to GKE's member, serviceAccount:ray-prod-4821.svc.id.goog[default/ray-worker].
+    assert result["token"].startswith("ya29.emulated-sa.")
+    gke_dev.issued.append(result["token"])
