@@ -203,11 +203,7 @@ impl AwsExchanger {
         token: &SecretString,
         duration: Duration,
     ) -> Result<AwsCredentials, CloudError> {
-        let role = RoleArn::parse(role_arn).map_err(|e| CloudError::Rejected {
-            cloud: Cloud::Aws,
-            code: "InvalidRoleArn".into(),
-            message: e.to_string(),
-        })?;
+        let role = parse_role(role_arn)?;
         let seconds = duration.as_secs().to_string();
         let form = [
             ("Action", "AssumeRoleWithWebIdentity"),
@@ -239,6 +235,15 @@ impl AwsExchanger {
             issued_at,
         )
     }
+}
+
+/// `role_arn` as a role, or STS's refusal of it before any call.
+fn parse_role(role_arn: &str) -> Result<RoleArn, CloudError> {
+    RoleArn::parse(role_arn).map_err(|e| CloudError::Rejected {
+        cloud: Cloud::Aws,
+        code: "InvalidRoleArn".into(),
+        message: e.to_string(),
+    })
 }
 
 /// Sends one STS request: its status, `Retry-After`, body and the time it
@@ -367,25 +372,10 @@ impl CloudExchanger for AwsCloud {
         let Some(chain) = &binding.chain else {
             return Ok(format!("sts:AssumeRoleWithWebIdentity {duration}"));
         };
-        if let Some(problem) = chain.problem() {
-            return Err(RequestError::BadRequest(problem));
+        match chain.checked() {
+            Ok(key) => Ok(format!("sts:AssumeRole {duration} {key}")),
+            Err(problem) => Err(RequestError::BadRequest(problem.to_string())),
         }
-        // Every parameter of the second hop is in the key: two
-        // ServiceAccounts chaining alike share nothing anyway (the key
-        // names the caller's ServiceAccount), but a changed annotation
-        // must not be served the old session.
-        let mut hasher = Sha256::new();
-        hasher.update(binding.role_arn.as_bytes());
-        hasher.update([0]);
-        hasher.update(chain.external_id.as_deref().unwrap_or("").as_bytes());
-        hasher.update([0]);
-        hasher.update(chain.session_policy.as_deref().unwrap_or("").as_bytes());
-        let digest = hasher.finalize();
-        let hash: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
-        Ok(format!(
-            "sts:AssumeRole {duration} via {} tags={} {hash}",
-            binding.role_arn, chain.session_tags
-        ))
     }
 
     fn fetcher(&self, binding: &Binding, request: &TokenRequest, caller: &Caller) -> Fetcher {
@@ -987,7 +977,9 @@ mod tests {
                 .unwrap()
                 .chain
                 .unwrap()
-                .problem()
+                .checked()
+                .err()
+                .map(str::to_string)
         };
         assert_eq!(problem(&[]), None);
         let long = "x".repeat(2049);

@@ -5,11 +5,14 @@
 //! session tags, an external id and a session policy as the ServiceAccount's
 //! `lanyard.dev/aws-*` annotations say.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use sha2::{Digest, Sha256};
+
 use super::{
-    annotations, classify, credentials_from, send, AwsCredentials, AwsExchanger, RoleArn,
-    STS_VERSION,
+    annotations, classify, credentials_from, parse_role, send, AwsCredentials, AwsExchanger,
+    RoleArn, STS_VERSION,
 };
 use crate::cloud::{annotation, Annotations, Cloud, CloudError};
 use crate::secret::ExposeSecret;
@@ -21,8 +24,9 @@ use crate::token::Caller;
 pub struct Binding {
     /// The role assumed with the pod's token (`eks.amazonaws.com/role-arn`).
     pub role_arn: String,
-    /// The second hop, `sts:AssumeRole` into a target role.
-    pub chain: Option<Chain>,
+    /// The second hop, `sts:AssumeRole` into a target role (shared: a
+    /// request clones the binding).
+    pub chain: Option<Arc<Chain>>,
 }
 
 /// The chained hop's parameters, as EKS Pod Identity's target role
@@ -37,6 +41,10 @@ pub struct Chain {
     pub session_tags: bool,
     /// `Policy`: an inline session policy, JSON.
     pub session_policy: Option<String>,
+    /// Judged once, when the ServiceAccount's annotations are read (not on
+    /// each request): the hop's part of the cache key, or the first thing
+    /// wrong with its annotations.
+    checked: Result<String, String>,
 }
 
 impl From<String> for Binding {
@@ -57,14 +65,16 @@ impl From<&str> for Binding {
 /// The role `annotations` name, if any, with the chained hop they describe.
 pub fn binding(annotations: &Annotations) -> Option<Binding> {
     let role_arn = annotation(annotations, annotations::ROLE_ARN)?;
-    let chain =
-        annotation(annotations, annotations::TARGET_ROLE_ARN).map(|target_role_arn| Chain {
+    let chain = annotation(annotations, annotations::TARGET_ROLE_ARN).map(|target_role_arn| {
+        Arc::new(Chain::new(
+            &role_arn,
             target_role_arn,
-            external_id: annotation(annotations, annotations::EXTERNAL_ID),
-            session_tags: annotation(annotations, annotations::SESSION_TAGS)
+            annotation(annotations, annotations::EXTERNAL_ID),
+            annotation(annotations, annotations::SESSION_TAGS)
                 .is_none_or(|v| !v.eq_ignore_ascii_case("false")),
-            session_policy: annotation(annotations, annotations::SESSION_POLICY),
-        });
+            annotation(annotations, annotations::SESSION_POLICY),
+        ))
+    });
     Some(Binding { role_arn, chain })
 }
 
@@ -79,9 +89,51 @@ pub(super) const MAX_CHAINED_SESSION: Duration = Duration::from_secs(3600);
 const MAX_TAG_VALUE_CHARS: usize = 256;
 
 impl Chain {
-    /// The first thing wrong with the hop's annotations, in words naming
-    /// the annotation.
-    pub(super) fn problem(&self) -> Option<String> {
+    /// The hop from `role_arn`'s session into `target_role_arn`, checked.
+    pub fn new(
+        role_arn: &str,
+        target_role_arn: String,
+        external_id: Option<String>,
+        session_tags: bool,
+        session_policy: Option<String>,
+    ) -> Chain {
+        let mut chain = Chain {
+            target_role_arn,
+            external_id,
+            session_tags,
+            session_policy,
+            checked: Ok(String::new()),
+        };
+        chain.checked = match chain.find_problem() {
+            Some(problem) => Err(problem),
+            None => Ok(chain.key(role_arn)),
+        };
+        chain
+    }
+
+    /// The hop's part of the cache key: every parameter of the second hop
+    /// is in it, so that a changed annotation is not served the old
+    /// session.
+    fn key(&self, role_arn: &str) -> String {
+        let mut hasher = Sha256::new();
+        hasher.update(role_arn.as_bytes());
+        hasher.update([0]);
+        hasher.update(self.external_id.as_deref().unwrap_or("").as_bytes());
+        hasher.update([0]);
+        hasher.update(self.session_policy.as_deref().unwrap_or("").as_bytes());
+        let digest = hasher.finalize();
+        let hash: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        format!("via {role_arn} tags={} {hash}", self.session_tags)
+    }
+
+    /// The hop's part of the cache key, or what is wrong with its
+    /// annotations, in words naming the annotation.
+    pub(super) fn checked(&self) -> Result<&str, &str> {
+        self.checked.as_deref().map_err(String::as_str)
+    }
+
+    /// The first thing wrong with the hop's annotations.
+    fn find_problem(&self) -> Option<String> {
         if RoleArn::parse(self.target_role_arn.as_str()).is_err() {
             return Some(format!(
                 "{} is not an IAM role ARN (arn:aws:iam::ACCOUNT:role/NAME)",
@@ -162,11 +214,7 @@ impl AwsExchanger {
         duration: Duration,
         options: &AssumeRoleOptions,
     ) -> Result<AwsCredentials, CloudError> {
-        let role = RoleArn::parse(role_arn).map_err(|e| CloudError::Rejected {
-            cloud: Cloud::Aws,
-            code: "InvalidRoleArn".into(),
-            message: e.to_string(),
-        })?;
+        let role = parse_role(role_arn)?;
         let seconds = duration.min(MAX_CHAINED_SESSION).as_secs().to_string();
         let mut form: Vec<(String, String)> = vec![
             ("Action".into(), "AssumeRole".into()),
@@ -204,39 +252,36 @@ impl AwsExchanger {
         }
         let (status, retry, body, issued_at) = send(request.body(body)).await?;
         if !status.is_success() {
-            return Err(
-                match classify(
-                    status.as_u16(),
-                    retry,
-                    &body,
-                    source.session_token.expose_secret(),
-                ) {
-                    // The caller's fix is an annotation: say which.
-                    CloudError::Rejected {
-                        cloud,
-                        code,
-                        message,
-                    } if code == "PackedPolicyTooLarge" => CloudError::Rejected {
-                        cloud,
-                        message: format!(
-                            "sts:AssumeRole into {role_arn}: {message} ({}: \"false\" sends no session tags)",
+            let secret = source.session_token.expose_secret();
+            return Err(match classify(status.as_u16(), retry, &body, secret) {
+                // Say which hop failed (unless STS's text already does),
+                // and for a packed size, the annotation that fixes it.
+                CloudError::Rejected {
+                    cloud,
+                    code,
+                    message,
+                } => {
+                    let hint = if code == "PackedPolicyTooLarge" {
+                        format!(
+                            " ({}: \"false\" sends no session tags)",
                             annotations::SESSION_TAGS
-                        ),
-                        code,
-                    },
-                    // Say which hop failed, unless STS's text already does.
+                        )
+                    } else {
+                        String::new()
+                    };
+                    let message = if hint.is_empty() && message.contains("sts:AssumeRole ") {
+                        message
+                    } else {
+                        format!("sts:AssumeRole into {role_arn}: {message}{hint}")
+                    };
                     CloudError::Rejected {
                         cloud,
                         code,
                         message,
-                    } if !message.contains("sts:AssumeRole ") => CloudError::Rejected {
-                        cloud,
-                        message: format!("sts:AssumeRole into {role_arn}: {message}"),
-                        code,
-                    },
-                    other => other,
-                },
-            );
+                    }
+                }
+                other => other,
+            });
         }
         credentials_from(&body, "AssumeRole", &role, session_name, issued_at)
     }
