@@ -5,8 +5,10 @@
 //!
 //! 1. **authenticate** — verify the caller's projected token for the
 //!    cloud's audience (a pod-bound token, of a live pod, on this node);
-//! 2. **bind** — the cloud identity its ServiceAccount's bindings give it;
-//! 3. **select** — a selector in the request must name that identity;
+//! 2. **bind** — the cloud identities its ServiceAccount's bindings give it
+//!    (the default first);
+//! 3. **select** — the one a selector in the request names, or else the
+//!    default; a selector naming none of them is "not found";
 //! 4. **policy** — the [`Policy`] seam ([`crate::policy`]), once, before the cache;
 //! 5. **cache** — a cached credential, or one singleflight exchange;
 //! 6. **exchange** — the cloud's [`CloudExchanger`], only on a miss;
@@ -58,6 +60,22 @@ pub struct Grant {
     /// The credential, shared with the cache; `None` only for
     /// [`Kind::Identity`] lookups.
     pub credential: Option<Arc<Credential>>,
+    /// For a lookup that selects nothing, where the ServiceAccount lists
+    /// several identities of the cloud: those the policy allows the caller,
+    /// in their order (what GCE's `service-accounts/` and IMDS's
+    /// `security-credentials/` list). `None`: only `identity`, undecided.
+    pub listed: Option<Vec<Identity>>,
+}
+
+impl Grant {
+    /// The identities a listing shows: [`Grant::listed`], or else the one
+    /// identity (a single one is listed even where the policy denies it, so
+    /// that asking for it meets the denial, naming the policies).
+    pub fn listed(&self) -> &[Identity] {
+        self.listed
+            .as_deref()
+            .unwrap_or(std::slice::from_ref(&self.identity))
+    }
 }
 
 /// What a protocol surface needs from the broker.
@@ -276,30 +294,45 @@ impl Core {
             let bindings = self.bindings(&caller).await;
             let caller = trail.caller.insert(caller).clone();
             let caller = &*caller;
-            let binding = cloud
+            let bound = cloud
                 .bind(&*bindings?, caller)
                 .map_err(|e| refusal(e, request.cloud, caller))?;
-            let identity = cloud.identity(&binding);
-            let issued = async {
-                if let Some(selector) = &request.selector {
-                    if !cloud.selects(&binding, selector) {
-                        return Err(BrokerError::IdentityNotFound);
-                    }
-                }
-                if request.kind == Kind::Identity {
-                    return Ok(None);
-                }
-                self.issue(
-                    cloud, &binding, &identity, caller, subject, request, &mut trail,
-                )
-                .await
-                .map(Some)
+            // INVARIANT: `bind` lists the default first and never returns
+            // an empty list (it refuses with NotBound instead).
+            let Some(default) = bound.first() else {
+                return Err(refusal(RequestError::NotBound, request.cloud, caller));
+            };
+            let chosen = match &request.selector {
+                None => Some(default),
+                Some(selector) => bound.iter().find(|b| cloud.selects(b, selector)),
+            };
+            let Some(binding) = chosen else {
+                // A refusal names the default identity, as it always has.
+                let identity = cloud.identity(default);
+                trail.identity = Some(identity.id);
+                trail.via = identity.via.map(|v| v.id);
+                return Err(BrokerError::IdentityNotFound);
+            };
+            let identity = cloud.identity(binding);
+            if request.kind == Kind::Identity {
+                let listed = match (&request.selector, bound.len()) {
+                    (None, 2..) => Some(self.listed(cloud, &bound, caller, request).await?),
+                    _ => None,
+                };
+                return Ok(Grant {
+                    identity,
+                    credential: None,
+                    listed,
+                });
             }
-            .await;
-            match issued {
+            match self
+                .issue(cloud, binding, &identity, caller, subject, request, &mut trail)
+                .await
+            {
                 Ok(credential) => Ok(Grant {
                     identity,
-                    credential,
+                    credential: Some(credential),
+                    listed: None,
                 }),
                 Err(e) => {
                     // A grant names its identity; a refusal keeps it here.
@@ -311,6 +344,46 @@ impl Core {
         }
         .await;
         (trail, result)
+    }
+
+    /// Which of a ServiceAccount's several identities of one cloud the
+    /// policy allows the caller, in their order: each is decided as a
+    /// credential of the cloud's first kind with no scopes and no lifetime
+    /// (whether this caller may have that identity at all). What a listing
+    /// shows; never audited, since nothing is issued.
+    async fn listed<E: CloudExchanger>(
+        &self,
+        cloud: &E,
+        bound: &[E::Binding],
+        caller: &Caller,
+        request: &TokenRequest,
+    ) -> Result<Vec<Identity>, BrokerError> {
+        let kind = cloud.kinds().first().copied().unwrap_or(Kind::AccessToken);
+        let probe = TokenRequest::new(request.cloud, kind, request.surface);
+        let fetched;
+        let attributes = match self.policy.wants_attributes() {
+            true => {
+                fetched = self.attributes(caller).await?;
+                &fetched
+            }
+            false => Attributes::empty(),
+        };
+        let mut listed = Vec::with_capacity(bound.len());
+        for binding in bound {
+            let identity = cloud.identity(binding);
+            let input = PolicyInput {
+                caller,
+                identity: &identity,
+                request: &probe,
+                attributes,
+                lifetime: None,
+                time: SystemTime::now(),
+            };
+            if matches!(self.policy.decide(&input), Decision::Allow { .. }) {
+                listed.push(identity);
+            }
+        }
+        Ok(listed)
     }
 
     /// Steps 4–6 for a bound, selected identity: policy, cache, exchange.

@@ -242,8 +242,8 @@ fn reinvocation_after_defaulting_and_copied_specs_are_admitted_unchanged() {
 fn a_copy_made_for_other_bindings_is_denied_with_what_to_do() {
     let copy = defaulted(injected());
     let azure_only = Bindings {
-        gcp: None,
-        aws: None,
+        gcp: Vec::new(),
+        aws: Vec::new(),
         ..all_clouds()
     };
     let (response, _) = admit(&copy, &azure_only);

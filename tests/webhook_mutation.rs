@@ -49,20 +49,20 @@ fn config() -> InjectionConfig {
     config
 }
 
-fn azure() -> Option<azure::Binding> {
-    Some(azure::Binding {
+fn azure() -> Vec<azure::Binding> {
+    vec![azure::Binding {
         client_id: CLIENT.into(),
         tenant_id: None,
         object_id: None,
         resource_id: None,
-    })
+    }]
 }
 
 fn all_clouds() -> Bindings {
     Bindings {
         azure: azure(),
-        gcp: Some("ray@proj.iam.gserviceaccount.com".into()),
-        aws: Some(ROLE.into()),
+        gcp: vec!["ray@proj.iam.gserviceaccount.com".into()],
+        aws: vec![ROLE.into()],
     }
 }
 
@@ -533,12 +533,12 @@ fn kuberay_worker_with_wait_gcs_ready_and_irsa_leftovers() {
     let mut cfg = config();
     cfg.audiences[Cloud::Gcp] = None;
     let bindings = Bindings {
-        azure: Some(azure::Binding {
+        azure: vec![azure::Binding {
             tenant_id: Some("11111111-2222-4333-8444-555555555555".into()),
-            ..azure().unwrap()
-        }),
-        gcp: None,
-        aws: Some(ROLE.into()),
+            ..azure().remove(0)
+        }],
+        gcp: Vec::new(),
+        aws: vec![ROLE.into()],
     };
     let out = run_body(&body, &bindings, &cfg);
     let before = original_pod(&body);
@@ -622,7 +622,7 @@ fn kuberay_worker_with_wait_gcs_ready_and_irsa_leftovers() {
 fn job_pod_with_env_from_and_no_volumes() {
     let body = fixture("job_create.json");
     let bindings = Bindings {
-        aws: Some(ROLE.into()),
+        aws: vec![ROLE.into()],
         ..Bindings::default()
     };
     let mut cfg = config();
@@ -704,7 +704,7 @@ fn a_mutated_pod_is_not_mutated_again() {
             "job_create.json",
             "batch",
             Bindings {
-                aws: Some(ROLE.into()),
+                aws: vec![ROLE.into()],
                 ..Bindings::default()
             },
         ),
@@ -755,7 +755,7 @@ fn a_transparent_job_pod_gets_the_redirect_before_the_sidecar() {
         pod["metadata"]["annotations"][TRANSPARENT_ANNOTATION] = json!("true")
     });
     let bindings = Bindings {
-        aws: Some(ROLE.into()),
+        aws: vec![ROLE.into()],
         ..Bindings::default()
     };
     let cfg = config();

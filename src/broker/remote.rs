@@ -232,6 +232,7 @@ mod tests {
                 via: None,
             },
             credential: None,
+            listed: None,
         })
     }
 

@@ -213,6 +213,7 @@ mod tests {
                     issued_at: now_unix(),
                     expires_at: now_unix() + self.lifetime,
                 }))),
+                listed: None,
             })
         }
     }

@@ -33,12 +33,21 @@ impl CloudExchanger for TestCloud {
     fn kinds(&self) -> &'static [Kind] {
         &[Kind::AccessToken]
     }
-    fn bind(&self, bindings: &Bindings, caller: &Caller) -> Result<String, RequestError> {
-        bindings
+    /// The default is `id-SA`; further listed identities keep their
+    /// client ids.
+    fn bind(&self, bindings: &Bindings, caller: &Caller) -> Result<Vec<String>, RequestError> {
+        if bindings.azure.is_empty() {
+            return Err(RequestError::NotBound);
+        }
+        Ok(bindings
             .azure
-            .as_ref()
-            .map(|_| format!("id-{}", caller.service_account))
-            .ok_or(RequestError::NotBound)
+            .iter()
+            .enumerate()
+            .map(|(i, b)| match i {
+                0 => format!("id-{}", caller.service_account),
+                _ => b.client_id.clone(),
+            })
+            .collect())
     }
     fn identity(&self, id: &String) -> Identity {
         Identity {

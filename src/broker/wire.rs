@@ -31,6 +31,10 @@ pub struct WireGrant {
     /// The credential; absent for [`crate::cloud::Kind::Identity`] lookups.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential: Option<WireCredential>,
+    /// [`Grant::listed`]; absent from agents before it (the sidecar then
+    /// lists `identity` alone, as they did).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listed: Option<Vec<Identity>>,
 }
 
 /// A credential on the wire.
@@ -121,6 +125,7 @@ impl From<&Grant> for WireGrant {
                     assumed_role_arn: c.assumed_role_arn.clone(),
                 },
             }),
+            listed: grant.listed.clone(),
         }
     }
 }
@@ -168,6 +173,7 @@ impl From<WireGrant> for Grant {
                     }),
                 })
                 .map(Arc::new),
+            listed: wire.listed,
         }
     }
 }
@@ -493,6 +499,7 @@ mod tests {
                 issued_at: 1,
                 expires_at: 2,
             }),
+            listed: None,
         };
         assert!(!format!("{grant:?}").contains("secret-token"));
     }

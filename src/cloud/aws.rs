@@ -66,11 +66,16 @@ pub mod annotations {
     pub const SESSION_TAGS: &str = "lanyard.dev/aws-session-tags";
     /// An inline session policy (JSON) for the chained hop.
     pub const SESSION_POLICY: &str = "lanyard.dev/aws-session-policy";
+    /// Lanyard's own: further roles the ServiceAccount may assume with its
+    /// token, each selected by its name (IMDS's
+    /// `security-credentials/ROLE`; comma- or space-separated; after
+    /// `ROLE_ARN`'s, or the first is the default).
+    pub const ROLE_ARNS: &str = "lanyard.dev/aws-role-arns";
 }
 
 mod chain;
 use chain::MAX_CHAINED_SESSION;
-pub use chain::{binding, session_tags, AssumeRoleOptions, Binding, Chain};
+pub use chain::{bindings, session_tags, AssumeRoleOptions, Binding, Chain};
 
 /// Session credentials from STS.
 #[derive(Clone)]
@@ -332,8 +337,11 @@ impl CloudExchanger for AwsCloud {
         &[Kind::AwsCredentials]
     }
 
-    fn bind(&self, bindings: &Bindings, _: &Caller) -> Result<Binding, RequestError> {
-        bindings.aws.clone().ok_or(RequestError::NotBound)
+    fn bind(&self, bindings: &Bindings, _: &Caller) -> Result<Vec<Binding>, RequestError> {
+        match bindings.aws.is_empty() {
+            true => Err(RequestError::NotBound),
+            false => Ok(bindings.aws.clone()),
+        }
     }
 
     /// The role the credentials are for: the target of a chain, else the
@@ -364,7 +372,7 @@ impl CloudExchanger for AwsCloud {
     }
 
     fn selects(&self, binding: &Binding, selector: &Selector) -> bool {
-        matches!(selector, Selector::RoleName(name) if binding.final_role().rsplit('/').next() == Some(name.as_str()))
+        matches!(selector, Selector::RoleName(name) if binding.role_name() == name)
     }
 
     fn scope(&self, binding: &Binding, request: &TokenRequest) -> Result<String, RequestError> {
@@ -918,6 +926,11 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The default binding `annotations` give, if any.
+    fn binding(annotations: &Annotations) -> Option<Binding> {
+        bindings(annotations).into_iter().next()
+    }
     use crate::cloud::Annotations;
 
     fn chained_annotations(extra: &[(&str, &str)]) -> Annotations {

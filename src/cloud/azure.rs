@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{annotation, check_endpoint, invalid, Annotations, Bindings, Invalid};
+use super::{annotation, check_endpoint, distinct, invalid, listed, Annotations, Bindings, Invalid};
 use super::{
     encode_path_segment, fetcher, now_unix, retry_after, scrub_message, AccessToken, Cloud,
     CloudError, CloudExchanger, Credential, Fetcher, Identity, Kind, RequestError, Selector,
@@ -32,6 +32,10 @@ pub mod annotations {
     pub const OBJECT_ID: &str = "lanyard.dev/azure-object-id";
     /// Lanyard's own: the managed identity's ARM resource id, for `msi_res_id`.
     pub const RESOURCE_ID: &str = "lanyard.dev/azure-resource-id";
+    /// Lanyard's own: further client ids the ServiceAccount may use, in
+    /// the same tenant, each selected by the SDK's `client_id` (comma- or
+    /// space-separated; after `CLIENT_ID`'s, or the first is the default).
+    pub const CLIENT_IDS: &str = "lanyard.dev/azure-client-ids";
 }
 
 /// The Azure identity a ServiceAccount may use.
@@ -51,14 +55,31 @@ pub struct Binding {
     pub resource_id: Option<String>,
 }
 
-/// The Azure binding `annotations` name, if any.
-pub fn binding(annotations: &Annotations) -> Option<Binding> {
-    annotation(annotations, annotations::CLIENT_ID).map(|client_id| Binding {
+/// The Azure identities `annotations` name, the default first: the
+/// `azure.workload.identity/client-id` one (with its object and resource
+/// ids), then those of `lanyard.dev/azure-client-ids`, all in the
+/// ServiceAccount's tenant.
+pub fn bindings(annotations: &Annotations) -> Vec<Binding> {
+    let tenant_id = annotation(annotations, annotations::TENANT_ID);
+    let first = annotation(annotations, annotations::CLIENT_ID).map(|client_id| Binding {
         client_id,
-        tenant_id: annotation(annotations, annotations::TENANT_ID),
+        tenant_id: tenant_id.clone(),
         object_id: annotation(annotations, annotations::OBJECT_ID),
         resource_id: annotation(annotations, annotations::RESOURCE_ID),
-    })
+    });
+    let listed = listed(annotations, annotations::CLIENT_IDS)
+        .into_iter()
+        .map(|client_id| Binding {
+            client_id,
+            tenant_id: tenant_id.clone(),
+            object_id: None,
+            resource_id: None,
+        });
+    distinct(
+        first.into_iter().chain(listed),
+        |a, b| a.client_id.eq_ignore_ascii_case(&b.client_id),
+        annotations::CLIENT_IDS,
+    )
 }
 
 /// The audience Entra requires in federated client assertions, and so the
@@ -293,9 +314,12 @@ impl CloudExchanger for AzureCloud {
         &[Kind::AccessToken]
     }
 
-    fn bind(&self, bindings: &Bindings, caller: &Caller) -> Result<AzureBound, RequestError> {
-        let binding = bindings.azure.clone().ok_or(RequestError::NotBound)?;
-        let tenant = binding
+    fn bind(&self, bindings: &Bindings, caller: &Caller) -> Result<Vec<AzureBound>, RequestError> {
+        let Some(first) = bindings.azure.first() else {
+            return Err(RequestError::NotBound);
+        };
+        // One tenant annotation serves every listed identity.
+        let tenant = first
             .tenant_id
             .clone()
             .or_else(|| self.default_tenant.clone())
@@ -305,7 +329,14 @@ impl CloudExchanger for AzureCloud {
                     caller.namespace, caller.service_account
                 ))
             })?;
-        Ok(AzureBound { binding, tenant })
+        Ok(bindings
+            .azure
+            .iter()
+            .map(|binding| AzureBound {
+                binding: binding.clone(),
+                tenant: tenant.clone(),
+            })
+            .collect())
     }
 
     fn identity(&self, bound: &AzureBound) -> Identity {

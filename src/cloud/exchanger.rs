@@ -25,9 +25,10 @@ pub trait CloudExchanger: Send + Sync + 'static {
     /// which every cloud answers).
     fn kinds(&self) -> &'static [Kind];
 
-    /// The caller's binding from its ServiceAccount's bindings;
-    /// [`RequestError::NotBound`] when it has none for this cloud.
-    fn bind(&self, bindings: &Bindings, caller: &Caller) -> Result<Self::Binding, RequestError>;
+    /// The caller's bindings of this cloud from its ServiceAccount's, the
+    /// default first; [`RequestError::NotBound`] when it has none.
+    fn bind(&self, bindings: &Bindings, caller: &Caller)
+        -> Result<Vec<Self::Binding>, RequestError>;
 
     /// The identity of a binding, as policy, audit and the surfaces see it.
     fn identity(&self, binding: &Self::Binding) -> Identity;

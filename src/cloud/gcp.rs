@@ -28,7 +28,7 @@ use reqwest::StatusCode;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{annotation, check_endpoint, invalid, Annotations, Bindings, Invalid};
+use super::{annotation, check_endpoint, distinct, invalid, listed, Annotations, Bindings, Invalid};
 use super::{
     encode_path_segment, fetcher, now_unix, retry_after, scrub_message, AccessToken, Cloud,
     CloudError, CloudExchanger, Credential, Fetcher, Identity, Kind, RequestError, Selector,
@@ -41,15 +41,26 @@ use crate::token::Caller;
 pub mod annotations {
     /// The Google service account to impersonate (GKE's annotation).
     pub const SERVICE_ACCOUNT: &str = "iam.gke.io/gcp-service-account";
+    /// Lanyard's own: further service accounts the ServiceAccount may
+    /// impersonate, each selected by its email (GCE's
+    /// `service-accounts/EMAIL/`; comma- or space-separated; after
+    /// `SERVICE_ACCOUNT`'s, or the first is the default).
+    pub const SERVICE_ACCOUNTS: &str = "lanyard.dev/gcp-service-accounts";
 }
 
 /// The Google service account a ServiceAccount impersonates (its email).
 pub type Binding = String;
 
-/// The service account `annotations` name, if any (none: the federated
-/// principal is used directly).
-pub fn binding(annotations: &Annotations) -> Option<Binding> {
-    annotation(annotations, annotations::SERVICE_ACCOUNT)
+/// The service accounts `annotations` name, the default first (none: the
+/// federated principal is used directly).
+pub fn bindings(annotations: &Annotations) -> Vec<Binding> {
+    let first = annotation(annotations, annotations::SERVICE_ACCOUNT);
+    let listed = listed(annotations, annotations::SERVICE_ACCOUNTS);
+    distinct(
+        first.into_iter().chain(listed),
+        |a, b| a.eq_ignore_ascii_case(b),
+        annotations::SERVICE_ACCOUNTS,
+    )
 }
 
 /// The audiences Google accepts for a provider's token: the provider's
@@ -357,17 +368,21 @@ impl CloudExchanger for GcpCloud {
 
     /// Every ServiceAccount has a Google identity: the impersonated service
     /// account it names, or else its federated principal.
-    fn bind(&self, bindings: &Bindings, _: &Caller) -> Result<GcpBound, RequestError> {
-        Ok(match &bindings.gcp {
-            Some(email) => GcpBound {
-                email: email.clone(),
-                impersonated: true,
-            },
-            None => GcpBound {
+    fn bind(&self, bindings: &Bindings, _: &Caller) -> Result<Vec<GcpBound>, RequestError> {
+        if bindings.gcp.is_empty() {
+            return Ok(vec![GcpBound {
                 email: format!("{}.svc.id.goog", self.project_id),
                 impersonated: false,
-            },
-        })
+            }]);
+        }
+        Ok(bindings
+            .gcp
+            .iter()
+            .map(|email| GcpBound {
+                email: email.clone(),
+                impersonated: true,
+            })
+            .collect())
     }
 
     fn identity(&self, bound: &GcpBound) -> Identity {

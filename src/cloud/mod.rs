@@ -295,27 +295,79 @@ pub(crate) fn annotation(annotations: &Annotations, key: &str) -> Option<String>
         .filter(|v| !v.is_empty())
 }
 
+/// Most identities of one cloud that one ServiceAccount may list (its
+/// single-value annotation and its list annotation together); entries past
+/// it are dropped with a warning. Bounded because a request selecting none
+/// of them is compared against each, and a listing decides each.
+pub const MAX_IDENTITIES: usize = 8;
+
+/// A list annotation's entries: separated by commas or whitespace, empty
+/// ones dropped. Order is kept: the first listed is the default.
+pub(crate) fn listed(annotations: &Annotations, key: &str) -> Vec<String> {
+    annotations
+        .get(key)
+        .map(|v| {
+            v.split(|c: char| c == ',' || c.is_whitespace())
+                .filter(|e| !e.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `entries` without those `same` finds earlier in it, and at most
+/// [`MAX_IDENTITIES`] (the rest dropped, with a warning naming `key`).
+pub(crate) fn distinct<T>(
+    entries: impl IntoIterator<Item = T>,
+    same: impl Fn(&T, &T) -> bool,
+    key: &str,
+) -> Vec<T> {
+    let mut kept: Vec<T> = Vec::new();
+    let mut dropped = 0usize;
+    for entry in entries {
+        if kept.iter().any(|k| same(k, &entry)) {
+            continue;
+        }
+        if kept.len() == MAX_IDENTITIES {
+            dropped += 1;
+            continue;
+        }
+        kept.push(entry);
+    }
+    if dropped > 0 {
+        tracing::warn!(
+            annotation = key,
+            dropped,
+            "a ServiceAccount lists more than {MAX_IDENTITIES} identities of one cloud; the rest are ignored"
+        );
+    }
+    kept
+}
+
 /// Every cloud identity bound to one ServiceAccount, each read by its
 /// cloud's module from the annotations the clouds' own webhooks use
-/// (`azure::annotations`, `gcp::annotations`, `aws::annotations`).
+/// (`azure::annotations`, `gcp::annotations`, `aws::annotations`) and
+/// Lanyard's list annotations. Per cloud, the first is the default (what a
+/// request that selects none gets); the others only a request selecting
+/// them by the SDK's own selector.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Bindings {
-    /// The Azure identity; `None` when the ServiceAccount names no client id.
-    pub azure: Option<azure::Binding>,
-    /// The Google service account to impersonate; `None`: the federated
+    /// The Azure identities; empty when the ServiceAccount names no client id.
+    pub azure: Vec<azure::Binding>,
+    /// The Google service accounts to impersonate; empty: the federated
     /// principal is used directly.
-    pub gcp: Option<gcp::Binding>,
-    /// The IAM role to assume; `None`: no AWS binding.
-    pub aws: Option<aws::Binding>,
+    pub gcp: Vec<gcp::Binding>,
+    /// The IAM roles to assume; empty: no AWS binding.
+    pub aws: Vec<aws::Binding>,
 }
 
 impl Bindings {
     /// Reads every cloud's binding from ServiceAccount annotations.
     pub fn from_annotations(annotations: &Annotations) -> Bindings {
         Bindings {
-            azure: azure::binding(annotations),
-            gcp: gcp::binding(annotations),
-            aws: aws::binding(annotations),
+            azure: azure::bindings(annotations),
+            gcp: gcp::bindings(annotations),
+            aws: aws::bindings(annotations),
         }
     }
 
@@ -323,9 +375,9 @@ impl Bindings {
     /// federated principal, which needs no annotation, does not count).
     pub fn names(&self, cloud: Cloud) -> bool {
         match cloud {
-            Cloud::Azure => self.azure.is_some(),
-            Cloud::Gcp => self.gcp.is_some(),
-            Cloud::Aws => self.aws.is_some(),
+            Cloud::Azure => !self.azure.is_empty(),
+            Cloud::Gcp => !self.gcp.is_empty(),
+            Cloud::Aws => !self.aws.is_empty(),
         }
     }
 
@@ -846,7 +898,7 @@ mod tests {
         a.insert(azure::annotations::TENANT_ID.into(), "".into());
         let b = Bindings::from_annotations(&a);
         assert!(b.names(Cloud::Azure) && !b.names(Cloud::Gcp) && !b.names(Cloud::Aws));
-        let az = b.azure.unwrap();
+        let az = &b.azure[0];
         assert_eq!(az.client_id, "abc");
         assert_eq!(az.tenant_id, None);
         a.insert(
@@ -858,8 +910,8 @@ mod tests {
             "sa@p.iam.gserviceaccount.com".into(),
         );
         let b = Bindings::from_annotations(&a);
-        assert_eq!(b.aws, Some("arn:aws:iam::111122223333:role/r".into()));
-        assert_eq!(b.gcp.as_deref(), Some("sa@p.iam.gserviceaccount.com"));
+        assert_eq!(b.aws, vec!["arn:aws:iam::111122223333:role/r".into()]);
+        assert_eq!(b.gcp, vec!["sa@p.iam.gserviceaccount.com".to_string()]);
         assert!(Cloud::ALL.into_iter().all(|c| b.names(c)));
     }
 

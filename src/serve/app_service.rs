@@ -200,7 +200,8 @@ pub(crate) fn sdk_vars(env: &SdkEnv, base: &str, vars: &mut Vec<(&'static str, S
     vars.push(("IDENTITY_HEADER", env.identity_header.to_string()));
     vars.push(("MSI_ENDPOINT", format!("{base}{PATH}")));
     vars.push(("MSI_SECRET", env.identity_header.to_string()));
-    if let Some(az) = &env.bindings.azure {
+    // The default identity: an SDK that selects none gets it.
+    if let Some(az) = env.bindings.azure.first() {
         vars.push(("AZURE_CLIENT_ID", az.client_id.clone()));
         let default = env.defaults.azure_tenant_id.as_ref();
         if let Some(tenant) = az.tenant_id.as_ref().or(default) {

@@ -170,10 +170,10 @@ pub async fn handle(surfaces: &Surfaces, request: &Parts) -> Response {
     match (segments.as_slice(), is_dir) {
         ([], true) => {
             if recursive {
-                return match identity_for_account(surfaces, "default").await {
-                    Ok(id) => json_body(json!({
-                        "instance": { "serviceAccounts": accounts_json(&id) },
-                        "project": { "numericProjectId": number(id.account_number.as_deref().unwrap_or_default()), "projectId": id.account },
+                return match listed_accounts(surfaces).await {
+                    Ok(grant) => json_body(json!({
+                        "instance": { "serviceAccounts": accounts_json(&grant) },
+                        "project": { "numericProjectId": number(grant.identity.account_number.as_deref().unwrap_or_default()), "projectId": grant.identity.account },
                         "universe": { "universeDomain": universe },
                     })),
                     Err(e) => render_error(&e),
@@ -212,21 +212,24 @@ pub async fn handle(surfaces: &Surfaces, request: &Parts) -> Response {
                 Err(e) => render_error(&e),
             }
         }
-        (["instance"], true) => match identity_for_account(surfaces, "default").await {
-            Ok(id) if recursive => json_body(json!({ "serviceAccounts": accounts_json(&id) })),
+        (["instance"], true) => match listed_accounts(surfaces).await {
+            Ok(grant) if recursive => {
+                json_body(json!({ "serviceAccounts": accounts_json(&grant) }))
+            }
             Ok(_) => listing(&["service-accounts/"]),
             Err(e) => render_error(&e),
         },
-        (["instance", "service-accounts"], true) => {
-            match identity_for_account(surfaces, "default").await {
-                Ok(id) if recursive => json_body(accounts_json(&id)),
-                Ok(id) => {
-                    let email_dir = format!("{}/", id.id);
-                    listing(&["default/", &email_dir])
-                }
-                Err(e) => render_error(&e),
+        (["instance", "service-accounts"], true) => match listed_accounts(surfaces).await {
+            Ok(grant) if recursive => json_body(accounts_json(&grant)),
+            Ok(grant) => {
+                let dirs: Vec<String> = std::iter::once("default/".to_string())
+                    .chain(grant.listed().iter().map(|id| format!("{}/", id.id)))
+                    .collect();
+                let dirs: Vec<&str> = dirs.iter().map(String::as_str).collect();
+                listing(&dirs)
             }
-        }
+            Err(e) => render_error(&e),
+        },
         (["instance", "service-accounts", account, rest @ ..], _) => {
             service_account(surfaces, account, rest, is_dir, recursive, &query, uri).await
         }
@@ -256,6 +259,13 @@ async fn identity_for_account(surfaces: &Surfaces, account: &str) -> Result<Iden
     let request = TokenRequest::new(Cloud::Gcp, Kind::Identity, Surface::Gce)
         .with_selector(account_selector(account));
     Ok(ask(surfaces, request).await?.identity)
+}
+
+/// The caller's Google identities as a listing shows them: the default
+/// (`default/`), and every one its ServiceAccount lists that the policy
+/// allows it, by email.
+async fn listed_accounts(surfaces: &Surfaces) -> Result<Grant, BrokerError> {
+    ask(surfaces, TokenRequest::new(Cloud::Gcp, Kind::Identity, Surface::Gce)).await
 }
 
 /// `render` applied to the bearer token `request` is granted.
@@ -370,10 +380,16 @@ async fn service_account(
     }
 }
 
-/// `{"default": {...}, "EMAIL": {...}}`, as `service-accounts/?recursive=true` answers.
-fn accounts_json(id: &Identity) -> Value {
-    let info = account_info(id);
-    json!({ "default": info.clone(), id.id.clone(): info })
+/// `{"default": {...}, "EMAIL": {...}, ...}`, as
+/// `service-accounts/?recursive=true` answers: `default` is the
+/// ServiceAccount's default, then each listed account by its email.
+fn accounts_json(grant: &Grant) -> Value {
+    let mut accounts = serde_json::Map::new();
+    accounts.insert("default".into(), account_info(&grant.identity));
+    for id in grant.listed() {
+        accounts.insert(id.id.clone(), account_info(id));
+    }
+    Value::Object(accounts)
 }
 
 /// The numeric project id as a JSON number when it is one.

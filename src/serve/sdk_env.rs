@@ -60,14 +60,14 @@ mod tests {
             ["GCE_METADATA_HOST", "GCE_METADATA_IP", "GCE_METADATA_ROOT"]
         );
         let bindings = Bindings {
-            azure: Some(crate::cloud::azure::Binding {
+            azure: vec![crate::cloud::azure::Binding {
                 client_id: "c".into(),
                 tenant_id: None,
                 object_id: None,
                 resource_id: None,
-            }),
-            gcp: None,
-            aws: Some("arn:aws:iam::111122223333:role/r".into()),
+            }],
+            gcp: Vec::new(),
+            aws: vec!["arn:aws:iam::111122223333:role/r".into()],
         };
         let defaults = SdkDefaults {
             azure_tenant_id: None,

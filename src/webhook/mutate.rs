@@ -911,12 +911,12 @@ mod tests {
 
     fn azure() -> Bindings {
         Bindings {
-            azure: Some(azure::Binding {
+            azure: vec![azure::Binding {
                 client_id: "client".into(),
                 tenant_id: None,
                 object_id: None,
                 resource_id: None,
-            }),
+            }],
             ..Default::default()
         }
     }

@@ -45,13 +45,13 @@ pub fn extra(settings: &Value) -> Vec<String> {
 /// The bindings of the fixtures' ServiceAccount: all three clouds.
 pub fn all_clouds() -> Bindings {
     Bindings {
-        azure: Some(azure::Binding {
+        azure: vec![azure::Binding {
             client_id: "5f2c9e1a-8d4b-4c7e-9a13-0d6e2b7f4c21".into(),
             tenant_id: None,
             object_id: None,
             resource_id: None,
-        }),
-        gcp: Some("ray-worker@ml-data.iam.gserviceaccount.com".into()),
-        aws: Some("arn:aws:iam::111122223333:role/ray-worker".into()),
+        }],
+        gcp: vec!["ray-worker@ml-data.iam.gserviceaccount.com".into()],
+        aws: vec!["arn:aws:iam::111122223333:role/ray-worker".into()],
     }
 }

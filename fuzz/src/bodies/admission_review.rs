@@ -120,13 +120,13 @@ fn bindings(pod: &Pod) -> Bindings {
         return from_pod;
     }
     Bindings {
-        azure: Some(azure::Binding {
+        azure: vec![azure::Binding {
             client_id: "11111111-2222-3333-4444-555555555555".into(),
             tenant_id: None,
             object_id: None,
             resource_id: None,
-        }),
-        gcp: Some("ray@team-a.iam.gserviceaccount.com".into()),
-        aws: Some("arn:aws:iam::123456789012:role/ray-data".into()),
+        }],
+        gcp: vec!["ray@team-a.iam.gserviceaccount.com".into()],
+        aws: vec!["arn:aws:iam::123456789012:role/ray-data".into()],
     }
 }

@@ -324,14 +324,14 @@ fn broker() -> lanyard::broker::Broker {
     static HTTP: OnceLock<reqwest::Client> = OnceLock::new();
     let http = HTTP.get_or_init(lanyard::http::client);
     let bindings = Bindings {
-        azure: Some(azure::Binding {
+        azure: vec![azure::Binding {
             client_id: AZURE_CLIENT.into(),
             tenant_id: None,
             object_id: Some("22222222-3333-4444-5555-666666666666".into()),
             resource_id: Some("/subscriptions/x/resourceGroups/y/providers/Microsoft.ManagedIdentity/userAssignedIdentities/ray".into()),
-        }),
-        gcp: Some(GCP_EMAIL.into()),
-        aws: Some(AWS_ROLE.into()),
+        }],
+        gcp: vec![GCP_EMAIL.into()],
+        aws: vec![AWS_ROLE.into()],
     };
     lanyard::broker::Broker::new(
         Verifier::local_files(),
@@ -401,7 +401,7 @@ impl<E: CloudExchanger> CloudExchanger for Offline<E> {
         self.0.kinds()
     }
 
-    fn bind(&self, bindings: &Bindings, caller: &Caller) -> Result<E::Binding, RequestError> {
+    fn bind(&self, bindings: &Bindings, caller: &Caller) -> Result<Vec<E::Binding>, RequestError> {
         self.0.bind(bindings, caller)
     }
 

@@ -14,7 +14,7 @@ use super::{
     annotations, classify, credentials_from, parse_role, send, AwsCredentials, AwsExchanger,
     RoleArn, STS_VERSION,
 };
-use crate::cloud::{annotation, Annotations, Cloud, CloudError};
+use crate::cloud::{annotation, distinct, listed, Annotations, Cloud, CloudError};
 use crate::secret::ExposeSecret;
 use crate::token::Caller;
 
@@ -62,20 +62,44 @@ impl From<&str> for Binding {
     }
 }
 
-/// The role `annotations` name, if any, with the chained hop they describe.
-pub fn binding(annotations: &Annotations) -> Option<Binding> {
-    let role_arn = annotation(annotations, annotations::ROLE_ARN)?;
-    let chain = annotation(annotations, annotations::TARGET_ROLE_ARN).map(|target_role_arn| {
-        Arc::new(Chain::new(
-            &role_arn,
-            target_role_arn,
-            annotation(annotations, annotations::EXTERNAL_ID),
-            annotation(annotations, annotations::SESSION_TAGS)
-                .is_none_or(|v| !v.eq_ignore_ascii_case("false")),
-            annotation(annotations, annotations::SESSION_POLICY),
-        ))
+/// The roles `annotations` name, the default first: the
+/// `eks.amazonaws.com/role-arn` one, with the chained hop the
+/// `lanyard.dev/aws-*` annotations describe, then those of
+/// `lanyard.dev/aws-role-arns` (each assumed with the pod's token, no
+/// chain). IMDS selects a role by its name alone, so a role whose name an
+/// earlier one has (in another account) could never be selected: it is
+/// dropped.
+pub fn bindings(annotations: &Annotations) -> Vec<Binding> {
+    let first = annotation(annotations, annotations::ROLE_ARN).map(|role_arn| {
+        let chain = annotation(annotations, annotations::TARGET_ROLE_ARN).map(|target_role_arn| {
+            Arc::new(Chain::new(
+                &role_arn,
+                target_role_arn,
+                annotation(annotations, annotations::EXTERNAL_ID),
+                annotation(annotations, annotations::SESSION_TAGS)
+                    .is_none_or(|v| !v.eq_ignore_ascii_case("false")),
+                annotation(annotations, annotations::SESSION_POLICY),
+            ))
+        });
+        Binding { role_arn, chain }
     });
-    Some(Binding { role_arn, chain })
+    let listed = listed(annotations, annotations::ROLE_ARNS)
+        .into_iter()
+        .map(Binding::from);
+    distinct(
+        first.into_iter().chain(listed),
+        |a, b| a.role_name() == b.role_name(),
+        annotations::ROLE_ARNS,
+    )
+}
+
+impl Binding {
+    /// The name IMDS selects this binding by: the final role's, after the
+    /// last `/` of its ARN.
+    pub fn role_name(&self) -> &str {
+        let arn = self.final_role();
+        arn.rsplit('/').next().unwrap_or(arn)
+    }
 }
 
 /// STS's bounds on the chained hop's caller-supplied values, checked
