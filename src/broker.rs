@@ -7,8 +7,9 @@
 //!    cloud's audience (a pod-bound token, of a live pod, on this node);
 //! 2. **bind** — the cloud identities its ServiceAccount's bindings give it
 //!    (the default first);
-//! 3. **select** — the one a selector in the request names, or else the
-//!    default; a selector naming none of them is "not found";
+//! 3. **select** — the one a selector in the request names ("not found"
+//!    when it names none of them), or else the first the policy allows
+//!    (the default when it allows none, so that the denial is the answer);
 //! 4. **policy** — the [`Policy`] seam ([`crate::policy`]), once, before the cache;
 //! 5. **cache** — a cached credential, or one singleflight exchange;
 //! 6. **exchange** — the cloud's [`CloudExchanger`], only on a miss;
@@ -62,8 +63,9 @@ pub struct Grant {
     pub credential: Option<Arc<Credential>>,
     /// For a lookup that selects nothing, where the ServiceAccount lists
     /// several identities of the cloud: those the policy allows the caller,
-    /// in their order (what GCE's `service-accounts/` and IMDS's
-    /// `security-credentials/` list). `None`: only `identity`, undecided.
+    /// in their order (what GCE's `service-accounts/` lists; `identity` is
+    /// the first of them, or the default where it allows none). `None`:
+    /// only `identity`, undecided.
     pub listed: Option<Vec<Identity>>,
 }
 
@@ -302,9 +304,16 @@ impl Core {
             let Some(default) = bound.first() else {
                 return Err(refusal(RequestError::NotBound, request.cloud, caller));
             };
-            let chosen = match &request.selector {
-                None => Some(default),
-                Some(selector) => bound.iter().find(|b| cloud.selects(b, selector)),
+            // Several listed and none selected: the first the policy allows
+            // (for a lookup, all it allows, which a listing shows).
+            let allowed = match (&request.selector, bound.len()) {
+                (None, 2..) => Some(self.allowed(cloud, &bound, caller, request).await?),
+                _ => None,
+            };
+            let chosen = match (&request.selector, &allowed) {
+                (Some(selector), _) => bound.iter().find(|b| cloud.selects(b, selector)),
+                (None, Some(allowed)) => Some(allowed.first().map_or(default, |&i| &bound[i])),
+                (None, None) => Some(default),
             };
             let Some(binding) = chosen else {
                 // A refusal names the default identity, as it always has.
@@ -315,10 +324,12 @@ impl Core {
             };
             let identity = cloud.identity(binding);
             if request.kind == Kind::Identity {
-                let listed = match (&request.selector, bound.len()) {
-                    (None, 2..) => Some(self.listed(cloud, &bound, caller, request).await?),
-                    _ => None,
-                };
+                let listed = allowed.map(|allowed| {
+                    allowed
+                        .into_iter()
+                        .map(|i| cloud.identity(&bound[i]))
+                        .collect()
+                });
                 return Ok(Grant {
                     identity,
                     credential: None,
@@ -326,7 +337,9 @@ impl Core {
                 });
             }
             match self
-                .issue(cloud, binding, &identity, caller, subject, request, &mut trail)
+                .issue(
+                    cloud, binding, &identity, caller, subject, request, &mut trail,
+                )
                 .await
             {
                 Ok(credential) => Ok(Grant {
@@ -347,19 +360,31 @@ impl Core {
     }
 
     /// Which of a ServiceAccount's several identities of one cloud the
-    /// policy allows the caller, in their order: each is decided as a
-    /// credential of the cloud's first kind with no scopes and no lifetime
-    /// (whether this caller may have that identity at all). What a listing
-    /// shows; never audited, since nothing is issued.
-    async fn listed<E: CloudExchanger>(
+    /// policy allows the caller `request`, by their index in `bound`. A
+    /// credential request stops at the first allowed (the one it gets,
+    /// which `issue` then decides again, and audits); a lookup is decided
+    /// as a credential of the cloud's first kind with no scopes and no
+    /// lifetime (whether this caller may have that identity at all), for
+    /// every one, since a listing shows them all.
+    // INVARIANT: only a request that selects nothing comes here: a
+    // selector names one identity, which the policy alone then decides.
+    async fn allowed<E: CloudExchanger>(
         &self,
         cloud: &E,
         bound: &[E::Binding],
         caller: &Caller,
         request: &TokenRequest,
-    ) -> Result<Vec<Identity>, BrokerError> {
-        let kind = cloud.kinds().first().copied().unwrap_or(Kind::AccessToken);
-        let probe = TokenRequest::new(request.cloud, kind, request.surface);
+    ) -> Result<Vec<usize>, BrokerError> {
+        let lookup = request.kind == Kind::Identity;
+        let probe;
+        let asked = match lookup {
+            true => {
+                let kind = cloud.kinds().first().copied().unwrap_or(Kind::AccessToken);
+                probe = TokenRequest::new(request.cloud, kind, request.surface);
+                &probe
+            }
+            false => request,
+        };
         let fetched;
         let attributes = match self.policy.wants_attributes() {
             true => {
@@ -368,22 +393,25 @@ impl Core {
             }
             false => Attributes::empty(),
         };
-        let mut listed = Vec::with_capacity(bound.len());
-        for binding in bound {
+        let mut allowed = Vec::new();
+        for (i, binding) in bound.iter().enumerate() {
             let identity = cloud.identity(binding);
             let input = PolicyInput {
                 caller,
                 identity: &identity,
-                request: &probe,
+                request: asked,
                 attributes,
-                lifetime: None,
+                lifetime: cloud.lifetime(binding, asked),
                 time: SystemTime::now(),
             };
             if matches!(self.policy.decide(&input), Decision::Allow { .. }) {
-                listed.push(identity);
+                allowed.push(i);
+                if !lookup {
+                    break;
+                }
             }
         }
-        Ok(listed)
+        Ok(allowed)
     }
 
     /// Steps 4–6 for a bound, selected identity: policy, cache, exchange.

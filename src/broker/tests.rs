@@ -79,7 +79,8 @@ impl CloudExchanger for TestCloud {
     }
 }
 
-/// Counts decisions; denies requests for the `https://management` scope.
+/// Counts decisions; denies requests for the `https://management` scope
+/// and identities whose id says `denied`.
 #[derive(Default)]
 struct CountingPolicy {
     calls: AtomicU32,
@@ -93,6 +94,12 @@ impl Policy for CountingPolicy {
             input.caller.service_account.clone(),
             input.identity.id.clone(),
         ));
+        if input.identity.id.contains("denied") {
+            return Decision::Deny {
+                reason: "not this identity".into(),
+                policies: vec!["job-identities".into()],
+            };
+        }
         if input
             .request
             .scopes
@@ -198,10 +205,29 @@ async fn fixture() -> Fixture {
         .into_iter()
         .collect(),
     };
+    // Three identities each: the default (`id-SA`), then two listed.
+    let listing = |name: &str| ServiceAccountEntry {
+        labels: Default::default(),
+        namespace: "ml".into(),
+        name: name.into(),
+        annotations: [
+            (
+                crate::cloud::azure::annotations::CLIENT_ID.to_string(),
+                "ignored".to_string(),
+            ),
+            (
+                crate::cloud::azure::annotations::CLIENT_IDS.to_string(),
+                "job-b, denied-c job-b".to_string(),
+            ),
+        ]
+        .into_iter()
+        .collect(),
+    };
     let exchanges = Arc::new(AtomicU32::new(0));
     let policy = Arc::new(CountingPolicy::default());
     let sink = Arc::new(MemorySink::default());
-    let broker = Broker::new(verifier, Arc::new(StaticDirectory::new(&[bound])))
+    let directory = StaticDirectory::new(&[bound, listing("jobs"), listing("denied-default")]);
+    let broker = Broker::new(verifier, Arc::new(directory))
         .with_cloud(TestCloud {
             exchanges: exchanges.clone(),
         })
@@ -369,6 +395,102 @@ async fn lookups_and_unsupported_kinds() {
     let aws = TokenRequest::new(Cloud::Aws, Kind::AwsCredentials, Surface::AwsImds);
     let err = f.broker.request(&f.token("ray"), &aws).await.unwrap_err();
     assert!(matches!(err, BrokerError::CloudDisabled(Cloud::Aws)));
+}
+
+#[tokio::test]
+async fn a_selector_picks_among_listed_identities_and_policy_decides_each() {
+    let f = fixture().await;
+    let token = f.token("jobs");
+    let select = |id: &str| storage().with_selector(Some(Selector::ClientId(id.into())));
+    // None selected: the default, which the policy allows.
+    let grant = f.broker.request(&token, &storage()).await.unwrap();
+    assert_eq!(grant.identity.id, "id-jobs");
+    // The SDK's selector picks a listed one (listed twice, kept once).
+    let grant = f.broker.request(&token, &select("job-b")).await.unwrap();
+    assert_eq!(grant.identity.id, "job-b");
+    // A listed one the policy denies: a denial naming the policy.
+    let err = f
+        .broker
+        .request(&token, &select("denied-c"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, BrokerError::Denied { policies, .. } if policies == &["job-identities"])
+    );
+    // An unlisted one: not found, as before there were lists.
+    let err = f
+        .broker
+        .request(&token, &select("job-z"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, BrokerError::IdentityNotFound));
+    let events = f.events();
+    let named: Vec<_> = events.iter().map(|e| e.identity.as_deref()).collect();
+    assert_eq!(
+        named,
+        [
+            Some("id-jobs"),
+            Some("job-b"),
+            Some("denied-c"),
+            Some("id-jobs")
+        ],
+        "each record names the identity decided (a miss, the default)"
+    );
+    assert_eq!(events[2].verdict, Verdict::Deny);
+    assert_eq!(events[3].reason, Some("identity_not_found"));
+    // Each identity has its own credential.
+    assert_eq!(f.exchanges.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn selecting_nothing_gets_the_first_identity_the_policy_allows() {
+    let f = fixture().await;
+    let token = f.token("denied-default");
+    let grant = f.broker.request(&token, &storage()).await.unwrap();
+    assert_eq!(
+        grant.identity.id, "job-b",
+        "the default is denied, job-b is next"
+    );
+    let events = f.events();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].identity.as_deref(), Some("job-b"));
+    // Where the policy allows none, the default's denial is the answer.
+    let management = TokenRequest::new(Cloud::Azure, Kind::AccessToken, Surface::AzureImds)
+        .with_scopes(vec!["https://management.azure.com/".into()]);
+    let err = f.broker.request(&token, &management).await.unwrap_err();
+    assert!(
+        matches!(&err, BrokerError::Denied { policies, .. } if policies == &["job-identities"])
+    );
+    assert_eq!(f.events()[1].identity.as_deref(), Some("id-denied-default"));
+}
+
+#[tokio::test]
+async fn a_lookup_lists_the_identities_the_policy_allows() {
+    let f = fixture().await;
+    let lookup = TokenRequest::new(Cloud::Azure, Kind::Identity, Surface::Gce);
+    let ids = |grant: &Grant| {
+        grant
+            .listed()
+            .iter()
+            .map(|i| i.id.clone())
+            .collect::<Vec<_>>()
+    };
+    let grant = f.broker.request(&f.token("jobs"), &lookup).await.unwrap();
+    assert_eq!(grant.identity.id, "id-jobs");
+    assert_eq!(ids(&grant), ["id-jobs", "job-b"]);
+    let grant = f
+        .broker
+        .request(&f.token("denied-default"), &lookup)
+        .await
+        .unwrap();
+    assert_eq!(grant.identity.id, "job-b", "what selecting nothing gets");
+    assert_eq!(ids(&grant), ["job-b"]);
+    // One identity: listed as it is, undecided (asking for it meets the
+    // policy's answer).
+    let grant = f.broker.request(&f.token("ray"), &lookup).await.unwrap();
+    assert!(grant.listed.is_none());
+    assert_eq!(ids(&grant), ["id-ray"]);
+    assert!(f.events().is_empty(), "lookups are not audited");
 }
 
 #[tokio::test]

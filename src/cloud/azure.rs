@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{annotation, check_endpoint, distinct, invalid, listed, Annotations, Bindings, Invalid};
+use super::{
+    annotation, check_endpoint, distinct, invalid, listed, Annotations, Bindings, Invalid,
+};
 use super::{
     encode_path_segment, fetcher, now_unix, retry_after, scrub_message, AccessToken, Cloud,
     CloudError, CloudExchanger, Credential, Fetcher, Identity, Kind, RequestError, Selector,

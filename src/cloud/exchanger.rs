@@ -27,8 +27,11 @@ pub trait CloudExchanger: Send + Sync + 'static {
 
     /// The caller's bindings of this cloud from its ServiceAccount's, the
     /// default first; [`RequestError::NotBound`] when it has none.
-    fn bind(&self, bindings: &Bindings, caller: &Caller)
-        -> Result<Vec<Self::Binding>, RequestError>;
+    fn bind(
+        &self,
+        bindings: &Bindings,
+        caller: &Caller,
+    ) -> Result<Vec<Self::Binding>, RequestError>;
 
     /// The identity of a binding, as policy, audit and the surfaces see it.
     fn identity(&self, binding: &Self::Binding) -> Identity;

@@ -28,7 +28,9 @@ use reqwest::StatusCode;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{annotation, check_endpoint, distinct, invalid, listed, Annotations, Bindings, Invalid};
+use super::{
+    annotation, check_endpoint, distinct, invalid, listed, Annotations, Bindings, Invalid,
+};
 use super::{
     encode_path_segment, fetcher, now_unix, retry_after, scrub_message, AccessToken, Cloud,
     CloudError, CloudExchanger, Credential, Fetcher, Identity, Kind, RequestError, Selector,

@@ -168,19 +168,16 @@ async fn ask(surfaces: &Surfaces, kind: Kind, role: Option<String>) -> Result<Gr
 }
 
 /// `GET /latest/meta-data/iam/security-credentials/`: one role's name, as
-/// IMDS lists an instance profile's one role: the first the caller's
-/// ServiceAccount lists that the policy allows it, or else its default
-/// (asking for which then meets the policy's denial). One line, never
-/// several: botocore takes the whole body as the role's name.
+/// IMDS lists an instance profile's one role: the one a request selecting
+/// none gets (of several the ServiceAccount lists, the first the policy
+/// allows the caller). One line, never several: botocore takes the whole
+/// body as the role's name.
 pub async fn list_roles(surfaces: &Surfaces, request: &Parts) -> Response {
     if let Some(refused) = check(surfaces, &request.headers) {
         return refused;
     }
     match ask(surfaces, Kind::Identity, None).await {
-        Ok(grant) => {
-            let role = grant.listed().first().unwrap_or(&grant.identity);
-            plain(StatusCode::OK, role.short_name().to_string())
-        }
+        Ok(grant) => plain(StatusCode::OK, grant.identity.short_name().to_string()),
         Err(e) => render_error(&e),
     }
 }

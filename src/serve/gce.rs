@@ -265,7 +265,11 @@ async fn identity_for_account(surfaces: &Surfaces, account: &str) -> Result<Iden
 /// (`default/`), and every one its ServiceAccount lists that the policy
 /// allows it, by email.
 async fn listed_accounts(surfaces: &Surfaces) -> Result<Grant, BrokerError> {
-    ask(surfaces, TokenRequest::new(Cloud::Gcp, Kind::Identity, Surface::Gce)).await
+    ask(
+        surfaces,
+        TokenRequest::new(Cloud::Gcp, Kind::Identity, Surface::Gce),
+    )
+    .await
 }
 
 /// `render` applied to the bearer token `request` is granted.
