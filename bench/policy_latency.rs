@@ -1,6 +1,8 @@
 //! Decision latency of the Cedar policy engine, with 10 and with 1,000
-//! policies of the shape operators write (per-namespace permits on labels,
-//! a few forbids): p50 and p99 of one `CedarPolicy::decide`, both for a
+//! policies of two shapes operators write — per-namespace permits on
+//! labels with a few forbids, and per-job identities (one permit per job,
+//! all in one namespace, as `policies/ray-job-identities`) — p50 and p99 of
+//! one `CedarPolicy::decide`, both for a
 //! request evaluated afresh (each one a second later than the last, so the
 //! decision cache never answers; the caller's entities are reused, as for
 //! any caller seen before) and for a repeated request (answered from the
@@ -33,6 +35,21 @@ fn policy_text(n: usize) -> String {
     text
 }
 
+/// `n` per-job permits for one shared ServiceAccount, `team-a/ray-worker`
+/// (`policies/ray-job-identities`): job `j`'s pods, labelled
+/// `jobs.example.com/name=job-j`, may have role `job-j`.
+fn job_policy_text(n: usize) -> String {
+    let mut text = String::new();
+    for job in 0..n {
+        text.push_str(&format!(
+            "@id(\"job-{job}\")\npermit (principal == ServiceAccount::\"team-a/ray-worker\", action in Action::\"credential\", \
+             resource == CloudIdentity::\"aws/111122223333/arn:aws:iam::111122223333:role/job-{job}\")\n\
+             when {{ context.pod.hasTag(\"jobs.example.com/name\") && context.pod.getTag(\"jobs.example.com/name\") == \"job-{job}\" }};\n"
+        ));
+    }
+    text
+}
+
 fn labels(pairs: &[(&str, &str)]) -> Metadata {
     pairs.iter().copied().collect()
 }
@@ -42,9 +59,19 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20_000);
-    println!("| policies | decision | request | p50 µs | p99 µs | max µs |");
-    println!("|---:|---|---|---:|---:|---:|");
+    println!("| shape | policies | decision | request | p50 µs | p99 µs | max µs |");
+    println!("|---|---:|---|---|---:|---:|---:|");
     for n in [10usize, 1000] {
+        team_shape(n, iterations);
+    }
+    for n in [10usize, 1000] {
+        job_shape(n, iterations);
+    }
+}
+
+/// Per-namespace permits; the caller is in the third-to-last team.
+fn team_shape(n: usize, iterations: usize) {
+    {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::write(dir.path().join("bench.cedar"), policy_text(n)).expect("write");
         let policy = CedarPolicy::load(dir.path()).unwrap_or_else(|e| panic!("{e}"));
@@ -88,42 +115,118 @@ fn main() {
                 ("ray.io/cluster", "raycluster"),
             ]),
         };
-        let start = SystemTime::now();
-        let input_at = |i: u64| PolicyInput {
-            caller: &caller,
-            identity: &identity,
-            request: &request,
-            attributes: &attributes,
-            lifetime: None,
-            time: start + Duration::from_secs(i),
-        };
-        let input = input_at(0);
-        let decided = match policy.decide(&input) {
-            Decision::Allow { policies } => format!("allow ({})", policies.join(",")),
-            Decision::Deny { reason, .. } => format!("deny: {reason}"),
-        };
-        for (label, fresh) in [("evaluated afresh", true), ("repeated", false)] {
-            for i in 0..iterations / 10 {
-                let t = if fresh { 1_000_000 + i as u64 } else { 0 };
-                std::hint::black_box(policy.decide(&input_at(t)));
-            }
-            let mut samples: Vec<Duration> = Vec::with_capacity(iterations);
-            for i in 0..iterations {
-                let input = input_at(if fresh { 2_000_000 + i as u64 } else { 0 });
-                let started = Instant::now();
-                std::hint::black_box(policy.decide(&input));
-                samples.push(started.elapsed());
-            }
-            samples.sort();
-            let at = |q: f64| samples[((samples.len() as f64 * q) as usize).min(samples.len() - 1)];
-            let us = |d: Duration| d.as_secs_f64() * 1e6;
-            println!(
-                "| {} | {decided} | {label} | {:.1} | {:.1} | {:.1} |",
-                policy.policies(),
-                us(at(0.50)),
-                us(at(0.99)),
-                us(samples[samples.len() - 1])
-            );
+        measure(
+            "teams",
+            &policy,
+            &caller,
+            &identity,
+            &request,
+            &attributes,
+            iterations,
+        );
+    }
+}
+
+/// Per-job permits; the caller is a pod of job `n - 3` asking for its
+/// job's role.
+fn job_shape(n: usize, iterations: usize) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("bench.cedar"), job_policy_text(n)).expect("write");
+    let policy = CedarPolicy::load(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    let job = n.saturating_sub(3);
+    let caller = Caller {
+        namespace: "team-a".into(),
+        service_account: "ray-worker".into(),
+        service_account_uid: "uid".into(),
+        pod: Some(ObjectRef {
+            name: format!("job-{job}-worker-3"),
+            uid: "pod-uid".into(),
+        }),
+        node: Some(ObjectRef {
+            name: "node-1".into(),
+            uid: "node-uid".into(),
+        }),
+        token_expires_at: 0,
+        token_fingerprint: "sha256:0".into(),
+    };
+    let identity = Identity {
+        cloud: Cloud::Aws,
+        id: format!("arn:aws:iam::111122223333:role/job-{job}"),
+        account: "111122223333".into(),
+        account_number: None,
+        via: None,
+    };
+    let request = TokenRequest::new(Cloud::Aws, Kind::AwsCredentials, Surface::AwsContainer);
+    let job_label = format!("job-{job}");
+    let attributes = Attributes {
+        service_account_labels: labels(&[("app.kubernetes.io/name", "ray")]),
+        service_account_annotations: labels(&[(
+            "eks.amazonaws.com/role-arn",
+            "arn:aws:iam::111122223333:role/ray-worker",
+        )]),
+        namespace_labels: labels(&[("kubernetes.io/metadata.name", "team-a")]),
+        pod_labels: labels(&[
+            ("ray.io/node-type", "worker"),
+            ("jobs.example.com/name", &job_label),
+        ]),
+    };
+    measure(
+        "jobs",
+        &policy,
+        &caller,
+        &identity,
+        &request,
+        &attributes,
+        iterations,
+    );
+}
+
+/// Prints p50, p99 and max of `policy.decide` for the input, afresh and
+/// repeated.
+fn measure(
+    shape: &str,
+    policy: &CedarPolicy,
+    caller: &Caller,
+    identity: &Identity,
+    request: &TokenRequest,
+    attributes: &Attributes,
+    iterations: usize,
+) {
+    let start = SystemTime::now();
+    let input_at = |i: u64| PolicyInput {
+        caller,
+        identity,
+        request,
+        attributes,
+        lifetime: None,
+        time: start + Duration::from_secs(i),
+    };
+    let input = input_at(0);
+    let decided = match policy.decide(&input) {
+        Decision::Allow { policies } => format!("allow ({})", policies.join(",")),
+        Decision::Deny { reason, .. } => format!("deny: {reason}"),
+    };
+    for (label, fresh) in [("evaluated afresh", true), ("repeated", false)] {
+        for i in 0..iterations / 10 {
+            let t = if fresh { 1_000_000 + i as u64 } else { 0 };
+            std::hint::black_box(policy.decide(&input_at(t)));
         }
+        let mut samples: Vec<Duration> = Vec::with_capacity(iterations);
+        for i in 0..iterations {
+            let input = input_at(if fresh { 2_000_000 + i as u64 } else { 0 });
+            let started = Instant::now();
+            std::hint::black_box(policy.decide(&input));
+            samples.push(started.elapsed());
+        }
+        samples.sort();
+        let at = |q: f64| samples[((samples.len() as f64 * q) as usize).min(samples.len() - 1)];
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        println!(
+            "| {shape} | {} | {decided} | {label} | {:.1} | {:.1} | {:.1} |",
+            policy.policies(),
+            us(at(0.50)),
+            us(at(0.99)),
+            us(samples[samples.len() - 1])
+        );
     }
 }

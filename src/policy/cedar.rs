@@ -414,7 +414,10 @@ impl CedarPolicy {
         };
         let response = self.authorizer.is_authorized(
             &request,
-            loaded.index.for_namespace(&input.caller.namespace),
+            loaded.index.for_request(
+                &input.caller.namespace,
+                &entities::resource_id(input.identity),
+            ),
             &entities,
         );
         let diagnostics = response.diagnostics();

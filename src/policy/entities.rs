@@ -14,7 +14,7 @@ use cedar_policy::{
 };
 
 use super::PolicyInput;
-use crate::cloud::Kind;
+use crate::cloud::{Identity, Kind};
 use crate::directory::Metadata;
 
 /// Why an input could not be turned into a Cedar request (a defect of the
@@ -49,6 +49,16 @@ pub fn action_name(kind: Kind) -> Option<&'static str> {
     }
 }
 
+/// The id of an identity's `CloudIdentity` entity: `CLOUD/ACCOUNT/ID`.
+pub fn resource_id(identity: &Identity) -> String {
+    format!(
+        "{}/{}/{}",
+        identity.cloud.name(),
+        identity.account,
+        identity.id
+    )
+}
+
 /// The Cedar request and entities for `input` in `cluster`.
 pub fn request(
     input: &PolicyInput<'_>,
@@ -76,15 +86,7 @@ impl Uids {
                 &format!("{ns}/{}", caller.service_account),
             )?,
             pod: uid("Pod", &format!("{ns}/{pod_name}"))?,
-            resource: uid(
-                "CloudIdentity",
-                &format!(
-                    "{}/{}/{}",
-                    identity.cloud.name(),
-                    identity.account,
-                    identity.id
-                ),
-            )?,
+            resource: uid("CloudIdentity", &resource_id(identity))?,
         })
     }
 }
@@ -107,15 +109,7 @@ pub fn entities(input: &PolicyInput<'_>) -> Result<Entities, MappingError> {
     let node = caller.node.as_ref().map_or("", |n| n.name.as_str());
     let pod = uid("Pod", &format!("{ns}/{pod_name}"))?;
     let identity = input.identity;
-    let resource = uid(
-        "CloudIdentity",
-        &format!(
-            "{}/{}/{}",
-            identity.cloud.name(),
-            identity.account,
-            identity.id
-        ),
-    )?;
+    let resource = uid("CloudIdentity", &resource_id(identity))?;
 
     let bad = |e: cedar_policy::EntityAttrEvaluationError| MappingError(e.to_string());
     let mut identity_attrs = vec![

@@ -11,12 +11,12 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use cedar_policy::{PolicyId, PolicySet, ValidationMode, Validator};
 use miette::Diagnostic;
 use sha2::{Digest, Sha256};
 
+pub use super::index::Index;
 use super::schema;
 
 /// Most policy files read from one directory.
@@ -89,68 +89,9 @@ pub struct Loaded {
     /// SHA-256 of the files' names and contents: equal sets have equal
     /// digests, whatever their mtimes.
     pub digest: String,
-    /// The policies that can apply to a caller, by its namespace.
+    /// The policies that can apply to a request, by its caller's
+    /// namespace and the identity it is for.
     pub index: Index,
-}
-
-/// The policies that can apply to a caller of each namespace: a policy
-/// scoped to `principal in Namespace::"N"` or `principal ==
-/// ServiceAccount::"N/…"` can only apply in N, so a decision evaluates the
-/// unscoped policies and its own namespace's, not every team's.
-// INVARIANT: a ServiceAccount's only ancestor is its namespace (the entity
-// mapping makes it so), which is what makes the scoping exact.
-#[derive(Debug, Clone, Default)]
-pub struct Index {
-    /// Policies without a namespace in their principal scope.
-    pub general: Arc<PolicySet>,
-    /// For a namespace some policy is scoped to: the general policies and
-    /// its own.
-    pub by_namespace: HashMap<String, Arc<PolicySet>>,
-}
-
-impl Index {
-    /// The policies to evaluate for a caller in `namespace`.
-    pub fn for_namespace(&self, namespace: &str) -> &PolicySet {
-        self.by_namespace.get(namespace).unwrap_or(&self.general)
-    }
-
-    fn build(set: &PolicySet) -> Result<Index, String> {
-        let mut general = PolicySet::new();
-        let mut scoped: HashMap<String, Vec<cedar_policy::Policy>> = HashMap::new();
-        for policy in set.policies() {
-            match scope_namespace(policy) {
-                Some(ns) => scoped.entry(ns).or_default().push(policy.clone()),
-                None => general.add(policy.clone()).map_err(|e| e.to_string())?,
-            }
-        }
-        let mut by_namespace = HashMap::with_capacity(scoped.len());
-        for (ns, policies) in scoped {
-            let mut own = general.clone();
-            for p in policies {
-                own.add(p).map_err(|e| e.to_string())?;
-            }
-            by_namespace.insert(ns, Arc::new(own));
-        }
-        Ok(Index {
-            general: Arc::new(general),
-            by_namespace,
-        })
-    }
-}
-
-/// The namespace a policy's principal scope confines it to, if any.
-fn scope_namespace(policy: &cedar_policy::Policy) -> Option<String> {
-    use cedar_policy::PrincipalConstraint as P;
-    let uid = match policy.principal_constraint() {
-        P::In(uid) | P::Eq(uid) | P::IsIn(_, uid) => uid,
-        P::Any | P::Is(_) => return None,
-    };
-    let id = uid.id().unescaped();
-    match uid.type_name().to_string().as_str() {
-        "Namespace" => Some(id.to_string()),
-        "ServiceAccount" => id.split_once('/').map(|(ns, _)| ns.to_string()),
-        _ => None,
-    }
 }
 
 /// The `*.cedar` files of `dir` with their contents, sorted by name.

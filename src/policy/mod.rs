@@ -14,6 +14,7 @@
 pub mod cases;
 pub mod cedar;
 pub mod entities;
+pub mod index;
 pub mod load;
 pub mod schema;
 
