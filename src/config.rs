@@ -3,6 +3,7 @@
 //! last. Validated once at start; a bad value is refused with a message
 //! naming the key and what is expected.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 
@@ -366,6 +367,17 @@ pub struct DevConfig {
     /// The external id the emulated target role asks for
     /// (`lanyard.dev/aws-external-id`).
     pub aws_external_id: Option<String>,
+    /// Further Azure client ids listed for the dev ServiceAccount
+    /// (`lanyard.dev/azure-client-ids`), each trusted by the emulator.
+    pub azure_client_ids: Vec<String>,
+    /// Further Google service accounts listed for it
+    /// (`lanyard.dev/gcp-service-accounts`), each granted to the dev pod.
+    pub gcp_service_accounts: Vec<String>,
+    /// Further IAM roles listed for it (`lanyard.dev/aws-role-arns`), each
+    /// trusting the dev pod.
+    pub aws_role_arns: Vec<String>,
+    /// The dev pod's labels, as policies see them (`context.pod`).
+    pub pod_labels: BTreeMap<String, String>,
     /// Lifetime, in seconds, of the credentials the emulators issue.
     pub token_lifetime: u64,
     /// Lifetime, in seconds, of the projected tokens the built-in issuer
@@ -431,6 +443,39 @@ impl DevConfig {
                 self.aws_external_id.as_deref().unwrap_or(""),
             ));
         }
+        const LISTED: &str = "at most 7 further identities (8 with the first)";
+        for (key, listed) in [
+            ("dev.azure_client_ids", &self.azure_client_ids),
+            ("dev.gcp_service_accounts", &self.gcp_service_accounts),
+            ("dev.aws_role_arns", &self.aws_role_arns),
+        ] {
+            if listed.len() >= crate::cloud::MAX_IDENTITIES {
+                return Err(invalid(key, LISTED, &listed.len().to_string()));
+            }
+        }
+        for id in &self.azure_client_ids {
+            if id.trim().is_empty() || id.contains(|c: char| c.is_whitespace() || c == ',') {
+                return Err(invalid("dev.azure_client_ids", "client ids (GUIDs)", id));
+            }
+        }
+        for email in &self.gcp_service_accounts {
+            if !email.contains('@') || email.contains(|c: char| c.is_whitespace() || c == ',') {
+                return Err(invalid(
+                    "dev.gcp_service_accounts",
+                    "service account emails",
+                    email,
+                ));
+            }
+        }
+        for arn in &self.aws_role_arns {
+            if aws::RoleArn::parse(arn.as_str()).is_err() {
+                return Err(invalid(
+                    "dev.aws_role_arns",
+                    "arn:aws:iam::ACCOUNT:role/NAME each",
+                    arn,
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -448,6 +493,10 @@ impl Default for DevConfig {
             aws_role_arn: "arn:aws:iam::111122223333:role/ray-worker".into(),
             aws_target_role_arn: None,
             aws_external_id: None,
+            azure_client_ids: Vec::new(),
+            gcp_service_accounts: Vec::new(),
+            aws_role_arns: Vec::new(),
+            pod_labels: BTreeMap::new(),
             token_lifetime: 3600,
             projected_token_lifetime: 3600,
             upstream_latency_ms: 0,

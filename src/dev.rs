@@ -170,18 +170,7 @@ impl DevStack {
                     }),
                     aws_audience: config.aws.audience.clone(),
                     lifetimes: Lifetimes::all(Duration::from_secs(dev.token_lifetime)),
-                    bindings: vec![Binding {
-                        subject: pod.subject(),
-                        azure_client_id: Some(dev.azure_client_id.clone()),
-                        gcp_service_account: Some(dev.gcp_service_account.clone()),
-                        aws_role_arn: Some(dev.aws_role_arn.clone()),
-                        aws_target: dev.aws_target_role_arn.as_ref().map(|arn| {
-                            lanyard_emulators::AwsTarget {
-                                role_arn: arn.clone(),
-                                external_id: dev.aws_external_id.clone(),
-                            }
-                        }),
-                    }],
+                    bindings: dev_bindings(dev, &pod.subject()),
                 },
                 http.clone(),
             )?;
@@ -261,6 +250,19 @@ impl DevStack {
                 .iter()
                 .map(|id| (aws::annotations::EXTERNAL_ID.to_string(), id.clone())),
         )
+        .chain(
+            [
+                (azure::annotations::CLIENT_IDS, &dev.azure_client_ids),
+                (
+                    gcp::annotations::SERVICE_ACCOUNTS,
+                    &dev.gcp_service_accounts,
+                ),
+                (aws::annotations::ROLE_ARNS, &dev.aws_role_arns),
+            ]
+            .into_iter()
+            .filter(|(_, listed)| !listed.is_empty())
+            .map(|(key, listed)| (key.to_string(), listed.join(","))),
+        )
         .collect();
         let mut entries = vec![ServiceAccountEntry {
             labels: Default::default(),
@@ -269,8 +271,11 @@ impl DevStack {
             annotations: dev_annotations.clone(),
         }];
         entries.extend(dev.service_accounts.iter().cloned());
-        let directory =
-            Arc::new(StaticDirectory::new(&entries).with_namespaces(&config.cluster.namespaces));
+        let directory = Arc::new(
+            StaticDirectory::new(&entries)
+                .with_namespaces(&config.cluster.namespaces)
+                .with_pod(&dev.namespace, &dev.pod_name, &dev.pod_labels),
+        );
 
         // Loaded before anything is served, as the agent does.
         let keys = KeySet::new(
@@ -529,6 +534,49 @@ fn shell_quote(value: &str) -> String {
     } else {
         format!("'{}'", value.replace('\'', r"'\''"))
     }
+}
+
+/// What the emulators trust the dev pod as: its identities, each listed
+/// one of its own.
+fn dev_bindings(dev: &crate::config::DevConfig, subject: &str) -> Vec<Binding> {
+    let only = |azure: Option<&String>, gcp: Option<&String>, aws: Option<&String>| Binding {
+        subject: subject.to_string(),
+        azure_client_id: azure.cloned(),
+        gcp_service_account: gcp.cloned(),
+        aws_role_arn: aws.cloned(),
+        aws_target: None,
+    };
+    let first = Binding {
+        aws_target: dev
+            .aws_target_role_arn
+            .as_ref()
+            .map(|arn| lanyard_emulators::AwsTarget {
+                role_arn: arn.clone(),
+                external_id: dev.aws_external_id.clone(),
+            }),
+        ..only(
+            Some(&dev.azure_client_id),
+            Some(&dev.gcp_service_account),
+            Some(&dev.aws_role_arn),
+        )
+    };
+    let azure = dev
+        .azure_client_ids
+        .iter()
+        .map(|id| only(Some(id), None, None));
+    let gcp = dev
+        .gcp_service_accounts
+        .iter()
+        .map(|e| only(None, Some(e), None));
+    let aws = dev
+        .aws_role_arns
+        .iter()
+        .map(|arn| only(None, None, Some(arn)));
+    std::iter::once(first)
+        .chain(azure)
+        .chain(gcp)
+        .chain(aws)
+        .collect()
 }
 
 #[cfg(test)]

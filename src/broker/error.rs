@@ -30,9 +30,9 @@ pub enum BrokerError {
         /// The ServiceAccount's name.
         name: String,
     },
-    /// The request named an identity (a client id, an email, a role name) other
-    /// than the one bound to the caller's ServiceAccount. Selectors never choose
-    /// among identities, so this is "not found", not "forbidden".
+    /// The request named an identity (a client id, an email, a role name)
+    /// that the caller's ServiceAccount does not list. Among the listed ones,
+    /// the policy decides ("forbidden"); one not listed is "not found".
     #[error("the requested identity is not bound to this service account")]
     IdentityNotFound,
     /// The cloud asked for is not enabled on this broker.

@@ -48,6 +48,8 @@ pub struct StaticDirectory {
     /// namespace → name → account: looked up by `&str`, without allocating.
     entries: HashMap<String, HashMap<String, Account>>,
     namespaces: HashMap<String, Metadata>,
+    /// `namespace/name` → labels of the pods it knows (`lanyard dev`'s).
+    pods: HashMap<String, Metadata>,
 }
 
 impl StaticDirectory {
@@ -68,6 +70,7 @@ impl StaticDirectory {
         StaticDirectory {
             entries: map,
             namespaces: HashMap::new(),
+            pods: HashMap::new(),
         }
     }
 
@@ -77,6 +80,18 @@ impl StaticDirectory {
             .iter()
             .map(|n| (n.name.clone(), Metadata::from(&n.labels)))
             .collect();
+        self
+    }
+
+    /// Also knows the labels of the pod `namespace/name`.
+    pub fn with_pod(
+        mut self,
+        namespace: &str,
+        name: &str,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> Self {
+        self.pods
+            .insert(format!("{namespace}/{name}"), Metadata::from(labels));
         self
     }
 }
@@ -99,7 +114,7 @@ impl Directory for StaticDirectory {
         &self,
         namespace: &str,
         service_account: &str,
-        _pod: &str,
+        pod: &str,
     ) -> Result<Attributes, DirectoryError> {
         let account = self
             .entries
@@ -112,6 +127,11 @@ impl Directory for StaticDirectory {
         }
         if let Some(labels) = self.namespaces.get(namespace) {
             attributes.namespace_labels = labels.clone();
+        }
+        if !self.pods.is_empty() {
+            if let Some(labels) = self.pods.get(&format!("{namespace}/{pod}")) {
+                attributes.pod_labels = labels.clone();
+            }
         }
         Ok(attributes)
     }

@@ -5,6 +5,8 @@
 //   node azure.mjs managed-identity            system-assigned
 //   node azure.mjs managed-identity-client-id  clientId = $AZURE_CLIENT_ID
 //   node azure.mjs default                     DefaultAzureCredential
+//   node azure.mjs managed-identity-select ID  clientId = ID (one of several
+//                                              the ServiceAccount lists)
 import { DefaultAzureCredential, ManagedIdentityCredential } from "@azure/identity";
 import { report } from "./report.mjs";
 
@@ -28,4 +30,8 @@ await report({
   "managed-identity-client-id": () =>
     token(new ManagedIdentityCredential({ clientId: process.env.AZURE_CLIENT_ID })),
   default: () => token(new DefaultAzureCredential()),
+  "managed-identity-select": (clientId) => {
+    if (!clientId) throw new Error("managed-identity-select needs a client id");
+    return token(new ManagedIdentityCredential({ clientId }));
+  },
 });

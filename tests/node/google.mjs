@@ -5,13 +5,24 @@
 //   node google.mjs access-token        GoogleAuth -> getClient -> getAccessToken
 //   node google.mjs id-token AUDIENCE   getIdTokenClient -> fetchIdToken
 //   node google.mjs metadata            gcp-metadata isAvailable/instance/project
+//   node google.mjs compute-select EMAIL AUDIENCE
+//                                       Compute({serviceAccountEmail}): an access
+//                                       token and an ID token of that account
 import * as gcpMetadata from "gcp-metadata";
-import { GoogleAuth } from "google-auth-library";
+import { Compute, GoogleAuth } from "google-auth-library";
 import { report } from "./report.mjs";
 
 const SCOPES = ["https://www.googleapis.com/auth/devstorage.read_only"];
 
 await report({
+  "compute-select": async (email, audience) => {
+    if (!email || !audience) throw new Error("compute-select needs EMAIL and AUDIENCE");
+    const client = new Compute({ serviceAccountEmail: email, scopes: SCOPES });
+    const { token } = await client.getAccessToken();
+    if (!token) throw new Error("getAccessToken returned no token");
+    const idToken = await client.fetchIdToken(audience);
+    return { client: client.constructor.name, token, idToken };
+  },
   "access-token": async () => {
     const auth = new GoogleAuth({ scopes: SCOPES });
     const client = await auth.getClient();

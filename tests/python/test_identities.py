@@ -1,0 +1,216 @@
+"""Several identities for one ServiceAccount, chosen by the SDK's own
+selector and decided by Cedar, against `lanyard dev` with real clients.
+
+The dev ServiceAccount lists three identities per cloud: the shared one
+(its default), the `etl` job's and the `train` job's; the dev pod carries
+the job label `jobs.example.com/name: etl`. The policy is the shape of
+`policies/ray-job-identities`: a job's pods may have only their job's
+identity. So the pod gets etl's identity by selecting it and by selecting
+nothing, is refused train's with the policy's denial, and an identity the
+ServiceAccount does not list is "not found", as it always was.
+"""
+
+import json
+import os
+import re
+import subprocess
+import urllib.request
+
+import boto3
+import pytest
+from azure.core.exceptions import ClientAuthenticationError
+from azure.identity import ManagedIdentityCredential
+
+import jwt_check
+from conftest import SDK_VARIABLES, Dev
+from test_gcloud import gcloud_env
+
+STORAGE = "https://storage.azure.com/.default"
+TENANT = "3b8e4f60-1c2d-4e5f-8a9b-7c6d5e4f3a2b"
+AZURE = {"shared": "5f2c9e1a-8d4b-4c7e-9a13-0d6e2b7f4c21",
+         "etl": "0e7d6c5b-4a39-4821-9f0e-1d2c3b4a5f60", "train": "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d"}
+GCP = {"shared": "ray-worker@lanyard-dev.iam.gserviceaccount.com",
+       "etl": "job-etl@lanyard-dev.iam.gserviceaccount.com", "train": "job-train@lanyard-dev.iam.gserviceaccount.com"}
+AWS = {"shared": "arn:aws:iam::111122223333:role/ray-worker",
+       "etl": "arn:aws:iam::111122223333:role/job-etl", "train": "arn:aws:iam::111122223333:role/job-train"}
+UNLISTED_CLIENT = "44444444-5555-6666-7777-888888888888"
+
+
+def identity_uid(cloud: str, account: str, ident: str) -> str:
+    return f'CloudIdentity::"{cloud}/{account}/{ident}"'
+
+
+# A job's pods may have only their job's identity, in every cloud; pods of
+# no job only the shared ones.
+POLICY = "\n".join(
+    [f'''@id("shared-{cloud}")
+permit (principal, action in Action::"credential", resource == {identity_uid(cloud, account, ids["shared"])})
+unless {{ context.pod.hasTag("jobs.example.com/name") }};
+''' for cloud, account, ids in [("azure", TENANT, AZURE), ("gcp", "lanyard-dev", GCP), ("aws", "111122223333", AWS)]]
+    + [f'''@id("job-{job}-{cloud}")
+permit (principal, action in Action::"credential", resource == {identity_uid(cloud, account, ids[job])})
+when {{ context.pod.hasTag("jobs.example.com/name") && context.pod.getTag("jobs.example.com/name") == "{job}" }};
+''' for job in ("etl", "train")
+       for cloud, account, ids in [("azure", TENANT, AZURE), ("gcp", "lanyard-dev", GCP), ("aws", "111122223333", AWS)]])
+
+
+@pytest.fixture
+def jobs_dev(tmp_path, monkeypatch):
+    for name in SDK_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-credentials"))
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "jobs.cedar").write_text(POLICY)
+    config = tmp_path / "lanyard.yaml"
+    config.write_text(json.dumps({
+        "policy": {"dir": str(policies)},
+        "dev": {"azure_client_ids": [AZURE["etl"], AZURE["train"]],
+                "gcp_service_accounts": [GCP["etl"], GCP["train"]],
+                "aws_role_arns": [AWS["etl"], AWS["train"]],
+                "pod_labels": {"jobs.example.com/name": "etl", "ray.io/node-type": "worker"}},
+    }))
+    dev = Dev(["--config", str(config)], tmp_path / "lanyard.log")
+    yield dev
+    code = dev.stop()
+    log = dev.log_path.read_text(errors="replace")
+    assert code == 0, log
+    for token in dev.issued:
+        assert token not in log
+    assert not re.search(r"eyJ[A-Za-z0-9_-]{10,}\.", log)
+
+
+def audited_identities(dev, cloud: str) -> list[tuple[str, str]]:
+    """(verdict, identity) of each audit record of `cloud`, in order."""
+    out = []
+    for line in dev.read_log().splitlines():
+        if "lanyard::audit" not in line or f'cloud="{cloud}"' not in line:
+            continue
+        verdict = re.search(r' decision="(\w+)"', line)
+        ident = re.search(r' identity="([^"]+)"', line)
+        if verdict and ident:
+            out.append((verdict.group(1), ident.group(1)))
+    return out
+
+
+def test_azure_identity_selects_by_client_id_and_the_policy_decides(jobs_dev, monkeypatch):
+    monkeypatch.setenv("AZURE_POD_IDENTITY_AUTHORITY_HOST", jobs_dev.exports["AZURE_POD_IDENTITY_AUTHORITY_HOST"])
+    monkeypatch.setenv("IDENTITY_ENDPOINT", jobs_dev.exports["IDENTITY_ENDPOINT"])
+    monkeypatch.setenv("IDENTITY_HEADER", jobs_dev.exports["IDENTITY_HEADER"])
+    token = ManagedIdentityCredential(client_id=AZURE["etl"]).get_token(STORAGE)
+    jobs_dev.issued.append(token.token)
+    assert jwt_check.entra_access_token(token.token)["appid"] == AZURE["etl"]
+    # Selecting nothing: the first listed identity the policy allows, etl's
+    # (the shared default is not for a job's pods).
+    token = ManagedIdentityCredential().get_token(STORAGE)
+    jobs_dev.issued.append(token.token)
+    assert jwt_check.entra_access_token(token.token)["appid"] == AZURE["etl"]
+    with pytest.raises(ClientAuthenticationError) as denied:
+        ManagedIdentityCredential(client_id=AZURE["train"]).get_token(STORAGE)
+    assert "Denied by Lanyard policy" in str(denied.value), str(denied.value)
+    with pytest.raises(ClientAuthenticationError) as missing:
+        ManagedIdentityCredential(client_id=UNLISTED_CLIENT).get_token(STORAGE)
+    assert "Denied by Lanyard policy" not in str(missing.value)
+    assert re.search(r"not found|not bound|unknown", str(missing.value), re.I), str(missing.value)
+    records = audited_identities(jobs_dev, "azure")
+    assert ("allow", AZURE["etl"]) in records and ("deny", AZURE["train"]) in records, records
+    assert not any(ident == AZURE["shared"] and verdict == "allow" for verdict, ident in records), records
+
+
+def test_boto3_gets_the_jobs_role_from_the_container_endpoint_and_imds_lists_it(jobs_dev, monkeypatch):
+    for name in ("AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", "AWS_REGION", "AWS_DEFAULT_REGION",
+                 "AWS_ENDPOINT_URL_STS"):
+        monkeypatch.setenv(name, jobs_dev.exports[name])
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    session = boto3.Session()
+    frozen = session.get_credentials().get_frozen_credentials()
+    jobs_dev.issued.append(frozen.secret_key)
+    arn = session.client("sts").get_caller_identity()["Arn"]
+    assert arn.startswith("arn:aws:sts::111122223333:assumed-role/job-etl/"), arn
+    # IMDS lists one role, the one selecting nothing gets; asking for the
+    # train job's by name is the policy's 403, an unlisted one IMDS's 404.
+    base = jobs_dev.exports["AWS_EC2_METADATA_SERVICE_ENDPOINT"].rstrip("/")
+    put = urllib.request.Request(base + "/latest/api/token", method="PUT",
+                                 headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"})
+    imds_token = urllib.request.urlopen(put, timeout=5).read().decode()
+
+    def get(path):
+        req = urllib.request.Request(base + path, headers={"X-aws-ec2-metadata-token": imds_token})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    roles = "/latest/meta-data/iam/security-credentials/"
+    assert get(roles) == (200, "job-etl")
+    status, body = get(roles + "job-etl")
+    assert status == 200 and json.loads(body)["Code"] == "Success"
+    jobs_dev.issued.append(json.loads(body)["SecretAccessKey"])
+    assert get(roles + "job-train")[0] == 403
+    assert get(roles + "not-listed")[0] == 404
+    records = audited_identities(jobs_dev, "aws")
+    assert ("allow", AWS["etl"]) in records and ("deny", AWS["train"]) in records, records
+
+
+def test_gcloud_sees_the_allowed_accounts_and_selects_one(jobs_dev, tmp_path):
+    base = jobs_dev.exports["GCE_METADATA_ROOT"]
+    req = urllib.request.Request(f"http://{base}/computeMetadata/v1/instance/service-accounts/",
+                                 headers={"Metadata-Flavor": "Google"})
+    listing = urllib.request.urlopen(req, timeout=10).read().decode().split()
+    assert listing == ["default/", f"{GCP['etl']}/"], listing
+    gcloud, env = gcloud_env(jobs_dev, tmp_path)
+    out = subprocess.run([gcloud, "auth", "list", "--format=value(account)"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert GCP["etl"] in out.stdout and GCP["train"] not in out.stdout, out.stdout
+    out = subprocess.run([gcloud, "auth", "print-identity-token", f"--account={GCP['etl']}",
+                          "--audiences=https://svc.example.com", "--token-format=full"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    token = out.stdout.strip()
+    jobs_dev.issued.append(token)
+    assert jwt_check.payload(token)["email"] == GCP["etl"]
+    records = audited_identities(jobs_dev, "gcp")
+    assert records and all(r == ("allow", GCP["etl"]) for r in records), records
+
+
+def node_env(dev, tmp_path) -> dict:
+    from test_node_clients import client_env
+    return client_env(dev.exports, tmp_path)
+
+
+def node(script: str, *args, env: dict) -> subprocess.CompletedProcess:
+    from test_node_clients import NODE, NODE_DIR
+    if NODE is None or not (NODE_DIR / "node_modules").is_dir():
+        pytest.skip("node or tests/node/node_modules is missing (scripts/test installs them)")
+    return subprocess.run([NODE, str(NODE_DIR / script), *args], cwd=NODE_DIR, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_node_sdks_select_by_their_own_options(jobs_dev, tmp_path):
+    env = node_env(jobs_dev, tmp_path)
+    out = node("azure.mjs", "managed-identity-select", AZURE["etl"], env=env)
+    assert out.returncode == 0, out.stderr
+    token = json.loads(out.stdout.splitlines()[-1])["token"]
+    jobs_dev.issued.append(token)
+    assert jwt_check.entra_access_token(token)["appid"] == AZURE["etl"]
+    out = node("azure.mjs", "managed-identity-select", AZURE["train"], env=env)
+    assert out.returncode == 1 and "Denied by Lanyard policy" in out.stderr, out.stderr
+    out = node("azure.mjs", "managed-identity-select", UNLISTED_CLIENT, env=env)
+    assert out.returncode == 1 and "Denied by Lanyard policy" not in out.stderr, out.stderr
+    assert re.search(r"not found", out.stderr, re.I), out.stderr
+
+    out = node("google.mjs", "compute-select", GCP["etl"], "https://svc.example.com", env=env)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.splitlines()[-1])
+    jobs_dev.issued += [got["token"], got["idToken"]]
+    assert jwt_check.payload(got["idToken"])["email"] == GCP["etl"]
+    out = node("google.mjs", "compute-select", GCP["train"], "https://svc.example.com", env=env)
+    assert out.returncode == 1 and "403" in out.stderr, out.stderr
+    out = node("google.mjs", "compute-select", "nobody@lanyard-dev.iam.gserviceaccount.com",
+               "https://svc.example.com", env=env)
+    assert out.returncode == 1 and "404" in out.stderr, out.stderr
+    records = audited_identities(jobs_dev, "gcp")
+    assert ("allow", GCP["etl"]) in records and ("deny", GCP["train"]) in records, records
