@@ -294,6 +294,10 @@ fn only_lists_and_maps_are_structured() {
         [
             "cluster.namespaces",
             "cluster.service_accounts",
+            "dev.aws_role_arns",
+            "dev.azure_client_ids",
+            "dev.gcp_service_accounts",
+            "dev.pod_labels",
             "dev.service_accounts",
             "sidecar.annotations",
             "webhook.guard_extra_audiences"
