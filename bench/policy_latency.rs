@@ -50,6 +50,25 @@ fn job_policy_text(n: usize) -> String {
     text
 }
 
+/// A `ray-worker` ServiceAccount's pod `pod` in `namespace`, on node-1.
+fn worker(namespace: &str, pod: &str) -> Caller {
+    Caller {
+        namespace: namespace.into(),
+        service_account: "ray-worker".into(),
+        service_account_uid: "uid".into(),
+        pod: Some(ObjectRef {
+            name: pod.into(),
+            uid: "pod-uid".into(),
+        }),
+        node: Some(ObjectRef {
+            name: "node-1".into(),
+            uid: "node-uid".into(),
+        }),
+        token_expires_at: 0,
+        token_fingerprint: "sha256:0".into(),
+    }
+}
+
 fn labels(pairs: &[(&str, &str)]) -> Metadata {
     pairs.iter().copied().collect()
 }
@@ -76,21 +95,7 @@ fn team_shape(n: usize, iterations: usize) {
         std::fs::write(dir.path().join("bench.cedar"), policy_text(n)).expect("write");
         let policy = CedarPolicy::load(dir.path()).unwrap_or_else(|e| panic!("{e}"));
         let team = n.saturating_sub(3);
-        let caller = Caller {
-            namespace: format!("team-{team}"),
-            service_account: "ray-worker".into(),
-            service_account_uid: "uid".into(),
-            pod: Some(ObjectRef {
-                name: "raycluster-worker-7".into(),
-                uid: "pod-uid".into(),
-            }),
-            node: Some(ObjectRef {
-                name: "node-1".into(),
-                uid: "node-uid".into(),
-            }),
-            token_expires_at: 0,
-            token_fingerprint: "sha256:0".into(),
-        };
+        let caller = worker(&format!("team-{team}"), "raycluster-worker-7");
         let identity = Identity {
             cloud: Cloud::Azure,
             id: "5f2c9e1a-8d4b-4c7e-9a13-0d6e2b7f4c21".into(),
@@ -134,21 +139,7 @@ fn job_shape(n: usize, iterations: usize) {
     std::fs::write(dir.path().join("bench.cedar"), job_policy_text(n)).expect("write");
     let policy = CedarPolicy::load(dir.path()).unwrap_or_else(|e| panic!("{e}"));
     let job = n.saturating_sub(3);
-    let caller = Caller {
-        namespace: "team-a".into(),
-        service_account: "ray-worker".into(),
-        service_account_uid: "uid".into(),
-        pod: Some(ObjectRef {
-            name: format!("job-{job}-worker-3"),
-            uid: "pod-uid".into(),
-        }),
-        node: Some(ObjectRef {
-            name: "node-1".into(),
-            uid: "node-uid".into(),
-        }),
-        token_expires_at: 0,
-        token_fingerprint: "sha256:0".into(),
-    };
+    let caller = worker("team-a", &format!("job-{job}-worker-3"));
     let identity = Identity {
         cloud: Cloud::Aws,
         id: format!("arn:aws:iam::111122223333:role/job-{job}"),

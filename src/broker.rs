@@ -385,14 +385,8 @@ impl Core {
             }
             false => request,
         };
-        let fetched;
-        let attributes = match self.policy.wants_attributes() {
-            true => {
-                fetched = self.attributes(caller).await?;
-                &fetched
-            }
-            false => Attributes::empty(),
-        };
+        let attributes = self.policy_attributes(caller).await?;
+        let attributes = attributes.as_ref();
         let mut allowed = Vec::new();
         for (i, binding) in bound.iter().enumerate() {
             let identity = cloud.identity(binding);
@@ -429,14 +423,8 @@ impl Core {
         let scope = cloud
             .scope(binding, request)
             .map_err(|e| refusal(e, request.cloud, caller))?;
-        let fetched;
-        let attributes = match self.policy.wants_attributes() {
-            true => {
-                fetched = self.attributes(caller).await?;
-                &fetched
-            }
-            false => Attributes::empty(),
-        };
+        let attributes = self.policy_attributes(caller).await?;
+        let attributes = attributes.as_ref();
         let input = PolicyInput {
             caller,
             identity,
@@ -620,6 +608,18 @@ impl Core {
             .await
             .map_err(|e| BrokerError::Unavailable(e.to_string()))?
             .unwrap_or_else(Bindings::none))
+    }
+
+    /// What the policy is given of the caller's labels and annotations:
+    /// nothing, without asking the directory, when it looks at none.
+    async fn policy_attributes(
+        &self,
+        caller: &Caller,
+    ) -> Result<std::borrow::Cow<'static, Attributes>, BrokerError> {
+        Ok(match self.policy.wants_attributes() {
+            true => std::borrow::Cow::Owned(self.attributes(caller).await?),
+            false => std::borrow::Cow::Borrowed(Attributes::empty()),
+        })
     }
 
     /// The labels and annotations a policy may look at.

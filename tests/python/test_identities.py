@@ -22,8 +22,9 @@ from azure.core.exceptions import ClientAuthenticationError
 from azure.identity import ManagedIdentityCredential
 
 import jwt_check
-from conftest import SDK_VARIABLES, Dev
+from conftest import Dev
 from test_gcloud import gcloud_env
+from test_policy import clean_env  # noqa: F401  (a pytest fixture)
 
 STORAGE = "https://storage.azure.com/.default"
 TENANT = "3b8e4f60-1c2d-4e5f-8a9b-7c6d5e4f3a2b"
@@ -55,11 +56,7 @@ when {{ context.pod.hasTag("jobs.example.com/name") && context.pod.getTag("jobs.
 
 
 @pytest.fixture
-def jobs_dev(tmp_path, monkeypatch):
-    for name in SDK_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-credentials"))
+def jobs_dev(tmp_path, clean_env):
     policies = tmp_path / "policies"
     policies.mkdir()
     (policies / "jobs.cedar").write_text(POLICY)
