@@ -476,6 +476,7 @@ async fn upstreams(
             gcp_service_account: None,
             aws_role_arn: (i.cloud == Cloud::Aws).then(|| i.role_arn()),
             aws_target: None,
+            azure_app: None,
         })
         .collect();
     // Entra answers "tenant not found" to a tenant without apps.

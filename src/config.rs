@@ -367,6 +367,13 @@ pub struct DevConfig {
     /// The external id the emulated target role asks for
     /// (`lanyard.dev/aws-external-id`).
     pub aws_external_id: Option<String>,
+    /// An app registration that trusts the dev managed identity
+    /// (`lanyard.dev/azure-app-client-id`): the dev pod then gets its
+    /// tokens, through the managed-identity-to-app hop.
+    pub azure_app_client_id: Option<String>,
+    /// The tenant the app's tokens are asked in
+    /// (`lanyard.dev/azure-app-tenant-id`); unset: the identity's.
+    pub azure_app_tenant_id: Option<String>,
     /// Further Azure client ids listed for the dev ServiceAccount
     /// (`lanyard.dev/azure-client-ids`), each trusted by the emulator.
     pub azure_client_ids: Vec<String>,
@@ -443,6 +450,31 @@ impl DevConfig {
                 self.aws_external_id.as_deref().unwrap_or(""),
             ));
         }
+        if let Some(app) = &self.azure_app_client_id {
+            if app.trim().is_empty() || app.contains(char::is_whitespace) {
+                return Err(invalid(
+                    "dev.azure_app_client_id",
+                    "a client id (GUID)",
+                    app,
+                ));
+            }
+        }
+        if let Some(tenant) = &self.azure_app_tenant_id {
+            if self.azure_app_client_id.is_none() {
+                return Err(invalid(
+                    "dev.azure_app_tenant_id",
+                    "unset without dev.azure_app_client_id",
+                    tenant,
+                ));
+            }
+            if !azure::is_tenant(tenant) {
+                return Err(invalid(
+                    "dev.azure_app_tenant_id",
+                    "a tenant GUID or domain name",
+                    tenant,
+                ));
+            }
+        }
         const LISTED: &str = "at most 7 further identities (8 with the first)";
         for (key, listed) in [
             ("dev.azure_client_ids", &self.azure_client_ids),
@@ -493,6 +525,8 @@ impl Default for DevConfig {
             aws_role_arn: "arn:aws:iam::111122223333:role/ray-worker".into(),
             aws_target_role_arn: None,
             aws_external_id: None,
+            azure_app_client_id: None,
+            azure_app_tenant_id: None,
             azure_client_ids: Vec::new(),
             gcp_service_accounts: Vec::new(),
             aws_role_arns: Vec::new(),

@@ -252,6 +252,14 @@ impl DevStack {
         )
         .chain(
             [
+                (azure::annotations::APP_CLIENT_ID, &dev.azure_app_client_id),
+                (azure::annotations::APP_TENANT_ID, &dev.azure_app_tenant_id),
+            ]
+            .into_iter()
+            .filter_map(|(key, value)| Some((key.to_string(), value.clone()?))),
+        )
+        .chain(
+            [
                 (azure::annotations::CLIENT_IDS, &dev.azure_client_ids),
                 (
                     gcp::annotations::SERVICE_ACCOUNTS,
@@ -545,6 +553,7 @@ fn dev_bindings(dev: &crate::config::DevConfig, subject: &str) -> Vec<Binding> {
         gcp_service_account: gcp.cloned(),
         aws_role_arn: aws.cloned(),
         aws_target: None,
+        azure_app: None,
     };
     let first = Binding {
         aws_target: dev
@@ -553,6 +562,16 @@ fn dev_bindings(dev: &crate::config::DevConfig, subject: &str) -> Vec<Binding> {
             .map(|arn| lanyard_emulators::AwsTarget {
                 role_arn: arn.clone(),
                 external_id: dev.aws_external_id.clone(),
+            }),
+        azure_app: dev
+            .azure_app_client_id
+            .as_ref()
+            .map(|client_id| lanyard_emulators::AzureApp {
+                client_id: client_id.clone(),
+                tenant_id: dev
+                    .azure_app_tenant_id
+                    .clone()
+                    .unwrap_or_else(|| dev.azure_tenant_id.clone()),
             }),
         ..only(
             Some(&dev.azure_client_id),

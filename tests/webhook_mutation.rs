@@ -55,6 +55,7 @@ fn azure() -> Vec<azure::Binding> {
         tenant_id: None,
         object_id: None,
         resource_id: None,
+        app: None,
     }]
 }
 

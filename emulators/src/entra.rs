@@ -53,15 +53,49 @@ pub struct FederatedCredential {
 }
 
 /// An app registration (or user-assigned managed identity) in a tenant.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct App {
-    /// The tenant the app lives in: the `{tenant}` of the token URL.
+    /// The tenant the app lives in (its home tenant): a `{tenant}` of the
+    /// token URL it answers in.
     pub tenant_id: String,
     /// The app's client (application) id, the request's `client_id`.
     pub client_id: String,
     /// The federated credentials that let outside tokens act as the app; one
     /// must match the assertion.
     pub federated: Vec<FederatedCredential>,
+    /// Other tenants the (multi-tenant) app is provisioned in: it answers
+    /// there too, and its tokens there name that tenant.
+    pub provisioned_in: Vec<String>,
+    /// A user-assigned managed identity, not an app registration: only its
+    /// tokens may be an app's assertion under Entra's own issuer.
+    pub managed_identity: bool,
+}
+
+impl App {
+    fn answers_in(&self, tenant: &str) -> bool {
+        self.tenant_id == tenant || self.provisioned_in.iter().any(|t| t == tenant)
+    }
+
+    /// The object (principal) id of the app's service principal in its
+    /// home tenant: the `sub` of its tokens, and what a federated
+    /// credential trusting a managed identity names as its subject.
+    pub fn object_id(&self) -> String {
+        object_id(self)
+    }
+}
+
+/// The issuer of Entra's v2 tokens in `tenant` (public cloud): what a
+/// federated credential trusting a managed identity of `tenant` names.
+pub fn v2_issuer(tenant: &str) -> String {
+    format!("https://login.microsoftonline.com/{tenant}/v2.0")
+}
+
+/// Whether `scope` asks for a token to present as another app's assertion
+/// (`api://AzureADTokenExchange…/.default`, any cloud's).
+fn is_exchange_scope(scope: &str) -> bool {
+    scope
+        .strip_suffix("/.default")
+        .is_some_and(|r| r.starts_with(FEDERATION_AUDIENCE))
 }
 
 /// Counters tests and the dev admin endpoint read.
@@ -79,6 +113,9 @@ pub struct Entra {
     lifetime: Duration,
     /// Signs the access tokens; its public half is the tenant's JWKS.
     signing: SigningKey,
+    /// That public half, to verify tokens of its own presented back as
+    /// assertions.
+    own_key: jsonwebtoken::DecodingKey,
     key_sets: super::IssuerKeys,
     /// What the emulator has been asked and has issued.
     pub stats: EntraStats,
@@ -92,10 +129,15 @@ impl Entra {
     /// An emulator of `apps`, issuing access tokens valid for `lifetime` and
     /// discovering assertion issuers' keys with `http`.
     pub fn new(apps: Vec<App>, lifetime: Duration, http: reqwest::Client) -> anyhow::Result<Self> {
+        let signing = SigningKey::generate_rs256()?;
         Ok(Entra {
             apps,
             lifetime,
-            signing: SigningKey::generate_rs256()?,
+            own_key: {
+                let jwk: jsonwebtoken::jwk::Jwk = serde_json::from_value(signing.jwk().clone())?;
+                jsonwebtoken::DecodingKey::from_jwk(&jwk)?
+            },
+            signing,
             key_sets: super::IssuerKeys::new(http),
             stats: EntraStats::default(),
             ledger: super::Ledger::default(),
@@ -119,6 +161,18 @@ impl Entra {
         self.key_sets.get(issuer)
     }
 
+    /// The tenant whose v2 issuer `iss` is, when it is Entra's own and the
+    /// tenant is one the emulator holds.
+    fn own_issuer_tenant<'a>(&self, iss: &'a str) -> Option<&'a str> {
+        let tenant = iss
+            .strip_prefix("https://login.microsoftonline.com/")?
+            .strip_suffix("/v2.0")?;
+        self.apps
+            .iter()
+            .any(|a| a.tenant_id == tenant)
+            .then_some(tenant)
+    }
+
     /// Fetches the keys of every issuer a federated credential names now,
     /// as a service that has long trusted the issuer holds them.
     pub async fn preload_keys(&self) -> Result<(), KeysError> {
@@ -126,7 +180,8 @@ impl Entra {
             .apps
             .iter()
             .flat_map(|a| &a.federated)
-            .map(|f| f.issuer.as_str());
+            .map(|f| f.issuer.as_str())
+            .filter(|issuer| self.own_issuer_tenant(issuer).is_none());
         self.key_sets.preload(issuers).await
     }
 }
@@ -221,6 +276,33 @@ struct AccessClaims<'a> {
     ver: &'static str,
 }
 
+/// The claims of Entra's v2 token for the token-exchange resource, issued
+/// to a managed identity to present as an app's assertion.
+#[derive(serde::Serialize)]
+struct ExchangeClaims<'a> {
+    aud: &'a str,
+    iss: String,
+    iat: u64,
+    nbf: u64,
+    exp: u64,
+    aio: String,
+    azp: &'a str,
+    azpacr: &'static str,
+    idtyp: &'static str,
+    oid: String,
+    rh: String,
+    sub: String,
+    tid: &'a str,
+    uti: String,
+    ver: &'static str,
+}
+
+/// What the emulator reads of an assertion it issued itself.
+#[derive(serde::Deserialize)]
+struct OwnClaims {
+    azp: Option<String>,
+}
+
 /// The app's service principal object id in its tenant: stable for an app,
 /// as Entra's is.
 fn object_id(app: &App) -> String {
@@ -249,7 +331,7 @@ async fn issue(entra: &Entra, tenant: &str, body: &[u8]) -> Result<Response, Aad
     let form: HashMap<String, String> = url::form_urlencoded::parse(body).into_owned().collect();
     let field = |name: &str| form.get(name).map(String::as_str).filter(|v| !v.is_empty());
 
-    if !entra.apps.iter().any(|a| a.tenant_id == tenant) {
+    if !entra.apps.iter().any(|a| a.answers_in(tenant)) {
         return Err(aad(
             StatusCode::BAD_REQUEST,
             "invalid_request",
@@ -290,7 +372,7 @@ async fn issue(entra: &Entra, tenant: &str, body: &[u8]) -> Result<Response, Aad
     let Some(app) = entra
         .apps
         .iter()
-        .find(|a| a.tenant_id == tenant && a.client_id == client_id)
+        .find(|a| a.answers_in(tenant) && a.client_id == client_id)
     else {
         return Err(aad(
             StatusCode::BAD_REQUEST,
@@ -342,26 +424,50 @@ async fn issue(entra: &Entra, tenant: &str, body: &[u8]) -> Result<Response, Aad
         return Err(no_match());
     }
 
-    // Signature, against the keys the issuer publishes.
-    let keys = entra.key_set(&iss);
-    let key = match keys.lookup(header.kid.as_deref()).await {
-        Ok(Lookup::Found(key, _)) => key,
-        Ok(Lookup::Unknown) => {
-            return Err(aad(
-                StatusCode::UNAUTHORIZED,
-                "invalid_client",
-                50013,
-                "Assertion failed signature validation. [Reason - The key was not found.]",
-            ))
-        }
-        Err(e) => {
+    // Entra's own v2 token as the assertion: a managed identity acting as
+    // an app's federated credential. Only a managed identity's will do.
+    let entra_issued = entra.own_issuer_tenant(&iss);
+    if let Some(issuing_tenant) = entra_issued {
+        let claims: OwnClaims =
+            jsonwebtoken::dangerous::insecure_decode_claims(assertion).map_err(|_| malformed())?;
+        let is_identity = entra.apps.iter().any(|a| {
+            a.managed_identity
+                && a.tenant_id == issuing_tenant
+                && Some(&a.client_id) == claims.azp.as_ref()
+        });
+        if !is_identity {
             return Err(aad(
                 StatusCode::BAD_REQUEST,
                 "invalid_request",
-                50166,
-                format!("Request to External OIDC endpoint failed. {e}"),
-            ))
+                700226,
+                "Only MSI tokens may be used as Federated Identity Credentials for AAD issuer.",
+            ));
         }
+    }
+
+    // Signature, against the keys the issuer publishes (Entra's own for
+    // its tokens).
+    let key = match entra_issued {
+        Some(_) => Box::new(entra.own_key.clone()),
+        None => match entra.key_set(&iss).lookup(header.kid.as_deref()).await {
+            Ok(Lookup::Found(key, _)) => key,
+            Ok(Lookup::Unknown) => {
+                return Err(aad(
+                    StatusCode::UNAUTHORIZED,
+                    "invalid_client",
+                    50013,
+                    "Assertion failed signature validation. [Reason - The key was not found.]",
+                ))
+            }
+            Err(e) => {
+                return Err(aad(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request",
+                    50166,
+                    format!("Request to External OIDC endpoint failed. {e}"),
+                ))
+            }
+        },
     };
     let mut validation = jsonwebtoken::Validation::new(header.alg);
     validation.validate_exp = false; // checked above with Entra's skew
@@ -387,11 +493,30 @@ async fn issue(entra: &Entra, tenant: &str, body: &[u8]) -> Result<Response, Aad
     let lifetime = entra.lifetime.as_secs();
     // The resource is the scope without `/.default`: what `aud` names.
     let resource = scope.strip_suffix("/.default").unwrap_or(scope);
-    let issuer = format!("https://sts.windows.net/{}/", app.tenant_id);
     let oid = object_id(app);
-    let access_token = entra
-        .signing
-        .sign(&AccessClaims {
+    let signed = if is_exchange_scope(scope) {
+        // A token to present as an assertion: v2, as the token-exchange
+        // resource takes them, naming the identity's principal.
+        entra.signing.sign(&ExchangeClaims {
+            aud: resource,
+            iss: v2_issuer(tenant),
+            iat: now,
+            nbf: now,
+            exp: now + lifetime,
+            aio: random_token(24),
+            azp: &app.client_id,
+            azpacr: "2",
+            idtyp: "app",
+            sub: oid.clone(),
+            oid,
+            rh: random_token(16),
+            tid: tenant,
+            uti: random_token(16),
+            ver: "2.0",
+        })
+    } else {
+        let issuer = format!("https://sts.windows.net/{tenant}/");
+        entra.signing.sign(&AccessClaims {
             aud: resource,
             iss: issuer.clone(),
             iat: now,
@@ -405,23 +530,23 @@ async fn issue(entra: &Entra, tenant: &str, body: &[u8]) -> Result<Response, Aad
             sub: oid.clone(),
             oid,
             rh: random_token(16),
-            tid: &app.tenant_id,
+            tid: tenant,
             uti: random_token(16),
             ver: "1.0",
         })
-        .map_err(|_| {
-            aad(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "server_error",
-                50000,
-                "There was an error issuing a token.",
-            )
-        })?;
+    };
+    let access_token = signed.map_err(|_| {
+        aad(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            50000,
+            "There was an error issuing a token.",
+        )
+    })?;
     entra.stats.issued.fetch_add(1, Ordering::Relaxed);
-    entra.ledger.record(
-        &access_token,
-        &format!("{}/{}", app.tenant_id, app.client_id),
-    );
+    entra
+        .ledger
+        .record(&access_token, &format!("{tenant}/{}", app.client_id));
     Ok((
         StatusCode::OK,
         [

@@ -71,6 +71,20 @@ pub struct Binding {
     /// A role that role chains into (EKS Pod Identity's target role),
     /// trusting its sessions.
     pub aws_target: Option<AwsTarget>,
+    /// An app that trusts the managed identity `azure_client_id` names
+    /// (Entra's managed identity as a federated credential).
+    pub azure_app: Option<AzureApp>,
+}
+
+/// A multi-tenant app registration whose federated credential trusts a
+/// managed identity: registered in the identity's tenant (as Entra
+/// requires), provisioned in `tenant_id`, where its tokens are asked for.
+#[derive(Debug, Clone, Default)]
+pub struct AzureApp {
+    /// The app's client id.
+    pub client_id: String,
+    /// The (resource) tenant it is provisioned in.
+    pub tenant_id: String,
 }
 
 /// A target role whose trust policy names another role's sessions, with
@@ -151,26 +165,64 @@ pub struct EmulatorSet {
     pub aws: Arc<AwsSts>,
 }
 
+/// The managed identities and apps of `config`'s bindings, one entry per
+/// client id with every federated credential it has.
+fn entra_apps(config: &CloudsConfig) -> Vec<App> {
+    let mut apps: Vec<App> = Vec::new();
+    let mut add = |app: App| match apps.iter_mut().find(|a| a.client_id == app.client_id) {
+        Some(existing) => {
+            existing.federated.extend(app.federated);
+            existing.provisioned_in.extend(app.provisioned_in);
+            existing.managed_identity |= app.managed_identity;
+        }
+        None => apps.push(app),
+    };
+    let tenant = &config.azure_tenant_id;
+    for b in &config.bindings {
+        let Some(client_id) = &b.azure_client_id else {
+            continue;
+        };
+        let identity = App {
+            tenant_id: tenant.clone(),
+            client_id: client_id.clone(),
+            federated: vec![FederatedCredential {
+                issuer: config.issuer.clone(),
+                subject: b.subject.clone(),
+                audience: config.azure_audience.clone(),
+            }],
+            // The identities bindings name stand for user-assigned managed
+            // identities (which Entra federates as it does apps); the apps
+            // that trust them are app registrations.
+            managed_identity: true,
+            ..App::default()
+        };
+        let principal = identity.object_id();
+        add(identity);
+        if let Some(app) = &b.azure_app {
+            add(App {
+                tenant_id: tenant.clone(),
+                client_id: app.client_id.clone(),
+                federated: vec![FederatedCredential {
+                    issuer: entra::v2_issuer(tenant),
+                    subject: principal,
+                    audience: config.azure_audience.clone(),
+                }],
+                provisioned_in: (app.tenant_id != *tenant)
+                    .then(|| app.tenant_id.clone())
+                    .into_iter()
+                    .collect(),
+                managed_identity: false,
+            });
+        }
+    }
+    apps
+}
+
 impl EmulatorSet {
     /// The emulators `config` describes; each fetches the issuer's keys
     /// with `http`.
     pub fn new(config: &CloudsConfig, http: reqwest::Client) -> anyhow::Result<Self> {
-        let apps = config
-            .bindings
-            .iter()
-            .filter_map(|b| {
-                b.azure_client_id.as_ref().map(|client_id| App {
-                    tenant_id: config.azure_tenant_id.clone(),
-                    client_id: client_id.clone(),
-                    federated: vec![FederatedCredential {
-                        issuer: config.issuer.clone(),
-                        subject: b.subject.clone(),
-                        audience: config.azure_audience.clone(),
-                    }],
-                })
-            })
-            .collect();
-        let entra = Entra::new(apps, config.lifetimes.azure, http.clone())?;
+        let entra = Entra::new(entra_apps(config), config.lifetimes.azure, http.clone())?;
         let clusters = match &config.gcp_gke {
             Some(pool) => vec![GkeCluster::named(
                 &pool.cluster,

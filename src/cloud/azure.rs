@@ -6,6 +6,7 @@
 //! we need the raw AADSTS code to classify errors for caching, a per-request
 //! tenant and client, and plain-HTTP authority hosts for the emulators.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -38,7 +39,17 @@ pub mod annotations {
     /// the same tenant, each selected by the SDK's `client_id` (comma- or
     /// space-separated; after `CLIENT_ID`'s, or the first is the default).
     pub const CLIENT_IDS: &str = "lanyard.dev/azure-client-ids";
+    /// Lanyard's own: an app registration that trusts the managed identity
+    /// in `CLIENT_ID` as a federated credential; the pod then gets the
+    /// app's tokens (`app_hop`).
+    pub const APP_CLIENT_ID: &str = "lanyard.dev/azure-app-client-id";
+    /// Lanyard's own: the tenant the app's tokens are asked in (where the
+    /// multi-tenant app is provisioned); absent: the identity's tenant.
+    pub const APP_TENANT_ID: &str = "lanyard.dev/azure-app-tenant-id";
 }
+
+mod app_hop;
+pub use app_hop::{AppHop, FirstHops, Hop};
 
 /// The Azure identity a ServiceAccount may use.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,12 +66,15 @@ pub struct Binding {
     /// Its ARM resource id, from `lanyard.dev/azure-resource-id`, for callers
     /// selecting by `msi_res_id`; `None`: such a selector never matches.
     pub resource_id: Option<String>,
+    /// The app this managed identity reaches, whose tokens the pod gets
+    /// (`lanyard.dev/azure-app-client-id`); `None`: the identity's own.
+    pub app: Option<AppHop>,
 }
 
 /// The Azure identities `annotations` name, the default first: the
 /// `azure.workload.identity/client-id` one (with its object and resource
-/// ids), then those of `lanyard.dev/azure-client-ids`, all in the
-/// ServiceAccount's tenant.
+/// ids, and the app it reaches, if any), then those of
+/// `lanyard.dev/azure-client-ids`, all in the ServiceAccount's tenant.
 pub fn bindings(annotations: &Annotations) -> Vec<Binding> {
     let tenant_id = annotation(annotations, annotations::TENANT_ID);
     let first = annotation(annotations, annotations::CLIENT_ID).map(|client_id| Binding {
@@ -68,6 +82,10 @@ pub fn bindings(annotations: &Annotations) -> Vec<Binding> {
         tenant_id: tenant_id.clone(),
         object_id: annotation(annotations, annotations::OBJECT_ID),
         resource_id: annotation(annotations, annotations::RESOURCE_ID),
+        app: annotation(annotations, annotations::APP_CLIENT_ID).map(|client_id| AppHop {
+            client_id,
+            tenant_id: annotation(annotations, annotations::APP_TENANT_ID),
+        }),
     });
     let listed = listed(annotations, annotations::CLIENT_IDS)
         .into_iter()
@@ -76,6 +94,7 @@ pub fn bindings(annotations: &Annotations) -> Vec<Binding> {
             tenant_id: tenant_id.clone(),
             object_id: None,
             resource_id: None,
+            app: None,
         });
     distinct(
         first.into_iter().chain(listed),
@@ -288,8 +307,12 @@ pub struct AzureCloud {
     pub exchanger: AzureExchanger,
     /// Tenant used when a ServiceAccount names none.
     pub default_tenant: Option<String>,
-    /// Audience the caller's projected token must carry.
+    /// Audience the caller's projected token must carry: the cloud's
+    /// token-exchange audience, which is also what a managed identity's
+    /// token for an app's assertion is asked for.
     pub audience: String,
+    /// The managed-identity-to-app hop's first tokens.
+    pub first_hops: Arc<FirstHops>,
 }
 
 /// The Azure identity bound to a ServiceAccount, tenant resolved.
@@ -341,13 +364,33 @@ impl CloudExchanger for AzureCloud {
             .collect())
     }
 
+    /// The app, when the identity reaches one (reached via the identity),
+    /// else the identity.
     fn identity(&self, bound: &AzureBound) -> Identity {
-        Identity {
-            cloud: Cloud::Azure,
-            id: bound.binding.client_id.clone(),
-            account: bound.tenant.clone(),
-            account_number: None,
-            via: None,
+        let b = &bound.binding;
+        match &b.app {
+            None => Identity {
+                cloud: Cloud::Azure,
+                id: b.client_id.clone(),
+                account: bound.tenant.clone(),
+                account_number: None,
+                via: None,
+            },
+            Some(app) => Identity {
+                cloud: Cloud::Azure,
+                id: app.client_id.clone(),
+                account: app
+                    .tenant_id
+                    .clone()
+                    .unwrap_or_else(|| bound.tenant.clone()),
+                account_number: None,
+                via: Some(super::Via {
+                    id: b.client_id.clone(),
+                    account: bound.tenant.clone(),
+                    session_tags: false,
+                    session_policy: false,
+                }),
+            },
         }
     }
 
@@ -355,16 +398,28 @@ impl CloudExchanger for AzureCloud {
         let b = &bound.binding;
         let eq = |a: &str, b: &str| a.eq_ignore_ascii_case(b);
         match selector {
-            Selector::ClientId(id) => eq(id, &b.client_id),
+            // The identity's client id (what the webhook's AZURE_CLIENT_ID
+            // says), or the app's it reaches.
+            Selector::ClientId(id) => {
+                eq(id, &b.client_id) || b.app.as_ref().is_some_and(|a| eq(id, &a.client_id))
+            }
             Selector::ObjectId(id) => b.object_id.as_deref().is_some_and(|o| eq(o, id)),
             Selector::ResourceId(id) => b.resource_id.as_deref().is_some_and(|r| eq(r, id)),
             Selector::Email(_) | Selector::RoleName(_) => false,
         }
     }
 
-    fn scope(&self, _: &AzureBound, request: &TokenRequest) -> Result<String, RequestError> {
+    fn scope(&self, bound: &AzureBound, request: &TokenRequest) -> Result<String, RequestError> {
         match request.scopes.as_slice() {
-            [resource] if !resource.trim().is_empty() => Ok(resource_to_scope(resource.trim())),
+            // Through an app, the identity is part of what was asked for.
+            [resource] if !resource.trim().is_empty() => Ok(match &bound.binding.app {
+                None => resource_to_scope(resource.trim()),
+                Some(_) => format!(
+                    "{} via {}",
+                    resource_to_scope(resource.trim()),
+                    bound.binding.client_id
+                ),
+            }),
             [] | [_] => Err(RequestError::BadRequest("resource is empty".into())),
             _ => Err(RequestError::BadRequest(
                 "exactly one resource may be requested".into(),
@@ -372,9 +427,15 @@ impl CloudExchanger for AzureCloud {
         }
     }
 
-    fn fetcher(&self, bound: &AzureBound, request: &TokenRequest, _: &Caller) -> Fetcher {
+    fn fetcher(&self, bound: &AzureBound, request: &TokenRequest, caller: &Caller) -> Fetcher {
         // The pipeline asked `scope` first, so it holds for this request.
-        let scope = self.scope(bound, request).unwrap_or_default();
+        let scope = match request.scopes.as_slice() {
+            [resource] => resource_to_scope(resource.trim()),
+            _ => String::new(),
+        };
+        if let Some(app) = &bound.binding.app {
+            return self.app_fetcher(bound, app, scope, caller);
+        }
         let params = (
             self.exchanger.clone(),
             bound.tenant.clone(),
@@ -390,6 +451,83 @@ impl CloudExchanger for AzureCloud {
                 assertion: &subject,
             };
             Ok(Credential::Token(exchanger.exchange(&request).await?))
+        })
+    }
+}
+
+impl AzureCloud {
+    /// The two hops: the pod's token gives the managed identity a token for
+    /// the token-exchange audience (kept in [`FirstHops`]), which gives the
+    /// app its token for the resource in the app's tenant.
+    fn app_fetcher(
+        &self,
+        bound: &AzureBound,
+        app: &AppHop,
+        scope: String,
+        caller: &Caller,
+    ) -> Fetcher {
+        let identity_tenant = bound.tenant.clone();
+        let params = (
+            self.exchanger.clone(),
+            self.first_hops.clone(),
+            // The first hop's key: it is the ServiceAccount's own (its
+            // token is what the identity trusts), shared by every app and
+            // resource the identity reaches for it.
+            format!(
+                "{}/{}/{}/{}",
+                caller.namespace, caller.service_account, identity_tenant, bound.binding.client_id
+            ),
+            identity_tenant.clone(),
+            bound.binding.client_id.clone(),
+            resource_to_scope(&self.audience),
+            app.tenant_id.clone().unwrap_or(identity_tenant),
+            app.client_id.clone(),
+            scope,
+        );
+        fetcher(params, |p, subject| async move {
+            let (
+                exchanger,
+                first_hops,
+                key,
+                identity_tenant,
+                identity,
+                exchange_scope,
+                app_tenant,
+                app,
+                scope,
+            ) = &*p;
+            let first = first_hops
+                .get(key.clone(), || async {
+                    let request = AzureRequest {
+                        tenant_id: identity_tenant,
+                        client_id: identity,
+                        scope: exchange_scope,
+                        assertion: &subject,
+                    };
+                    exchanger.exchange(&request).await
+                })
+                .await
+                .map_err(|e| {
+                    Hop::Identity {
+                        client_id: identity,
+                        tenant: identity_tenant,
+                    }
+                    .named(e)
+                })?;
+            let request = AzureRequest {
+                tenant_id: app_tenant,
+                client_id: app,
+                scope,
+                assertion: &first,
+            };
+            let token = exchanger.exchange(&request).await.map_err(|e| {
+                Hop::App {
+                    client_id: app,
+                    tenant: app_tenant,
+                }
+                .named(e)
+            })?;
+            Ok(Credential::Token(token))
         })
     }
 }
@@ -515,6 +653,7 @@ impl Settings {
             exchanger: AzureExchanger::new(http, authority),
             default_tenant: self.tenant_id.clone(),
             audience: self.audience.clone(),
+            first_hops: Arc::default(),
         }
     }
 }
@@ -562,6 +701,7 @@ mod tests {
                 tenant_id: None,
                 object_id: Some("oid-1".into()),
                 resource_id: None,
+                app: None,
             },
             tenant: "t".into(),
         }
@@ -590,6 +730,7 @@ mod tests {
             exchanger: AzureExchanger::new(reqwest::Client::new(), PUBLIC_CLOUD),
             default_tenant: None,
             audience: "api://AzureADTokenExchange".into(),
+            first_hops: Default::default(),
         };
         let b = bound();
         let upper = "11111111-2222-3333-4444-555555555555".to_uppercase();
@@ -612,6 +753,7 @@ mod tests {
             exchanger: AzureExchanger::new(reqwest::Client::new(), PUBLIC_CLOUD),
             default_tenant: None,
             audience: "a".into(),
+            first_hops: Default::default(),
         };
         let req = |scopes: &[&str]| {
             TokenRequest::new(

@@ -65,6 +65,7 @@ mod tests {
                 tenant_id: None,
                 object_id: None,
                 resource_id: None,
+                app: None,
             }],
             gcp: Vec::new(),
             aws: vec!["arn:aws:iam::111122223333:role/r".into()],

@@ -916,6 +916,7 @@ mod tests {
                 tenant_id: None,
                 object_id: None,
                 resource_id: None,
+                app: None,
             }],
             ..Default::default()
         }

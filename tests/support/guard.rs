@@ -50,6 +50,7 @@ pub fn all_clouds() -> Bindings {
             tenant_id: None,
             object_id: None,
             resource_id: None,
+            app: None,
         }],
         gcp: vec!["ray-worker@ml-data.iam.gserviceaccount.com".into()],
         aws: vec!["arn:aws:iam::111122223333:role/ray-worker".into()],

@@ -88,6 +88,7 @@ pub async fn upstreams(subject: &str, lifetime: Duration) -> Upstreams {
                 gcp_service_account: Some(GCP_SA.into()),
                 aws_role_arn: Some(ROLE.into()),
                 aws_target: None,
+                azure_app: None,
             }],
         },
         lanyard::http::client(),

@@ -125,6 +125,7 @@ fn bindings(pod: &Pod) -> Bindings {
             tenant_id: None,
             object_id: None,
             resource_id: None,
+            app: None,
         }],
         gcp: vec!["ray@team-a.iam.gserviceaccount.com".into()],
         aws: vec!["arn:aws:iam::123456789012:role/ray-data".into()],

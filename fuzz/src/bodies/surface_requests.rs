@@ -329,6 +329,7 @@ fn broker() -> lanyard::broker::Broker {
             tenant_id: None,
             object_id: Some("22222222-3333-4444-5555-666666666666".into()),
             resource_id: Some("/subscriptions/x/resourceGroups/y/providers/Microsoft.ManagedIdentity/userAssignedIdentities/ray".into()),
+            app: None,
         }],
         gcp: vec![GCP_EMAIL.into()],
         aws: vec![AWS_ROLE.into()],
@@ -341,6 +342,7 @@ fn broker() -> lanyard::broker::Broker {
         exchanger: AzureExchanger::new(http.clone(), PUBLIC_CLOUD),
         default_tenant: Some(AZURE_TENANT.into()),
         audience: FEDERATION_AUDIENCE.into(),
+        first_hops: Default::default(),
     }))
     .with_cloud(Offline(GcpCloud {
         exchanger: GcpExchanger::new(

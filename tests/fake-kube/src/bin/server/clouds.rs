@@ -133,6 +133,13 @@ pub struct Identity {
     /// The `sts:ExternalId` the target role's trust policy asks for.
     #[serde(default)]
     pub aws_external_id: Option<String>,
+    /// A multi-tenant app whose federated credential trusts the managed
+    /// identity `azure_client_id`.
+    #[serde(default)]
+    pub azure_app_client_id: Option<String>,
+    /// The tenant that app is provisioned in (default: the identity's).
+    #[serde(default)]
+    pub azure_app_tenant_id: Option<String>,
 }
 
 impl Identity {
@@ -177,6 +184,15 @@ impl Clouds {
                             lanyard_emulators::AwsTarget {
                                 role_arn: arn.clone(),
                                 external_id: i.aws_external_id.clone(),
+                            }
+                        }),
+                        azure_app: i.azure_app_client_id.as_ref().map(|client_id| {
+                            lanyard_emulators::AzureApp {
+                                client_id: client_id.clone(),
+                                tenant_id: i
+                                    .azure_app_tenant_id
+                                    .clone()
+                                    .unwrap_or_else(|| config.azure_tenant_id.clone()),
                             }
                         }),
                     })
