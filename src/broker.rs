@@ -133,9 +133,9 @@ pub struct Broker {
 /// A decision's context: what each step learned, for the audit record.
 struct Trail {
     caller: Option<Arc<Caller>>,
-    identity: Option<String>,
-    /// A chained identity's first hop.
-    via: Option<String>,
+    /// The identity decided for, kept for a refusal's record (a grant
+    /// carries its own).
+    identity: Option<Identity>,
     policies: Vec<String>,
     cache: Option<CacheOutcome>,
     /// The upstream call this request waited on, if any.
@@ -284,7 +284,6 @@ impl Core {
         let mut trail = Trail {
             caller: None,
             identity: None,
-            via: None,
             policies: Vec::new(),
             cache: None,
             upstream: None,
@@ -317,9 +316,7 @@ impl Core {
             };
             let Some(binding) = chosen else {
                 // A refusal names the default identity, as it always has.
-                let identity = cloud.identity(default);
-                trail.identity = Some(identity.id);
-                trail.via = identity.via.map(|v| v.id);
+                trail.identity = Some(cloud.identity(default));
                 return Err(BrokerError::IdentityNotFound);
             };
             let identity = cloud.identity(binding);
@@ -349,8 +346,7 @@ impl Core {
                 }),
                 Err(e) => {
                     // A grant names its identity; a refusal keeps it here.
-                    trail.identity = Some(identity.id);
-                    trail.via = identity.via.map(|v| v.id);
+                    trail.identity = Some(identity);
                     Err(e)
                 }
             }
@@ -496,6 +492,11 @@ impl Core {
                 None,
             ),
         };
+        let decided = match &result {
+            Ok(grant) => Some(&grant.identity),
+            Err(_) => trail.identity.as_ref(),
+        };
+        let via = decided.and_then(|i| i.via.as_ref());
         let event = AuditEvent {
             time: SystemTime::now(),
             caller: trail.caller.as_deref(),
@@ -503,14 +504,11 @@ impl Core {
             cloud: request.cloud,
             kind: request.kind,
             surface: request.surface,
-            identity: match &result {
-                Ok(grant) => Some(grant.identity.id.as_str()),
-                Err(_) => trail.identity.as_deref(),
-            },
-            via: match &result {
-                Ok(grant) => grant.identity.via.as_ref().map(|v| v.id.as_str()),
-                Err(_) => trail.via.as_deref(),
-            },
+            identity: decided.map(|i| i.id.as_str()),
+            via: via.map(|v| v.id.as_str()),
+            // A chained identity's record names both hops' accounts.
+            account: via.and(decided).map(|i| i.account.as_str()),
+            via_account: via.map(|v| v.account.as_str()),
             scopes: CallerText::new(&request.scopes),
             audience: request.audience.as_ref().map(CallerText::one),
             lifetime: request.lifetime,

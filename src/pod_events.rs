@@ -284,6 +284,8 @@ mod tests {
             surface: Surface::AzureImds,
             identity: Some("client-1"),
             via: None,
+            account: None,
+            via_account: None,
             scopes: CallerText::new(&[]),
             audience: None,
             lifetime: None,

@@ -55,6 +55,10 @@ struct Request<'a> {
     identity: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     via: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    account: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    via_account: Option<&'a str>,
     #[serde(skip_serializing_if = "CallerText::is_empty")]
     scopes: CallerText<'a>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -122,6 +126,8 @@ pub(super) fn write(origin: &Origin, e: &AuditEvent<'_>, id: uuid::Uuid, out: &m
             surface: e.surface.name(),
             identity: e.identity,
             via: e.via,
+            account: e.account,
+            via_account: e.via_account,
             scopes: e.scopes,
             audience: e.audience.and_then(|a| a.iter().next()),
             lifetime_seconds: e.lifetime.map(|l| l.as_secs()),
@@ -212,5 +218,25 @@ mod tests {
         assert_eq!(v["caller"]["pod"], "ray-worker-0");
         assert_eq!(v["latency_ms"], 0.204);
         assert_eq!(v["credential"]["expires_at"], "2026-12-03T07:47:36.000000Z");
+    }
+
+    #[test]
+    fn a_chained_identity_names_both_hops_and_their_accounts() {
+        let examples = Examples::new();
+        let origin = Origin::new("prod-eu", "node-1", "agent");
+        let written = |e: &AuditEvent<'_>| {
+            let mut out = Vec::new();
+            write(&origin, e, uuid::Uuid::nil(), &mut out);
+            serde_json::from_slice::<serde_json::Value>(&out).unwrap()
+        };
+        let events = examples.events();
+        let chained = events.iter().find(|e| e.via.is_some()).unwrap();
+        let r = &written(chained)["request"];
+        assert_eq!(r["identity"], "arn:aws:iam::222233334444:role/data-lake");
+        assert_eq!(r["via"], "arn:aws:iam::111122223333:role/ray-worker");
+        assert_eq!(r["account"], "222233334444");
+        assert_eq!(r["via_account"], "111122223333");
+        let plain = written(&events[0]);
+        assert!(plain["request"].get("account").is_none(), "{plain}");
     }
 }

@@ -94,8 +94,14 @@ pub struct AuditEvent<'a> {
     /// The identity the request was decided for, once bound.
     pub identity: Option<&'a str>,
     /// The identity it was reached through, when chained (an AWS target
-    /// role's first role).
+    /// role's first role, an Entra app's managed identity).
     pub via: Option<&'a str>,
+    /// When chained: the identity's account (the app's tenant, the target
+    /// role's account).
+    pub account: Option<&'a str>,
+    /// When chained: the first hop's account (the managed identity's
+    /// tenant, the first role's account).
+    pub via_account: Option<&'a str>,
     /// Scopes or resource, readable only bounded.
     pub scopes: CallerText<'a>,
     /// ID-token audience, readable only bounded.

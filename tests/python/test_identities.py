@@ -206,3 +206,43 @@ def test_node_sdks_select_by_their_own_options(jobs_dev, tmp_path):
     assert out.returncode == 1 and "404" in out.stderr, out.stderr
     records = audited_identities(jobs_dev, "gcp")
     assert ("allow", GCP["etl"]) in records and ("deny", GCP["train"]) in records, records
+
+
+# The managed-identity-to-app hop: the dev identity is trusted by a
+# multi-tenant app provisioned in another tenant; SDKs that ask for the
+# identity get the app's token in that tenant.
+APP = "c0ffee00-1234-4abc-8def-0123456789ab"
+RESOURCE_TENANT = "9d8c7b6a-5f4e-4d3c-8b2a-190817263544"
+
+
+@pytest.fixture
+def app_dev(tmp_path, clean_env):
+    config = tmp_path / "lanyard.yaml"
+    config.write_text(json.dumps({"dev": {"azure_app_client_id": APP, "azure_app_tenant_id": RESOURCE_TENANT}}))
+    dev = Dev(["--config", str(config)], tmp_path / "lanyard.log")
+    yield dev
+    stop(dev)
+
+
+def test_azure_sdks_get_the_apps_token_in_its_tenant_through_the_identity(app_dev, tmp_path, monkeypatch):
+    for name in ("AZURE_POD_IDENTITY_AUTHORITY_HOST", "IDENTITY_ENDPOINT", "IDENTITY_HEADER", "AZURE_CLIENT_ID"):
+        monkeypatch.setenv(name, app_dev.exports[name])
+    # The webhook's environment names the managed identity, as it always has.
+    assert app_dev.exports["AZURE_CLIENT_ID"] == AZURE["shared"]
+    token = ManagedIdentityCredential(client_id=os.environ["AZURE_CLIENT_ID"]).get_token(STORAGE)
+    app_dev.issued.append(token.token)
+    claims = jwt_check.entra_access_token(token.token)
+    assert (claims["appid"], claims["tid"]) == (APP, RESOURCE_TENANT), claims
+    out = node("azure.mjs", "managed-identity-client-id", env=node_env(app_dev, tmp_path))
+    assert out.returncode == 0, out.stderr
+    token = json.loads(out.stdout.splitlines()[-1])["token"]
+    app_dev.issued.append(token)
+    claims = jwt_check.entra_access_token(token)
+    assert (claims["appid"], claims["tid"]) == (APP, RESOURCE_TENANT), claims
+    # Every record names the app (the file record also the identity and
+    # both tenants: src/audit/credential_record.rs).
+    records = [line for line in app_dev.read_log().splitlines()
+               if "lanyard::audit" in line and "credential issued" in line]
+    assert records, app_dev.read_log()
+    for line in records:
+        assert f'identity="{APP}"' in line, line
