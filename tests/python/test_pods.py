@@ -61,6 +61,13 @@ IDENTITIES = [
     # A namespace the guard governs (labelled below).
     identity("governed", "builder", "77777777-8888-9999-aaaa-bbbbbbbbbbbb",
              "builder@lanyard-e2e.iam.gserviceaccount.com", "arn:aws:iam::111122223333:role/builder"),
+    # A managed identity that a multi-tenant app, provisioned in another
+    # tenant, trusts as its federated credential (the Anyscale operator's
+    # shape on AKS): the pod gets the app's tokens in that tenant.
+    identity("anyscale", "operator", "99999999-aaaa-4bbb-8ccc-dddddddddddd",
+             "operator@lanyard-e2e.iam.gserviceaccount.com", "arn:aws:iam::111122223333:role/operator",
+             azure_app_client_id="c0ffee00-1234-4abc-8def-0123456789ab",
+             azure_app_tenant_id="9d8c7b6a-5f4e-4d3c-8b2a-190817263544"),
     # Chains into a data lake's role in another account, as an EKS Pod
     # Identity target role association does.
     identity("lake", "loader", "88888888-9999-aaaa-bbbb-cccccccccccc",
@@ -73,7 +80,8 @@ GOVERNED = {"governed": {"lanyard.dev/guard": "enforce"}}
 
 def expected(ident: dict) -> dict:
     """Whose credentials each cloud must have issued to a pod of `ident`."""
-    return {"azure": f"{TENANT}/{ident['azure_client_id']}", "gcp": ident["gcp_service_account"],
+    azure = f"{ident.get('azure_app_tenant_id', TENANT)}/{ident.get('azure_app_client_id', ident['azure_client_id'])}"
+    return {"azure": azure, "gcp": ident["gcp_service_account"],
             "aws": ident.get("aws_target_role_arn", ident["aws_role_arn"])}
 
 
@@ -126,8 +134,10 @@ class E2E:
         for ident in IDENTITIES[1:]:
             ns = ident["namespace"]
             self.kube.apply(self.admission.namespace(ns, GOVERNED.get(ns)))
-            chain = {f"lanyard.dev/aws-{key}": ident[f"aws_{key.replace('-', '_')}"]
-                     for key in ("target-role-arn", "external-id") if f"aws_{key.replace('-', '_')}" in ident}
+            chain = {f"lanyard.dev/{cloud}-{key}": ident[f"{cloud}_{key.replace('-', '_')}"]
+                     for cloud, key in (("aws", "target-role-arn"), ("aws", "external-id"),
+                                        ("azure", "app-client-id"), ("azure", "app-tenant-id"))
+                     if f"{cloud}_{key.replace('-', '_')}" in ident}
             self.kube.apply({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {
                 "name": ident["service_account"], "namespace": ident["namespace"], "annotations": {
                     "azure.workload.identity/client-id": ident["azure_client_id"],
@@ -344,6 +354,25 @@ def test_a_target_role_in_another_account_serves_boto3_with_ekss_session_tags(e2
                     "kubernetes-service-account": "loader", "kubernetes-pod-name": "loader-0",
                     "kubernetes-pod-uid": pod.meta["uid"]}, tags
     assert sorted(session["transitive_tag_keys"]) == sorted(tags)
+
+
+def test_an_app_trusting_the_managed_identity_serves_azure_identity_in_its_tenant(e2e):
+    operator = next(i for i in IDENTITIES if "azure_app_client_id" in i)
+    pod = e2e.run_pod(e2e.nodes[0], plain_template("operator"), "operator-0", "anyscale")
+    (line,) = run_app(e2e, pod, "--clouds", "azure")
+    # Owned by the app in the resource tenant, as Entra's ledger says.
+    assert_all_ok_and_owned(e2e, [line], operator)
+    # Another ServiceAccount annotated with the operator's identity and app:
+    # the identity does not trust it, and the SDK's error says which hop.
+    e2e.kube.apply({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {
+        "name": "intruder", "namespace": "anyscale", "annotations": {
+            "azure.workload.identity/client-id": operator["azure_client_id"],
+            "lanyard.dev/azure-app-client-id": operator["azure_app_client_id"],
+            "lanyard.dev/azure-app-tenant-id": operator["azure_app_tenant_id"]}}})
+    pod = e2e.run_pod(e2e.nodes[1], plain_template("intruder"), "intruder-0", "anyscale")
+    (line,) = run_app(e2e, pod, "--clouds", "azure")
+    assert not line["ok"], line
+    assert "managed identity hop" in line["error"] and "AADSTS70021" in line["error"], line["error"]
 
 
 def test_a_wrong_external_id_is_access_denied_in_boto3(e2e):
