@@ -37,6 +37,7 @@ const STORAGE: &str = "https://storage.azure.com/.default";
 const HOUR: Duration = Duration::from_secs(3600);
 
 struct Env {
+    audience: &'static str,
     issuer: Arc<Issuer>,
     entra: Arc<Entra>,
     exchanger: AzureExchanger,
@@ -44,6 +45,11 @@ struct Env {
 }
 
 async fn start() -> Env {
+    start_in(FEDERATION_AUDIENCE).await
+}
+
+/// The emulators of a cloud whose token-exchange audience is `audience`.
+async fn start_in(audience: &'static str) -> Env {
     let (stop, shutdown) = Shutdown::new();
     let listener = bind("127.0.0.1:0".parse().unwrap(), "issuer")
         .await
@@ -63,7 +69,7 @@ async fn start() -> Env {
         &CloudsConfig {
             issuer: url,
             azure_tenant_id: HOME.into(),
-            azure_audience: FEDERATION_AUDIENCE.into(),
+            azure_audience: audience.into(),
             gcp_provider: "//iam.googleapis.com/projects/1/locations/global/workloadIdentityPools/p/providers/c".into(),
             gcp_allowed_audiences: vec![],
             gcp_gke: None,
@@ -88,6 +94,7 @@ async fn start() -> Env {
     let entra_url = format!("http://{}", listener.local_addr().unwrap());
     spawn_server(listener, set.entra.router(), shutdown);
     Env {
+        audience,
         issuer,
         entra: set.entra,
         exchanger: AzureExchanger::new(lanyard::http::client(), entra_url),
@@ -98,11 +105,7 @@ async fn start() -> Env {
 impl Env {
     fn pod_token(&self, sa: &str) -> SecretString {
         let pod = PodIdentity::new("ml", sa, &format!("{sa}-0"), "node-a");
-        SecretString::from(
-            self.issuer
-                .mint(&pod, &[FEDERATION_AUDIENCE], HOUR)
-                .unwrap(),
-        )
+        SecretString::from(self.issuer.mint(&pod, &[self.audience], HOUR).unwrap())
     }
 
     async fn exchange(
@@ -304,15 +307,27 @@ async fn a_herd_costs_one_exchange_per_hop_and_the_first_is_shared() {
 /// names that hop, the identity or app and its tenant.
 #[tokio::test]
 async fn a_refusal_names_the_hop_that_failed() {
+    hops_named_in(FEDERATION_AUDIENCE).await;
+}
+
+/// In US Government, both the pod's token and the identity's token for
+/// the app are for that cloud's exchange audience, which is what the app's
+/// credential names there.
+#[tokio::test]
+async fn a_sovereign_clouds_exchange_audience_serves_both_hops() {
+    hops_named_in("api://AzureADTokenExchangeUSGov").await;
+}
+
+async fn hops_named_in(audience: &'static str) {
     use lanyard::cloud::azure::{annotations, AzureCloud};
     use lanyard::cloud::{
         Annotations, Bindings, Cloud, CloudExchanger, Kind, Surface, TokenRequest,
     };
-    let env = start().await;
+    let env = start_in(audience).await;
     let cloud = AzureCloud {
         exchanger: env.exchanger.clone(),
         default_tenant: Some(HOME.into()),
-        audience: FEDERATION_AUDIENCE.into(),
+        audience: env.audience.into(),
         first_hops: Default::default(),
     };
     let caller = |sa: &str| lanyard::token::Caller {
