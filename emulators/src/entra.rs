@@ -253,8 +253,11 @@ async fn jwks(State(entra): State<Arc<Entra>>) -> Json<serde_json::Value> {
     Json(json!({ "keys": [entra.signing.jwk()] }))
 }
 
-/// The claims of an Entra v1 access token issued to an app for a resource
-/// (client credentials): what Azure resources read from it.
+/// The claims of an Entra access token issued to an app (client
+/// credentials): v1 as Azure resources take them (`iss`
+/// `https://sts.windows.net/TENANT/`, `appid`, `appidacr`, `idp`), or v2
+/// as the token-exchange resource takes them (`iss` the v2 issuer, `azp`,
+/// `azpacr`), for a managed identity to present as an app's assertion.
 #[derive(serde::Serialize)]
 struct AccessClaims<'a> {
     aud: &'a str,
@@ -263,31 +266,17 @@ struct AccessClaims<'a> {
     nbf: u64,
     exp: u64,
     aio: String,
-    appid: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    appid: Option<&'a str>,
     /// 2: the client authenticated with a certificate or an assertion.
-    appidacr: &'static str,
-    idp: String,
-    idtyp: &'static str,
-    oid: String,
-    rh: String,
-    sub: String,
-    tid: &'a str,
-    uti: String,
-    ver: &'static str,
-}
-
-/// The claims of Entra's v2 token for the token-exchange resource, issued
-/// to a managed identity to present as an app's assertion.
-#[derive(serde::Serialize)]
-struct ExchangeClaims<'a> {
-    aud: &'a str,
-    iss: String,
-    iat: u64,
-    nbf: u64,
-    exp: u64,
-    aio: String,
-    azp: &'a str,
-    azpacr: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    appidacr: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    azp: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    azpacr: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    idp: Option<String>,
     idtyp: &'static str,
     oid: String,
     rh: String,
@@ -494,47 +483,34 @@ async fn issue(entra: &Entra, tenant: &str, body: &[u8]) -> Result<Response, Aad
     // The resource is the scope without `/.default`: what `aud` names.
     let resource = scope.strip_suffix("/.default").unwrap_or(scope);
     let oid = object_id(app);
-    let signed = if is_exchange_scope(scope) {
-        // A token to present as an assertion: v2, as the token-exchange
-        // resource takes them, naming the identity's principal.
-        entra.signing.sign(&ExchangeClaims {
-            aud: resource,
-            iss: v2_issuer(tenant),
-            iat: now,
-            nbf: now,
-            exp: now + lifetime,
-            aio: random_token(24),
-            azp: &app.client_id,
-            azpacr: "2",
-            idtyp: "app",
-            sub: oid.clone(),
-            oid,
-            rh: random_token(16),
-            tid: tenant,
-            uti: random_token(16),
-            ver: "2.0",
-        })
-    } else {
-        let issuer = format!("https://sts.windows.net/{tenant}/");
-        entra.signing.sign(&AccessClaims {
-            aud: resource,
-            iss: issuer.clone(),
-            iat: now,
-            nbf: now,
-            exp: now + lifetime,
-            aio: random_token(24),
-            appid: &app.client_id,
-            appidacr: "2",
-            idp: issuer,
-            idtyp: "app",
-            sub: oid.clone(),
-            oid,
-            rh: random_token(16),
-            tid: tenant,
-            uti: random_token(16),
-            ver: "1.0",
-        })
+    // A token to present as an assertion is v2, as the token-exchange
+    // resource takes them; any other is v1, as Azure resources take them.
+    let v2 = is_exchange_scope(scope);
+    let issuer = match v2 {
+        true => v2_issuer(tenant),
+        false => format!("https://sts.windows.net/{tenant}/"),
     };
+    let client = Some(app.client_id.as_str());
+    let signed = entra.signing.sign(&AccessClaims {
+        aud: resource,
+        iat: now,
+        nbf: now,
+        exp: now + lifetime,
+        aio: random_token(24),
+        appid: client.filter(|_| !v2),
+        appidacr: Some("2").filter(|_| !v2),
+        azp: client.filter(|_| v2),
+        azpacr: Some("2").filter(|_| v2),
+        idp: (!v2).then(|| issuer.clone()),
+        iss: issuer,
+        idtyp: "app",
+        sub: oid.clone(),
+        oid,
+        rh: random_token(16),
+        tid: tenant,
+        uti: random_token(16),
+        ver: if v2 { "2.0" } else { "1.0" },
+    });
     let access_token = signed.map_err(|_| {
         aad(
             StatusCode::INTERNAL_SERVER_ERROR,
