@@ -362,6 +362,16 @@ def test_an_app_trusting_the_managed_identity_serves_azure_identity_in_its_tenan
     (line,) = run_app(e2e, pod, "--clouds", "azure")
     # Owned by the app in the resource tenant, as Entra's ledger says.
     assert_all_ok_and_owned(e2e, [line], operator)
+    # @azure/identity in the same container, with nothing but its
+    # environment (the webhook's AZURE_CLIENT_ID names the identity).
+    node = shutil.which("node")
+    if node and (ROOT / "tests/node/node_modules").is_dir():
+        app = pod.app_containers()[0]
+        out = pod.exec(app, [node, str(ROOT / "tests/node/azure.mjs"), "managed-identity-client-id"],
+                       image_env={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp"})
+        assert out.returncode == 0, out.stderr
+        token = json.loads(out.stdout.splitlines()[-1])["token"]
+        assert e2e.kube.whois(token)["principal"] == expected(operator)["azure"]
     # Another ServiceAccount annotated with the operator's identity and app:
     # the identity does not trust it, and the SDK's error says which hop.
     e2e.kube.apply({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {
