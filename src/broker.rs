@@ -138,6 +138,9 @@ struct Trail {
     identity: Option<Identity>,
     policies: Vec<String>,
     cache: Option<CacheOutcome>,
+    /// The caller's labels and annotations, fetched once per decision for
+    /// the policy (which may decide several identities), when it wants them.
+    attributes: Option<std::borrow::Cow<'static, Attributes>>,
     /// The upstream call this request waited on, if any.
     upstream: Option<Arc<UpstreamCall>>,
     /// The issued credential's fingerprint, as the cache computed it.
@@ -284,6 +287,7 @@ impl Core {
         let mut trail = Trail {
             caller: None,
             identity: None,
+            attributes: None,
             policies: Vec::new(),
             cache: None,
             upstream: None,
@@ -306,7 +310,10 @@ impl Core {
             // Several listed and none selected: the first the policy allows
             // (for a lookup, all it allows, which a listing shows).
             let allowed = match (&request.selector, bound.len()) {
-                (None, 2..) => Some(self.allowed(cloud, &bound, caller, request).await?),
+                (None, 2..) => Some(
+                    self.allowed(cloud, &bound, caller, request, &mut trail.attributes)
+                        .await?,
+                ),
                 _ => None,
             };
             let chosen = match (&request.selector, &allowed) {
@@ -370,6 +377,7 @@ impl Core {
         bound: &[E::Binding],
         caller: &Caller,
         request: &TokenRequest,
+        attributes: &mut Option<std::borrow::Cow<'static, Attributes>>,
     ) -> Result<Vec<usize>, BrokerError> {
         let lookup = request.kind == Kind::Identity;
         let probe;
@@ -381,8 +389,7 @@ impl Core {
             }
             false => request,
         };
-        let attributes = self.policy_attributes(caller).await?;
-        let attributes = attributes.as_ref();
+        let attributes = self.policy_attributes(caller, attributes).await?;
         let mut allowed = Vec::new();
         for (i, binding) in bound.iter().enumerate() {
             let identity = cloud.identity(binding);
@@ -419,8 +426,9 @@ impl Core {
         let scope = cloud
             .scope(binding, request)
             .map_err(|e| refusal(e, request.cloud, caller))?;
-        let attributes = self.policy_attributes(caller).await?;
-        let attributes = attributes.as_ref();
+        let attributes = self
+            .policy_attributes(caller, &mut trail.attributes)
+            .await?;
         let input = PolicyInput {
             caller,
             identity,
@@ -609,15 +617,21 @@ impl Core {
     }
 
     /// What the policy is given of the caller's labels and annotations:
-    /// nothing, without asking the directory, when it looks at none.
-    async fn policy_attributes(
+    /// nothing, without asking the directory, when it looks at none; kept
+    /// in `fetched` so that a decision asks the directory once.
+    async fn policy_attributes<'s>(
         &self,
         caller: &Caller,
-    ) -> Result<std::borrow::Cow<'static, Attributes>, BrokerError> {
-        Ok(match self.policy.wants_attributes() {
-            true => std::borrow::Cow::Owned(self.attributes(caller).await?),
-            false => std::borrow::Cow::Borrowed(Attributes::empty()),
-        })
+        fetched: &'s mut Option<std::borrow::Cow<'static, Attributes>>,
+    ) -> Result<&'s Attributes, BrokerError> {
+        let attributes = match fetched.take() {
+            Some(attributes) => attributes,
+            None if self.policy.wants_attributes() => {
+                std::borrow::Cow::Owned(self.attributes(caller).await?)
+            }
+            None => std::borrow::Cow::Borrowed(Attributes::empty()),
+        };
+        Ok(fetched.insert(attributes))
     }
 
     /// The labels and annotations a policy may look at.

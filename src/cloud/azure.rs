@@ -410,29 +410,18 @@ impl CloudExchanger for AzureCloud {
     }
 
     fn scope(&self, bound: &AzureBound, request: &TokenRequest) -> Result<String, RequestError> {
-        match request.scopes.as_slice() {
-            // Through an app, the identity is part of what was asked for.
-            [resource] if !resource.trim().is_empty() => Ok(match &bound.binding.app {
-                None => resource_to_scope(resource.trim()),
-                Some(_) => format!(
-                    "{} via {}",
-                    resource_to_scope(resource.trim()),
-                    bound.binding.client_id
-                ),
-            }),
-            [] | [_] => Err(RequestError::BadRequest("resource is empty".into())),
-            _ => Err(RequestError::BadRequest(
-                "exactly one resource may be requested".into(),
-            )),
+        let mut scope = resource_scope(request)?;
+        // Through an app, the identity is part of what was asked for.
+        if bound.binding.app.is_some() {
+            scope.push_str(" via ");
+            scope.push_str(&bound.binding.client_id);
         }
+        Ok(scope)
     }
 
     fn fetcher(&self, bound: &AzureBound, request: &TokenRequest, caller: &Caller) -> Fetcher {
         // The pipeline asked `scope` first, so it holds for this request.
-        let scope = match request.scopes.as_slice() {
-            [resource] => resource_to_scope(resource.trim()),
-            _ => String::new(),
-        };
+        let scope = resource_scope(request).unwrap_or_default();
         if let Some(app) = &bound.binding.app {
             return self.app_fetcher(bound, app, scope, caller);
         }
@@ -452,6 +441,17 @@ impl CloudExchanger for AzureCloud {
             };
             Ok(Credential::Token(exchanger.exchange(&request).await?))
         })
+    }
+}
+
+/// The v2 scope of the one resource `request` names.
+fn resource_scope(request: &TokenRequest) -> Result<String, RequestError> {
+    match request.scopes.as_slice() {
+        [resource] if !resource.trim().is_empty() => Ok(resource_to_scope(resource.trim())),
+        [] | [_] => Err(RequestError::BadRequest("resource is empty".into())),
+        _ => Err(RequestError::BadRequest(
+            "exactly one resource may be requested".into(),
+        )),
     }
 }
 
