@@ -14,8 +14,8 @@ use serde_json::{json, Value};
 use lanyard::cloud::{azure, Bindings, Cloud};
 use lanyard::serve::sdk_env::SdkDefaults;
 use lanyard::webhook::mutate::{
-    APP_TOKEN_DIR, APP_TOKEN_FILE, APP_TOKEN_VOLUME, REDIRECT_NAME, SIDECAR_NAME, TOKENS_VOLUME,
-    TOKEN_DIR, TRANSPARENT_ANNOTATION,
+    API_TOKEN_DIR, API_TOKEN_SHIELD_VOLUME, APP_TOKEN_DIR, APP_TOKEN_FILE, APP_TOKEN_VOLUME,
+    REDIRECT_NAME, SIDECAR_NAME, TOKENS_VOLUME, TOKEN_DIR, TRANSPARENT_ANNOTATION,
 };
 use lanyard::webhook::review::{self, Action, ReviewError, MAX_BODY_BYTES};
 use lanyard::webhook::{mutate, respond, Answer, InjectionConfig, Mutation};
@@ -363,6 +363,9 @@ fn assert_sidecar(pod: &Pod, cfg: &InjectionConfig, aws: bool) -> String {
     } else {
         assert_eq!(env(sidecar, "LANYARD_APP_TOKEN_FILE"), None);
     }
+    // Its own empty volume where the ServiceAccount admission plugin would
+    // mount the API token: the plugin, run again after the patch, skips it.
+    expected_mounts.push((API_TOKEN_SHIELD_VOLUME.into(), API_TOKEN_DIR.into(), true));
     assert_eq!(mounts(sidecar), expected_mounts);
     header
 }
@@ -406,7 +409,8 @@ fn kuberay_head_gets_every_cloud() {
     // Volumes: the originals, in order, then ours.
     let vols = volumes(&out.pod);
     assert_eq!(&vols[..3], volumes(&before));
-    assert_eq!(vols.len(), 5);
+    assert_eq!(vols.len(), 6);
+    assert_eq!(vols[5].name, API_TOKEN_SHIELD_VOLUME);
     assert_eq!(vols[3].name, TOKENS_VOLUME);
     assert_eq!(
         token_sources(&vols[3]),
@@ -643,7 +647,7 @@ fn job_pod_with_env_from_and_no_volumes() {
     let vols = volumes(&out.pod);
     assert_eq!(
         vols.iter().map(|v| v.name.as_str()).collect::<Vec<_>>(),
-        [TOKENS_VOLUME, APP_TOKEN_VOLUME]
+        [TOKENS_VOLUME, APP_TOKEN_VOLUME, API_TOKEN_SHIELD_VOLUME]
     );
     assert_eq!(
         token_sources(&vols[0]),

@@ -24,23 +24,36 @@
 //!   agent's host name its own way (`hostAliases` naming it, `dnsPolicy:
 //!   None`, extra `dnsConfig.nameservers`), which would send the sidecar's
 //!   tokens elsewhere. Only when the agent URL names a host, not an IP.
+//! - [`Rule::ProcessAccess`]: in a pod with Lanyard's sidecar, a container
+//!   that shares the sidecar's process namespace (the pod's
+//!   `shareProcessNamespace` or `hostPID`, or an ephemeral container whose
+//!   `targetContainerName` is the sidecar, as `kubectl debug --target`
+//!   makes) holds `CAP_SYS_PTRACE` (added, `ALL`, or `privileged`). The
+//!   sidecar's process is not dumpable and runs as its own user, so
+//!   another user's `/proc/PID/root` and `/proc/PID/environ` are closed
+//!   to it (Linux `ptrace_may_access`, `PTRACE_MODE_READ_FSCREDS`) unless
+//!   it has that capability: with it, the sidecar's token volume is
+//!   readable through `/proc/PID/root`.
 //!
 //! Lanyard's sidecar is an init container that runs Lanyard's code with
 //! Lanyard's settings and sees only Lanyard's volumes: named `lanyard`,
 //! `restartPolicy: Always`, the configured image, command and arguments, no
 //! `envFrom`, only the sidecar's own variables with their values (its
 //! `IDENTITY_HEADER` is the pod's own), only the two token mounts at their
-//! paths, no lifecycle hook but its own `wait-ready` (or none, as injected
+//! paths (and the empty volume over the API token's path), no lifecycle hook but its own `wait-ready` (or none, as injected
 //! before it existed) and no exec probes ([`SidecarShape`]). These
 //! are the fields that decide what runs and where the tokens go; the CEL
 //! policy checks the same ones, field for field.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Container, Lifecycle, Pod, PodSpec, Probe, VolumeMount};
+use k8s_openapi::api::core::v1::{
+    Container, Lifecycle, Pod, PodSpec, Probe, SecurityContext, VolumeMount,
+};
 
 use super::mutate::{
-    InjectionConfig, APP_TOKEN_DIR, APP_TOKEN_VOLUME, SIDECAR_NAME, TOKENS_VOLUME, TOKEN_DIR,
+    InjectionConfig, API_TOKEN_DIR, API_TOKEN_SHIELD_VOLUME, APP_TOKEN_DIR, APP_TOKEN_VOLUME,
+    SIDECAR_NAME, TOKENS_VOLUME, TOKEN_DIR,
 };
 use crate::config::Config;
 
@@ -53,6 +66,8 @@ pub enum Rule {
     TokenVolumeMount,
     /// The pod redirects the agent's host name.
     AgentAddress,
+    /// A container that can trace the sidecar's process.
+    ProcessAccess,
 }
 
 impl Rule {
@@ -62,6 +77,7 @@ impl Rule {
             Rule::CloudTokenMount => "cloud-token-mount",
             Rule::TokenVolumeMount => "token-volume-mount",
             Rule::AgentAddress => "agent-address",
+            Rule::ProcessAccess => "process-access",
         }
     }
 }
@@ -196,6 +212,7 @@ impl SidecarShape {
                 .all(|m| {
                     (m.name == TOKENS_VOLUME && m.mount_path == TOKEN_DIR)
                         || (m.name == APP_TOKEN_VOLUME && m.mount_path == APP_TOKEN_DIR)
+                        || (m.name == API_TOKEN_SHIELD_VOLUME && m.mount_path == API_TOKEN_DIR)
                 })
             && c.lifecycle.as_ref().is_none_or(|l| self.own_hook(l))
             && [&c.startup_probe, &c.liveness_probe, &c.readiness_probe]
@@ -305,6 +322,9 @@ pub fn check(pod: &Pod, guard: &Guard) -> Result<(), Refusal> {
         }
     }
     if has_sidecar {
+        if let Some(refusal) = process_access(spec) {
+            return Err(refusal);
+        }
         if let Some(host) = &guard.agent_host {
             if let Some(why) = agent_redirect(spec, host) {
                 return Err(Refusal {
@@ -318,6 +338,69 @@ pub fn check(pod: &Pod, guard: &Guard) -> Result<(), Refusal> {
         }
     }
     Ok(())
+}
+
+/// The first container of a pod with Lanyard's sidecar that shares the
+/// sidecar's process namespace and may trace it ([`Rule::ProcessAccess`]).
+fn process_access(spec: &PodSpec) -> Option<Refusal> {
+    let shared = if spec.share_process_namespace == Some(true) {
+        Some("shareProcessNamespace")
+    } else if spec.host_pid == Some(true) {
+        Some("hostPID")
+    } else {
+        None
+    };
+    let init = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .filter(|c| c.name != SIDECAR_NAME)
+        .map(|c| ("init container", &c.name, None, &c.security_context));
+    let apps = spec
+        .containers
+        .iter()
+        .map(|c| ("container", &c.name, None, &c.security_context));
+    let ephemeral = spec.ephemeral_containers.iter().flatten().map(|c| {
+        let target = c.target_container_name.as_deref();
+        ("ephemeral container", &c.name, target, &c.security_context)
+    });
+    for (list, name, target, security) in init.chain(apps).chain(ephemeral) {
+        let how = match (shared, target) {
+            (_, Some(SIDECAR_NAME)) => format!("targets Lanyard's sidecar ({SIDECAR_NAME:?})"),
+            (Some(field), _) => format!("shares the sidecar's processes ({field})"),
+            (None, _) => continue,
+        };
+        let Some(power) = security.as_ref().and_then(ptrace_power) else {
+            continue;
+        };
+        return Some(Refusal {
+            rule: Rule::ProcessAccess,
+            message: format!(
+                "lanyard guard ({}): {list} {name:?} {how} and {power}, which reads the sidecar's tokens through /proc/PID/root; in this namespace no other container may trace Lanyard's sidecar (see docs/threat-model.md, \"Bypass\")",
+                Rule::ProcessAccess.name()
+            ),
+        });
+    }
+    None
+}
+
+/// How a container's security context grants `CAP_SYS_PTRACE`, if it
+/// does: `privileged`, or the capability (or `ALL`) added, in any case and
+/// with or without the `CAP_` prefix (containerd and CRI-O upper-case the
+/// names and add the prefix).
+fn ptrace_power(security: &SecurityContext) -> Option<&'static str> {
+    if security.privileged == Some(true) {
+        return Some("is privileged");
+    }
+    let added = security.capabilities.as_ref()?.add.as_deref()?;
+    added.iter().find_map(|cap| {
+        let cap = cap.to_ascii_uppercase();
+        match cap.strip_prefix("CAP_").unwrap_or(&cap) {
+            "SYS_PTRACE" => Some("adds CAP_SYS_PTRACE"),
+            "ALL" => Some("adds every capability (ALL)"),
+            _ => None,
+        }
+    })
 }
 
 /// How `spec` would resolve the agent's `host` its own way, if it does.

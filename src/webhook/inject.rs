@@ -4,10 +4,10 @@
 //! and patches them in; `own` compares a pod's copies against these.
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EnvVar, EnvVarSource, ExecAction, HTTPGetAction, Lifecycle,
-    LifecycleHandler, ObjectFieldSelector, Probe, ProjectedVolumeSource, ResourceRequirements,
-    SeccompProfile, SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount,
-    VolumeProjection,
+    Capabilities, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction, HTTPGetAction,
+    Lifecycle, LifecycleHandler, ObjectFieldSelector, Probe, ProjectedVolumeSource,
+    ResourceRequirements, SeccompProfile, SecurityContext, ServiceAccountTokenProjection, Volume,
+    VolumeMount, VolumeProjection,
 };
 use std::collections::BTreeMap;
 
@@ -66,6 +66,16 @@ pub(super) fn app_token_volume(config: &InjectionConfig, expiration: i64) -> Vol
     )
 }
 
+/// The empty volume the sidecar mounts where the ServiceAccount admission
+/// plugin would mount the API token ([`API_TOKEN_SHIELD_VOLUME`]).
+pub(super) fn api_token_shield_volume() -> Volume {
+    Volume {
+        name: API_TOKEN_SHIELD_VOLUME.to_string(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Default::default()
+    }
+}
+
 pub(super) fn projected(name: &str, sources: Vec<VolumeProjection>) -> Volume {
     Volume {
         name: name.to_string(),
@@ -113,6 +123,10 @@ pub(super) fn sidecar(
     if app_token {
         mounts.push(mount(APP_TOKEN_VOLUME, APP_TOKEN_DIR));
     }
+    // INVARIANT: the sidecar has a mount at the API token's path, so the
+    // ServiceAccount admission plugin, run again after this webhook's
+    // patch, adds none (API_TOKEN_SHIELD_VOLUME's doc).
+    mounts.push(mount(API_TOKEN_SHIELD_VOLUME, API_TOKEN_DIR));
     let probe = |path: &str, period: i32, failures: i32| Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.into()),

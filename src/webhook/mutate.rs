@@ -17,7 +17,9 @@ use crate::config::Config;
 use crate::serve::sdk_env::{SdkDefaults, SdkEnv};
 use crate::transparent::METADATA_ADDR;
 
-use super::inject::{app_token_volume, mount, plain_env, redirect, sidecar, tokens_volume};
+use super::inject::{
+    api_token_shield_volume, app_token_volume, mount, plain_env, redirect, sidecar, tokens_volume,
+};
 use super::own;
 use super::patch::{Op, Operation, Patch};
 
@@ -57,6 +59,23 @@ pub const TOKEN_DIR: &str = "/var/run/lanyard/tokens";
 /// inside [`TOKEN_DIR`]: a second volume cannot be mounted over a file of
 /// the first, and the apps must not see the cloud tokens.
 pub const APP_TOKEN_DIR: &str = "/var/run/lanyard/app";
+/// An empty volume the sidecar mounts, read-only, at
+/// [`API_TOKEN_DIR`], so that the sidecar holds no Kubernetes API token.
+///
+/// Why: kube-apiserver runs its built-in admission plugins again after a
+/// mutating webhook changed the pod (`k8s.io/apiserver/pkg/admission`
+/// `reinvocation.go`), and the ServiceAccount plugin then mounts the
+/// `kube-api-access-*` volume into every container that has no mount at
+/// [`API_TOKEN_DIR`] (`plugin/pkg/admission/serviceaccount/admission.go`
+/// `mountServiceAccountToken`), the sidecar this webhook just added
+/// included. The sidecar never calls the API, so it should not carry the
+/// pod's API credential; and with a mount of its own there, the pod is
+/// stored with exactly the sidecar the webhook built, which the guard and
+/// a reinvoked `/mutate` recognise.
+pub const API_TOKEN_SHIELD_VOLUME: &str = "lanyard-no-api-token";
+/// Where the ServiceAccount admission plugin mounts the Kubernetes API
+/// token (`DefaultAPITokenMountPath`), unless a mount is already there.
+pub const API_TOKEN_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 /// The app token file (`LANYARD_APP_TOKEN_FILE` for the sidecar,
 /// `AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE` for the apps).
 pub const APP_TOKEN_FILE: &str = "/var/run/lanyard/app/app";
@@ -337,6 +356,7 @@ fn mutate_with(
     let injects = !clouds.is_empty();
     let tokens = injects.then(|| tokens_volume(config, &clouds, expiration));
     let app_token = app_token_needed.then(|| app_token_volume(config, expiration));
+    let shield = injects.then(api_token_shield_volume);
     // Built only to compare with a sidecar the pod already has.
     let own_sidecar = existing_sidecar.filter(|_| injects).map(|c| {
         let header = literal_env(c, "IDENTITY_HEADER");
@@ -355,6 +375,7 @@ fn mutate_with(
             redirect: own_redirect.as_ref(),
             tokens: tokens.as_ref(),
             app_token: app_token.as_ref(),
+            shield: shield.as_ref(),
         },
     )?;
     if bindings.is_empty() {
@@ -424,7 +445,11 @@ fn mutate_with(
 
     let volumes = spec.volumes.as_deref().unwrap_or_default();
     let mut new_volumes = Vec::new();
-    for (volume, present) in [(tokens, present.tokens), (app_token, present.app_token)] {
+    for (volume, present) in [
+        (tokens, present.tokens),
+        (app_token, present.app_token),
+        (shield, present.shield),
+    ] {
         if let Some(volume) = volume.filter(|_| !present) {
             new_volumes.push(to_json(&volume)?);
         }
@@ -945,11 +970,27 @@ mod tests {
         let out = apply(&raw, &m);
         assert_eq!(out["spec"]["initContainers"][0]["name"], SIDECAR_NAME);
         assert_eq!(out["spec"]["initContainers"][0]["restartPolicy"], "Always");
-        assert_eq!(out["spec"]["volumes"][0]["name"], TOKENS_VOLUME);
+        let volumes: Vec<&str> = out["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["name"].as_str().unwrap())
+            .collect();
         assert_eq!(
-            out["spec"]["volumes"].as_array().unwrap().len(),
-            1,
+            volumes,
+            [TOKENS_VOLUME, API_TOKEN_SHIELD_VOLUME],
             "no app token without AWS"
+        );
+        assert_eq!(out["spec"]["volumes"][1]["emptyDir"], json!({}));
+        // The sidecar's own mount at the API token's path keeps the
+        // ServiceAccount admission plugin's out of it.
+        assert!(out["spec"]["initContainers"][0]["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"name": API_TOKEN_SHIELD_VOLUME, "mountPath": API_TOKEN_DIR, "readOnly": true})));
+        assert!(
+            !out["spec"]["containers"][0]["volumeMounts"].is_array(),
+            "the apps keep the API server's mount"
         );
         let env = &out["spec"]["containers"][0]["env"];
         assert!(env

@@ -16,7 +16,9 @@
 use k8s_openapi::api::core::v1::{Container, PodSpec, Probe, Volume};
 use serde_json::Value;
 
-use super::mutate::{Denial, APP_TOKEN_VOLUME, REDIRECT_NAME, SIDECAR_NAME, TOKENS_VOLUME};
+use super::mutate::{
+    Denial, API_TOKEN_SHIELD_VOLUME, APP_TOKEN_VOLUME, REDIRECT_NAME, SIDECAR_NAME, TOKENS_VOLUME,
+};
 
 /// What the webhook would inject into this pod now.
 pub(super) struct Expected<'a> {
@@ -32,6 +34,9 @@ pub(super) struct Expected<'a> {
     pub tokens: Option<&'a Volume>,
     /// The app-token volume; `None` without an AWS binding.
     pub app_token: Option<&'a Volume>,
+    /// The empty volume over the sidecar's API token path; `None` when no
+    /// cloud applies.
+    pub shield: Option<&'a Volume>,
 }
 
 /// Which of Lanyard's objects the pod already carries, each one checked.
@@ -41,6 +46,7 @@ pub(super) struct Present {
     pub redirect: bool,
     pub tokens: bool,
     pub app_token: bool,
+    pub shield: bool,
 }
 
 /// Checks every object of the pod that bears one of Lanyard's names, and
@@ -93,6 +99,7 @@ pub(super) fn check(spec: &PodSpec, pod_ref: &str, expected: &Expected) -> Resul
         let (want, slot) = match volume.name.as_str() {
             TOKENS_VOLUME => (expected.tokens, &mut present.tokens),
             APP_TOKEN_VOLUME => (expected.app_token, &mut present.app_token),
+            API_TOKEN_SHIELD_VOLUME => (expected.shield, &mut present.shield),
             _ => continue,
         };
         if let Err(why) = claim(slot, volume, want, defaulted_volume) {

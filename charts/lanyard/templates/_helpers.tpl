@@ -188,7 +188,8 @@ webhook's SidecarShape::matches decides it.
            : (!has(e.valueFrom) && has(e.value) && e.name in {{ $env | toJson }} && e.value == {{ $env | toJson }}[e.name]))))
   && (!has(c.volumeMounts) || c.volumeMounts.all(m,
        (m.name == 'lanyard-tokens' && m.mountPath == '/var/run/lanyard/tokens')
-       || (m.name == 'lanyard-app-token' && m.mountPath == '/var/run/lanyard/app')))
+       || (m.name == 'lanyard-app-token' && m.mountPath == '/var/run/lanyard/app')
+       || (m.name == 'lanyard-no-api-token' && m.mountPath == '/var/run/secrets/kubernetes.io/serviceaccount')))
   && (!has(c.lifecycle) || (!has(c.lifecycle.preStop) && has(c.lifecycle.postStart)
        && has(c.lifecycle.postStart.exec) && has(c.lifecycle.postStart.exec.command)
        && c.lifecycle.postStart.exec.command == {{ list "lanyard-sidecar" "wait-ready" "--port" (printf "%v" $v.sidecar.probePort) "--timeout" "120" | toJson }}
@@ -196,6 +197,15 @@ webhook's SidecarShape::matches decides it.
   && !(has(c.startupProbe) && has(c.startupProbe.exec))
   && !(has(c.livenessProbe) && has(c.livenessProbe.exec))
   && !(has(c.readinessProbe) && has(c.readinessProbe.exec)))
+{{- end -}}
+
+{{/* Whether container c holds CAP_SYS_PTRACE (privileged, or the capability
+or ALL added; containerd and CRI-O upper-case the names and add CAP_), as
+src/webhook/guard.rs's ptrace_power decides. */}}
+{{- define "lanyard.guardTracer" -}}
+(has(c.securityContext) && ((has(c.securityContext.privileged) && c.securityContext.privileged)
+  || (has(c.securityContext.capabilities) && has(c.securityContext.capabilities.add)
+    && c.securityContext.capabilities.add.exists(k, k.upperAscii() in ['SYS_PTRACE', 'CAP_SYS_PTRACE', 'ALL', 'CAP_ALL']))))
 {{- end -}}
 
 {{/* The namespaces the guard governs. */}}
