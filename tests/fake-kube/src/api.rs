@@ -21,20 +21,36 @@ impl FakeKube {
         log.push_back(format!("{method} {uri} -> {}", status.as_u16()));
     }
 
-    pub(crate) fn authenticated(&self, headers: &HeaderMap) -> bool {
-        let Some(value) = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-        else {
-            return false;
-        };
-        let Some((scheme, token)) = value.trim().split_once(' ') else {
-            return false;
-        };
+    /// Who the bearer token authenticates: Lanyard's least-privilege
+    /// ServiceAccount, or the cluster administrator when an admin token is
+    /// set ([`FakeKube::set_admin_token`]).
+    pub(crate) fn user(&self, headers: &HeaderMap) -> Option<User> {
+        let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+        let (scheme, token) = value.trim().split_once(' ')?;
         let token = token.trim();
-        scheme.eq_ignore_ascii_case("bearer")
-            && !token.is_empty()
-            && constant_time_eq(token.as_bytes(), self.token.expose_secret().as_bytes())
+        if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
+            return None;
+        }
+        if constant_time_eq(token.as_bytes(), self.token.expose_secret().as_bytes()) {
+            return Some(User {
+                name: FAKE_USER.into(),
+                groups: vec![
+                    "system:serviceaccounts".into(),
+                    "system:serviceaccounts:kube-system".into(),
+                    "system:authenticated".into(),
+                ],
+            });
+        }
+        let admin = self.admin_token.read().unwrap_or_else(|p| p.into_inner());
+        match admin.as_ref() {
+            Some(admin) if constant_time_eq(token.as_bytes(), admin.expose_secret().as_bytes()) => {
+                Some(User {
+                    name: ADMIN_USER.into(),
+                    groups: vec!["system:masters".into(), "system:authenticated".into()],
+                })
+            }
+            _ => None,
+        }
     }
 
     pub(crate) fn serve(
@@ -44,7 +60,7 @@ impl FakeKube {
         headers: &HeaderMap,
         body: &[u8],
     ) -> Response {
-        if !self.authenticated(headers) {
+        let Some(user) = self.user(headers) else {
             self.stats.unauthorized.fetch_add(1, Ordering::Relaxed);
             return status_error(
                 StatusCode::UNAUTHORIZED,
@@ -52,7 +68,7 @@ impl FakeKube {
                 "Unauthorized".into(),
                 None,
             );
-        }
+        };
         if headers
             .keys()
             .any(|name| name.as_str().starts_with("impersonate-"))
@@ -61,18 +77,18 @@ impl FakeKube {
             return status_error(
                 StatusCode::FORBIDDEN,
                 "Forbidden",
-                format!("users is forbidden: User \"{FAKE_USER}\" cannot impersonate resource \"users\" in API group \"\" at the cluster scope"),
+                format!("users is forbidden: User \"{}\" cannot impersonate resource \"users\" in API group \"\" at the cluster scope", user.name),
                 Some(json!({"kind": "users"})),
             );
         }
         let query = Query::parse(uri);
         let info = RequestInfo::parse(method, uri.path(), &query);
         let Some(res) = info else {
-            return self.serve_non_resource(method, uri.path(), headers);
+            return self.serve_non_resource(&user, method, uri.path(), headers);
         };
-        if !res.allowed() {
+        if !res.allowed(&user) {
             self.stats.forbidden.fetch_add(1, Ordering::Relaxed);
-            return forbidden(&res);
+            return forbidden(&res, &user);
         }
         match (
             res.group.as_str(),
@@ -120,6 +136,7 @@ impl FakeKube {
 
     pub(crate) fn serve_non_resource(
         &self,
+        user: &User,
         method: &Method,
         path: &str,
         headers: &HeaderMap,
@@ -130,7 +147,8 @@ impl FakeKube {
                 StatusCode::FORBIDDEN,
                 "Forbidden",
                 format!(
-                    "forbidden: User \"{FAKE_USER}\" cannot {} path \"{path}\"",
+                    "forbidden: User \"{}\" cannot {} path \"{path}\"",
+                    user.name,
                     method.as_str().to_ascii_lowercase()
                 ),
                 None,
@@ -323,6 +341,31 @@ pub(crate) async fn handle(
     if is_list {
         // Never fails: `fake` owns the sender.
         let _ = fake.lists_held.subscribe().wait_for(|held| !*held).await;
+    }
+    let query = Query::parse(&uri);
+    let write = RequestInfo::parse(&method, uri.path(), &query).filter(RequestInfo::is_pod_write);
+    if let Some(res) = write {
+        let response = match fake.user(&headers) {
+            None => {
+                fake.stats.unauthorized.fetch_add(1, Ordering::Relaxed);
+                status_error(
+                    StatusCode::UNAUTHORIZED,
+                    "Unauthorized",
+                    "Unauthorized".into(),
+                    None,
+                )
+            }
+            Some(user) if !res.allowed(&user) => {
+                fake.stats.forbidden.fetch_add(1, Ordering::Relaxed);
+                forbidden(&res, &user)
+            }
+            Some(user) => {
+                fake.write_pod(user, &method, &res, &query, &headers, &body)
+                    .await
+            }
+        };
+        fake.note(&method, &uri, response.status());
+        return response;
     }
     let response = fake.serve(&method, &uri, &headers, &body);
     fake.note(&method, &uri, response.status());

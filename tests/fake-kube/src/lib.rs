@@ -59,14 +59,17 @@ use tokio::sync::{broadcast, mpsc, watch};
 use lanyard::secret::{constant_time_eq, ExposeSecret, SecretString};
 use lanyard::token::{parse_subject, ServiceAccountClaims};
 
+mod admission;
 mod api;
 mod events;
+pub mod mesh_injector;
 mod request;
 mod responses;
 mod selectors;
 mod token_review;
 mod watches;
 
+pub use admission::User;
 use api::*;
 use request::*;
 use responses::*;
@@ -75,6 +78,9 @@ use selectors::*;
 /// The user the static token authenticates as; it appears in `Forbidden`
 /// messages exactly where kube-apiserver puts the caller's name.
 pub const FAKE_USER: &str = "system:serviceaccount:kube-system:lanyard";
+/// The user an admin token authenticates as (`system:masters`), as a
+/// cluster's administrator kubeconfig does.
+pub const ADMIN_USER: &str = "kubernetes-admin";
 
 /// Changes kept for watches that resume from an older `resourceVersion`.
 /// Older ones answer 410 Expired, as after an etcd compaction.
@@ -297,6 +303,10 @@ pub struct FakeKube {
     unavailable: std::sync::atomic::AtomicBool,
     /// Events created through `events.k8s.io/v1`, by (namespace, name).
     recorded_events: Mutex<BTreeMap<Key, Value>>,
+    /// The administrator's token, when set ([`FakeKube::set_admin_token`]).
+    admin_token: std::sync::RwLock<Option<SecretString>>,
+    /// The registered admission configurations and webhook endpoints.
+    admission: Mutex<admission::Registry>,
     /// What clients have asked, for tests to assert on.
     pub stats: KubeStats,
 }
@@ -328,6 +338,8 @@ impl FakeKube {
             lists_held: watch::channel(false).0,
             unavailable: Default::default(),
             recorded_events: Mutex::new(BTreeMap::new()),
+            admin_token: std::sync::RwLock::new(None),
+            admission: Mutex::new(admission::Registry::default()),
             stats: KubeStats::default(),
         })
     }
@@ -360,6 +372,34 @@ impl FakeKube {
             "preferences": {},
         });
         serde_norway::to_string(&doc).unwrap_or_default()
+    }
+
+    /// Accepts `token` as the cluster administrator's (`ADMIN_USER`, in
+    /// `system:masters`): it may do anything the fake serves, and pods it
+    /// writes through the API go through admission (see the `admission`
+    /// module). Lanyard's own token keeps its least privilege.
+    pub fn set_admin_token(&self, token: &str) {
+        *self.admin_token.write().unwrap_or_else(|p| p.into_inner()) =
+            Some(SecretString::from(token.to_string()));
+    }
+
+    /// A kubeconfig like [`FakeKube::kubeconfig`] for the administrator
+    /// (`None` before [`FakeKube::set_admin_token`]).
+    pub fn admin_kubeconfig(&self, server_url: &str) -> Option<String> {
+        let admin = self.admin_token.read().unwrap_or_else(|p| p.into_inner());
+        let doc = json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "lanyard-fake", "cluster": {"server": server_url}}],
+            "users": [{"name": "admin", "user": {"token": admin.as_ref()?.expose_secret()}}],
+            "contexts": [{
+                "name": "admin",
+                "context": {"cluster": "lanyard-fake", "user": "admin", "namespace": "default"},
+            }],
+            "current-context": "admin",
+            "preferences": {},
+        });
+        serde_norway::to_string(&doc).ok()
     }
 
     /// The current (last committed) resourceVersion.
@@ -435,6 +475,13 @@ impl FakeKube {
     /// The stored ServiceAccount `namespace/name`, if any.
     pub fn service_account(&self, namespace: &str, name: &str) -> Option<ServiceAccount> {
         self.stored(Kind::ServiceAccount, namespace, name)
+    }
+
+    /// The stored object of `kind` at `namespace/name` (`""` for a
+    /// cluster-scoped one), as JSON.
+    fn stored_value(&self, kind: Kind, namespace: &str, name: &str) -> Option<Value> {
+        let key = (namespace.to_string(), name.to_string());
+        self.lock().objects[kind.index()].get(&key).cloned()
     }
 
     fn stored<K: serde::de::DeserializeOwned>(
@@ -659,6 +706,13 @@ mod tests {
     use super::*;
     use lanyard_emulators::{Issuer, SigningKey};
 
+    fn lanyard_user() -> User {
+        User {
+            name: FAKE_USER.into(),
+            groups: vec!["system:authenticated".into()],
+        }
+    }
+
     fn query(q: &str) -> Query {
         Query::parse(&format!("/x?{q}").parse::<Uri>().unwrap())
     }
@@ -690,14 +744,17 @@ mod tests {
         );
         let token = info(Method::POST, "/api/v1/namespaces/a/serviceaccounts/b/token").unwrap();
         assert_eq!(token.subresource.as_deref(), Some("token"));
-        assert!(!token.allowed(), "TokenRequest must be forbidden");
+        assert!(
+            !token.allowed(&lanyard_user()),
+            "TokenRequest must be forbidden"
+        );
         let ns = info(Method::GET, "/api/v1/namespaces/kube-system").unwrap();
         assert_eq!(
             (ns.resource.as_str(), ns.name.as_deref()),
             ("namespaces", Some("kube-system"))
         );
         let review = info(Method::POST, "/apis/authentication.k8s.io/v1/tokenreviews").unwrap();
-        assert!(review.allowed());
+        assert!(review.allowed(&lanyard_user()));
         assert!(info(Method::GET, "/api/v1").is_none());
         assert!(info(Method::GET, "/apis/authentication.k8s.io/v1").is_none());
         assert!(info(Method::GET, "/version").is_none());
@@ -705,7 +762,11 @@ mod tests {
 
     #[test]
     fn rbac_is_least_privilege() {
-        let allowed = |m: Method, p: &str| RequestInfo::parse(&m, p, &query("")).unwrap().allowed();
+        let allowed = |m: Method, p: &str| {
+            RequestInfo::parse(&m, p, &query(""))
+                .unwrap()
+                .allowed(&lanyard_user())
+        };
         assert!(allowed(Method::GET, "/api/v1/serviceaccounts"));
         assert!(allowed(Method::GET, "/api/v1/namespaces"));
         assert!(allowed(Method::GET, "/api/v1/namespaces/team-a"));
@@ -758,7 +819,7 @@ mod tests {
     #[tokio::test]
     async fn forbidden_message_names_user_verb_resource_and_scope() {
         let res = info(Method::POST, "/api/v1/namespaces/x/serviceaccounts/y/token").unwrap();
-        let resp = forbidden(&res);
+        let resp = forbidden(&res, &lanyard_user());
         assert_eq!(resp.status(), StatusCode::FORBIDDEN);
         let status = body(resp).await;
         assert_eq!(
@@ -775,7 +836,7 @@ mod tests {
         );
 
         let res = info(Method::GET, "/api/v1/secrets").unwrap();
-        let status = body(forbidden(&res)).await;
+        let status = body(forbidden(&res, &lanyard_user())).await;
         assert_eq!(
             status["message"],
             format!("secrets is forbidden: User \"{FAKE_USER}\" cannot list resource \"secrets\" in API group \"\" at the cluster scope")

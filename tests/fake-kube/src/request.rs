@@ -153,9 +153,29 @@ impl RequestInfo {
         })
     }
 
-    /// The token's RBAC: get/list/watch ServiceAccounts and Pods (no
-    /// subresources), create TokenReviews. Nothing else.
-    pub(crate) fn allowed(&self) -> bool {
+    /// A write of a pod (create, update, patch, delete) or of its
+    /// `ephemeralcontainers`, which goes through admission.
+    pub(crate) fn is_pod_write(&self) -> bool {
+        self.group.is_empty()
+            && self.resource == "pods"
+            && match self.subresource.as_deref() {
+                None => matches!(
+                    self.verb,
+                    Verb::Create | Verb::Update | Verb::Patch | Verb::Delete
+                ),
+                Some("ephemeralcontainers") => true,
+                Some(_) => false,
+            }
+    }
+
+    /// RBAC: the administrator (`system:masters`) may do anything; Lanyard's
+    /// token may get/list/watch ServiceAccounts, Pods and Namespaces (no
+    /// subresources), create and patch Events and create TokenReviews.
+    /// Nothing else.
+    pub(crate) fn allowed(&self, user: &User) -> bool {
+        if user.groups.iter().any(|g| g == "system:masters") {
+            return true;
+        }
         if self.subresource.is_some() {
             return false;
         }
@@ -170,7 +190,7 @@ impl RequestInfo {
     }
 }
 
-pub(crate) fn forbidden(res: &RequestInfo) -> Response {
+pub(crate) fn forbidden(res: &RequestInfo, user: &User) -> Response {
     let resource = match &res.subresource {
         Some(sub) => format!("{}/{sub}", res.resource),
         None => res.resource.clone(),
@@ -184,7 +204,8 @@ pub(crate) fn forbidden(res: &RequestInfo) -> Response {
         None => "at the cluster scope".to_string(),
     };
     let message = format!(
-        "{subject} is forbidden: User \"{FAKE_USER}\" cannot {} resource \"{resource}\" in API group \"{}\" {scope}",
+        "{subject} is forbidden: User \"{}\" cannot {} resource \"{resource}\" in API group \"{}\" {scope}",
+        user.name,
         res.verb.as_str(),
         res.group
     );
