@@ -11,9 +11,12 @@ Topology (every address lives only in namespaces this harness creates):
                 the node's address); cbr0 10.251.i.1/24, the pods' gateway
     pod ns      eth0 10.251.i.(10+k): the pod's own loopback and address
 
-A pod is what the API server stores after admission: the template goes to
-the running webhook as an AdmissionReview and its JSON Patch is applied.
-Then, as the kubelet does: projected tokens minted by the fake API server
+A pod is what the API server stores after admission: the template is
+created through the fake API server (`lanyard-fake-kube`), whose admission
+chain runs as kube-apiserver's does (the built-in plugins, the chart's
+webhooks and ValidatingAdmissionPolicy, the mesh injector registered beside
+them, with reinvocation; see tests/fake-kube/src/admission). Then, as the
+kubelet does: projected tokens minted by the fake API server
 for that pod are written with the kubelet's atomic writer (a `..data`
 symlink swapped per update) and rotated at 80% of their lifetime; init
 containers run in order, the native sidecar is started, its postStart
@@ -34,10 +37,12 @@ over the system bundle); SDKs see only the injected environment.
 
 from __future__ import annotations
 
+import base64
 import ctypes
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -316,6 +321,48 @@ class FakeKubeProcess:
         self.kubeconfig = self.info["kubeconfig"]
         self.clouds_ca = Path(self.info["clouds_ca"])
         os.chmod(d, 0o755)
+        # The API over HTTPS, as the administrator (pod writes go through
+        # its admission chain), the cluster CA and the mesh injector.
+        self.api_https = self.info["api_https"]
+        self.admin_kubeconfig = self.info["admin_kubeconfig"]
+        self.ca_pem = Path(self.info["ca"]).read_text()
+        self.mesh_injector = self.info["mesh_injector"]
+        self.issuer = self.info["issuer"]
+        import yaml
+
+        admin = yaml.safe_load(Path(self.admin_kubeconfig).read_text())
+        self._admin_token = admin["users"][0]["user"]["token"]
+        self._tls = ssl.create_default_context(cadata=self.ca_pem)
+
+    def api(self, method: str, path: str, body=None, content_type: str = "application/json") -> Response:
+        """A request to the API as the administrator."""
+        data = json.dumps(body).encode() if body is not None else None
+        return request(self.cluster.api, method, self.api_https + path, body=data, tls=self._tls, timeout=60,
+                       headers={"Authorization": f"Bearer {self._admin_token}", "Content-Type": content_type,
+                                "Accept": "application/json"})
+
+    def create_pod(self, pod: dict) -> dict:
+        """`POST pods` as a controller creates a pod: the stored pod after
+        the API server's admission, or `Refused`."""
+        r = self.api("POST", f"/api/v1/namespaces/{pod['metadata']['namespace']}/pods", pod)
+        if r.status != 201:
+            raise Refused(r.json())
+        return r.json()
+
+    def kubectl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        """kubectl as the administrator, from the API server's namespace."""
+        home = self.cluster.workdir / "kubectl-home"
+        home.mkdir(exist_ok=True)
+        return subprocess.run(["ip", "netns", "exec", self.cluster.api, "kubectl", "--kubeconfig",
+                               self.admin_kubeconfig, *args], capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "HOME": str(home)})
+
+    def set_endpoints(self, namespace: str, name: str, addresses: list[str]) -> None:
+        r = self.control("POST", "/endpoints", {"namespace": namespace, "name": name, "addresses": addresses})
+        assert r.status == 200, r.body
+
+    def webhook_calls(self) -> list[str]:
+        return self.control("GET", "/admission/calls").json()["calls"]
 
     def control(self, method: str, path: str, body=None) -> Response:
         return request(self.cluster.api, method, self.info["control"] + path, body=body)
@@ -413,105 +460,52 @@ DEFAULT_CAPS = ["chown", "dac_override", "fowner", "fsetid", "kill", "setgid", "
                 "net_bind_service", "net_raw", "sys_chroot", "mknod", "audit_write", "setfcap"]
 
 
-def selector_matches(selector: dict | None, labels: dict[str, str]) -> bool:
-    """A Kubernetes label selector (absent or empty: everything)."""
-    selector = selector or {}
-    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
-        return False
-    for e in selector.get("matchExpressions", []):
-        key, op, values = e["key"], e["operator"], e.get("values", [])
-        ok = {"In": key in labels and labels[key] in values,
-              "NotIn": key not in labels or labels[key] not in values,
-              "Exists": key in labels, "DoesNotExist": key not in labels}[op]
-        if not ok:
-            return False
-    return True
-
-
 class Refused(Exception):
-    """The API server refused the request: a webhook denied it."""
+    """The API server refused a write: its Status. `webhook` names the
+    webhook or ValidatingAdmissionPolicy that denied it, when one did."""
 
-    def __init__(self, webhook: str, status: dict):
-        super().__init__(f"{webhook}: {status.get('message', status)}")
-        self.webhook, self.status = webhook, status
+    def __init__(self, status: dict):
+        message = status.get("message", "")
+        named = (re.search(r'admission webhook "([^"]+)"', message)
+                 or re.search(r"ValidatingAdmissionPolicy '([^']+)'", message))
+        super().__init__(f"{status.get('code')} {status.get('reason')}: {message}")
+        self.webhook = named.group(1) if named else None
+        self.status = status
 
 
-class Admission:
-    """The API server's admission chain for pods, from the rendered
-    configurations: each mutating webhook whose rules, namespaceSelector
-    and objectSelector match is called and its patch applied, then each
-    such validating webhook, whose refusal refuses the request. Namespace
-    labels are the harness's (with `kubernetes.io/metadata.name`, as the API
-    server sets it).
+ADMISSION_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
+                   "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 
-    The webhook Service's ready endpoints are `endpoints` (base URLs), used
-    in turn, one per call, as the API server's client balances over them;
-    a rolling update changes the list as the endpoints controller would."""
 
-    def __init__(self, cluster: Cluster, objects: list[dict], url: str, ca_pem: str, service_name: str):
-        self.cluster, self.service_name = cluster, service_name
-        self.endpoints = [url]
-        self._turn = 0
-        self._lock = threading.Lock()
-        self.tls = ssl.create_default_context(cadata=ca_pem)
-        self.mutating = [w for o in objects if o["kind"] == "MutatingWebhookConfiguration" for w in o["webhooks"]]
-        self.validating = [w for o in objects if o["kind"] == "ValidatingWebhookConfiguration" for w in o["webhooks"]]
-        self.namespaces: dict[str, dict[str, str]] = {}
-        self.calls: list[tuple[str, str]] = []
+def mesh_configuration(kube: "FakeKubeProcess", name: str = "mesh-injector") -> dict:
+    """The mesh injector's MutatingWebhookConfiguration (someone else's
+    webhook: every pod, `reinvocationPolicy: Never`). Named after
+    Lanyard's (`lanyard-webhook`), it runs after Lanyard's, whose
+    `IfNeeded` then has it called again."""
+    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": name},
+            "webhooks": [{"name": "inject.mesh.example", "admissionReviewVersions": ["v1"],
+                          "clientConfig": {"url": kube.mesh_injector,
+                                           "caBundle": base64.b64encode(kube.ca_pem.encode()).decode()},
+                          "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                                     "resources": ["pods"]}],
+                          "namespaceSelector": {"matchExpressions": [
+                              {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+                               "values": ["kube-system", "lanyard-system"]}]},
+                          "failurePolicy": "Fail", "sideEffects": "None", "reinvocationPolicy": "Never"}]}
 
-    def namespace(self, name: str, labels: dict[str, str] | None = None) -> dict:
-        self.namespaces[name] = {**(labels or {}), "kubernetes.io/metadata.name": name}
-        return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}}
 
-    def _matches(self, hook: dict, operation: str, sub: str, namespace: str, pod: dict) -> bool:
-        resource = "pods" + (f"/{sub}" if sub else "")
-        ruled = any(operation in r["operations"] and resource in r["resources"] for r in hook["rules"])
-        labels = self.namespaces.get(namespace, {"kubernetes.io/metadata.name": namespace})
-        return (ruled and selector_matches(hook.get("namespaceSelector"), labels)
-                and selector_matches(hook.get("objectSelector"), pod["metadata"].get("labels", {})))
-
-    def endpoint(self) -> str:
-        """The next ready endpoint, in turn."""
-        with self._lock:
-            self._turn += 1
-            return self.endpoints[self._turn % len(self.endpoints)]
-
-    def _call(self, hook: dict, pod: dict, operation: str, sub: str, old: dict | None) -> dict:
-        path = hook["clientConfig"]["service"]["path"]
-        review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-            "uid": str(uuid.uuid4()), "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"}, "subResource": sub,
-            "namespace": pod["metadata"]["namespace"], "operation": operation,
-            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
-            "object": pod, "oldObject": old, "dryRun": False}}
-        r = request(self.cluster.api, "POST", self.endpoint() + path, body=review, tls=self.tls,
-                    server_hostname=self.service_name)
-        assert r.status == 200, r.body
-        self.calls.append((hook["name"], operation))
-        response = r.json()["response"]
-        assert response["uid"] == review["request"]["uid"], response
-        return response
-
-    def admit(self, pod: dict, operation: str = "CREATE", old: dict | None = None, sub: str = "") -> dict:
-        """The pod as the API server stores it, or `Refused`."""
-        from chart import apply_json_patch
-
-        namespace = pod["metadata"]["namespace"]
-        for hook in self.mutating:
-            if self._matches(hook, operation, sub, namespace, pod):
-                response = self._call(hook, pod, operation, sub, old)
-                if not response["allowed"]:
-                    raise Refused(hook["name"], response["status"])
-                if response.get("patch"):
-                    import base64
-
-                    pod = apply_json_patch(pod, json.loads(base64.b64decode(response["patch"])))
-        for hook in self.validating:
-            if self._matches(hook, operation, sub, namespace, pod):
-                response = self._call(hook, pod, operation, sub, old)
-                if not response["allowed"]:
-                    raise Refused(hook["name"], response["status"])
-        return pod
+def install_admission(kube: "FakeKubeProcess", objects: list[dict], endpoints: list[str]) -> None:
+    """Registers the rendered chart's admission objects (its webhooks, and
+    its ValidatingAdmissionPolicy and binding when rendered) with the fake
+    API server, and the webhook Service's ready `endpoints` (`IP:PORT`), as
+    `helm install` and the endpoints controller would."""
+    for obj in objects:
+        if obj["kind"] in ADMISSION_KINDS:
+            kube.apply(obj)
+    service = next(o for o in objects if o["kind"] == "MutatingWebhookConfiguration")
+    ref = service["webhooks"][0]["clientConfig"]["service"]
+    kube.set_endpoints(ref["namespace"], ref["name"], endpoints)
 
 
 class Pod:
@@ -529,6 +523,7 @@ class Pod:
         self.security = self.spec.get("securityContext", {})
         self.volumes: dict[str, Path] = {}
         self.tokens: dict[str, list[dict]] = {}
+        self.projected: dict[str, list[dict]] = {}
         for volume in self.spec.get("volumes", []):
             path = self.dir / "volumes" / volume["name"]
             path.mkdir(parents=True)
@@ -536,9 +531,11 @@ class Pod:
             self.volumes[volume["name"]] = path
             if "projected" in volume:
                 sources = volume["projected"]["sources"]
-                unknown = [s for s in sources if "serviceAccountToken" not in s]
+                unknown = [s for s in sources if not {"serviceAccountToken", "configMap", "downwardAPI"} & set(s)]
                 assert not unknown, f"projected sources not emulated: {unknown}"
-                self.tokens[volume["name"]] = [s["serviceAccountToken"] for s in sources]
+                self.projected[volume["name"]] = sources
+                self.tokens[volume["name"]] = [s["serviceAccountToken"] for s in sources
+                                               if "serviceAccountToken" in s]
             elif "emptyDir" in volume:
                 path.chmod(0o777)
             else:
@@ -558,11 +555,25 @@ class Pod:
             self._rotator = threading.Thread(target=self._rotate_loop, args=(rotate_every,), daemon=True)
             self._rotator.start()
 
+    def projected_file(self, source: dict) -> dict[str, bytes]:
+        """The files one projected source gives: a token (without an
+        audience, the API server's own, which is its issuer), the cluster's
+        `kube-root-ca.crt` ConfigMap, downward-API fields."""
+        if "serviceAccountToken" in source:
+            t = source["serviceAccountToken"]
+            token = self.kube.token(self.namespace, self.name, t.get("audience") or self.kube.issuer,
+                                    t.get("expirationSeconds", 3600))
+            return {t["path"]: token.encode()}
+        if "configMap" in source:
+            assert source["configMap"]["name"] == "kube-root-ca.crt", source
+            return {i["path"]: self.kube.ca_pem.encode() for i in source["configMap"]["items"]}
+        fields = {"metadata.namespace": self.namespace, "metadata.name": self.name}
+        return {i["path"]: fields[i["fieldRef"]["fieldPath"]].encode() for i in source["downwardAPI"]["items"]}
+
     def write_tokens(self) -> None:
         gid = self.security.get("fsGroup")
-        for volume, sources in self.tokens.items():
-            files = {s["path"]: self.kube.token(self.namespace, self.name, s["audience"],
-                                                s.get("expirationSeconds", 3600)).encode() for s in sources}
+        for volume, sources in self.projected.items():
+            files = {path: data for s in sources for path, data in self.projected_file(s).items()}
             # Projected volumes default to 0644; with an fsGroup the kubelet
             # hands the files to that group.
             atomic_write(self.volumes[volume], files, 0o644 if gid is None else 0o640, gid)

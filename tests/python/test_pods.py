@@ -26,8 +26,8 @@ import yaml
 
 from chart import Container, find, render, wait_for
 from conftest import ROOT, lanyard_binary
-from kubelet import (API_IP, Admission, Cluster, FakeKubeProcess, Pod, Refused, can_create_namespaces, request,
-                     results, trust_bundle, with_trust_store)
+from kubelet import (API_IP, Cluster, FakeKubeProcess, Pod, Refused, can_create_namespaces, install_admission,
+                     mesh_configuration, request, results, trust_bundle, with_trust_store)
 
 REASON = can_create_namespaces()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"pods end to end: {REASON}")
@@ -75,7 +75,9 @@ IDENTITIES = [
              aws_target_role_arn="arn:aws:iam::222233334444:role/data-lake", aws_external_id="e2e-lake-4f1c"),
 ]
 CLUSTER_ARN = "arn:aws:eks:us-east-1:111122223333:cluster/e2e"
-GOVERNED = {"governed": {"lanyard.dev/guard": "enforce"}}
+# Namespaces the guard governs (its webhook and its ValidatingAdmissionPolicy
+# both on): the Ray cluster's and the builder's.
+GOVERNED = {name: {"lanyard.dev/guard": "enforce"} for name in ("governed", "ray")}
 
 
 def expected(ident: dict) -> dict:
@@ -122,18 +124,24 @@ class E2E:
             "agent": {"port": AGENT_PORT, "adminPort": AGENT_ADMIN, "reachVia": "hostPort",
                       "shutdownDelaySeconds": 1},
             "webhook": {"port": HOOK_PORT, "adminPort": HOOK_ADMIN, "shutdownDelaySeconds": 2},
-            "guard": {"enabled": True},
+            "guard": {"enabled": True, "admissionPolicy": True},
         }
         self.objects = render(self.values)
         secret = find(self.objects, "Secret", "lanyard-webhook-tls")
         self.webhook_ca = base64.b64decode(secret["data"]["ca.crt"]).decode()
-        self.admission = Admission(self.cluster, self.objects, f"https://{API_IP}:{HOOK_PORT}", self.webhook_ca,
-                                   "lanyard-webhook.lanyard-system.svc")
+        # The chart's webhooks and policy, and a mesh's injector beside them:
+        # pods are admitted by the fake API server as a cluster admits them.
+        self.endpoints = [f"{API_IP}:{HOOK_PORT}"]
+        install_admission(self.kube, self.objects, self.endpoints)
+        self.kube.apply(mesh_configuration(self.kube))
         for obj in EXAMPLE_SA:
+            if obj["kind"] == "Namespace":
+                obj = {**obj, "metadata": {**obj["metadata"], "labels": GOVERNED.get(obj["metadata"]["name"], {})}}
             self.kube.apply(obj)
         for ident in IDENTITIES[1:]:
             ns = ident["namespace"]
-            self.kube.apply(self.admission.namespace(ns, GOVERNED.get(ns)))
+            self.kube.apply({"apiVersion": "v1", "kind": "Namespace",
+                             "metadata": {"name": ns, "labels": GOVERNED.get(ns, {})}})
             chain = {f"lanyard.dev/{cloud}-{key}": ident[f"{cloud}_{key.replace('-', '_')}"]
                      for cloud, key in (("aws", "target-role-arn"), ("aws", "external-id"),
                                         ("azure", "app-client-id"), ("azure", "app-tenant-id"))
@@ -204,13 +212,15 @@ class E2E:
         wait_for(lambda: new.proc.poll() is None and request(
             ns, "GET", f"http://127.0.0.1:{HOOK_ADMIN}/readyz").status == 200, f"webhook {role} is ready")
         t["new_ready"] = time.time()
-        old, old_url = self.webhook, self.admission.endpoints[-1]
-        self.admission.endpoints = [old_url, f"https://{address}:{HOOK_PORT}"]
+        old, old_address = self.webhook, self.endpoints[-1]
+        self.endpoints = [old_address, f"{address}:{HOOK_PORT}"]
+        self.kube.set_endpoints("lanyard-system", "lanyard-webhook", self.endpoints)
         time.sleep(0.3)
         old.proc.send_signal(signal.SIGTERM)
         t["sigterm"] = time.time()
         time.sleep(ENDPOINTS_LAG)
-        self.admission.endpoints = self.admission.endpoints[1:]
+        self.endpoints = self.endpoints[1:]
+        self.kube.set_endpoints("lanyard-system", "lanyard-webhook", self.endpoints)
         t["dropped"] = time.time()
         t["old_code"] = old.proc.wait(timeout=40)
         t["old_exited"] = time.time()
@@ -220,13 +230,14 @@ class E2E:
 
     def run_pod(self, node, template: dict, name: str, namespace: str, rotate_every: float | None = None,
                 sidecar_env: dict[str, str] | None = None) -> Pod:
-        """Admission, scheduling onto `node`, storage, then the kubelet.
-        `sidecar_env` is a test's lever on the injected sidecar (added to
-        its env after admission), never something a pod could do."""
+        """Creation through the API server's admission, scheduling onto
+        `node` (the scheduler's binding), then the kubelet. `sidecar_env` is
+        a test's lever on the injected sidecar (added to its env after
+        admission), never something a pod could do."""
         pod = {"apiVersion": "v1", "kind": "Pod",
                "metadata": {**copy.deepcopy(template.get("metadata", {})), "name": name, "namespace": namespace},
                "spec": copy.deepcopy(template["spec"])}
-        mutated = self.admission.admit(pod)
+        mutated = self.kube.create_pod(pod)
         mutated["spec"]["nodeName"] = node.name
         if os.environ.get("LANYARD_E2E_SIDECAR_LOG"):
             # A log filter for the sidecars (RUST_LOG), to debug a failing run.
@@ -440,6 +451,50 @@ def test_one_raycluster_on_one_node_shares_one_exchange_per_identity(e2e):
     assert list(sts.values()) == [1], sts
 
 
+def test_kuberay_pods_beside_a_mesh_in_a_governed_namespace_are_stored_as_a_cluster_stores_them(e2e):
+    """The Ray namespace is governed (the guard's webhook and policy on) and
+    a mesh injector runs after Lanyard's webhook: the API server calls
+    Lanyard's again, reruns the ServiceAccount plugin (which mounts the API
+    token into the mesh's container but not into Lanyard's sidecar), and
+    the policy and the guard admit the pod they finally see, which starts
+    and serves its SDKs."""
+    head, worker = ray_templates()
+    node = e2e.nodes[1]
+    before = len(e2e.kube.webhook_calls())
+    head_pod = e2e.run_pod(node, head, "ray-mesh-head", "ray")
+    calls = e2e.kube.webhook_calls()[before:]
+    assert calls == ["inject.lanyard.dev CREATE", "inject.mesh.example CREATE", "inject.lanyard.dev CREATE",
+                     "ValidatingAdmissionPolicy lanyard-guard CREATE", "guard.lanyard.dev CREATE"], calls
+    worker_pod = e2e.run_pod(node, worker, "ray-mesh-worker-0", "ray")
+    spec = head_pod.spec
+    sidecar = next(c for c in spec["initContainers"] if c["name"] == "lanyard")
+    assert [m["name"] for m in sidecar["volumeMounts"]] == ["lanyard-tokens", "lanyard-app-token",
+                                                           "lanyard-no-api-token"]
+    api = [v["name"] for v in spec["volumes"] if v["name"].startswith("kube-api-access-")]
+    assert len(api) == 1, spec["volumes"]
+    assert [c["name"] for c in spec["containers"]] == ["ray-head", "mesh-proxy"]
+    for c in spec["containers"]:
+        assert any(m["name"] == api[0] for m in c["volumeMounts"]), c
+    # The worker opts out of the API token (automountServiceAccountToken:
+    # false), in its mesh container too.
+    assert not [v for v in worker_pod.spec["volumes"] if v["name"].startswith("kube-api-access-")]
+    # The kubelet wrote the API token for the head's own container; the
+    # sidecar sees an empty directory there.
+    app = head_pod.app_containers()[0]
+    token = head_pod.exec(app, ["cat", "/var/run/secrets/kubernetes.io/serviceaccount/token"])
+    assert token.returncode == 0 and token.stdout.startswith("eyJ"), token.stderr
+    nothing = head_pod.exec(sidecar, ["ls", "-A", "/var/run/secrets/kubernetes.io/serviceaccount"],
+                            image_env={"PATH": "/usr/bin:/bin", "HOME": "/"})
+    assert nothing.returncode == 0 and nothing.stdout == "", (nothing.stdout, nothing.stderr)
+    for pod in (head_pod, worker_pod):
+        assert_all_ok_and_owned(e2e, run_app(e2e, pod, "--clouds", "azure,aws"), IDENTITIES[0])
+    # A label on the running head, with kubectl: admitted by both guards.
+    labelled = e2e.kube.kubectl("label", "-n", "ray", "pod/ray-mesh-head", "ray.io/role=data")
+    assert labelled.returncode == 0, labelled.stderr
+    assert e2e.kube.webhook_calls()[-2:] == ["ValidatingAdmissionPolicy lanyard-guard UPDATE",
+                                             "guard.lanyard.dev UPDATE"]
+
+
 def test_pods_of_other_service_accounts_get_their_own_identity_and_not_each_others_sidecar(e2e):
     node = e2e.nodes[0]
     _, worker = ray_templates()
@@ -563,11 +618,12 @@ def admit_while(e2e: E2E, stop: threading.Event, prefix: str) -> list[dict]:
                                                                "namespace": "etl"}, "spec": template["spec"]}
         began = time.time()
         try:
-            stored = e2e.admission.admit(copy.deepcopy(pod))
+            stored = e2e.kube.create_pod(copy.deepcopy(pod))
             sidecars = [c for c in stored["spec"].get("initContainers", []) if c.get("restartPolicy") == "Always"]
-            outcomes.append({"t": began, "ok": True, "sidecar": len(sidecars) == 1})
+            outcomes.append({"t": began, "end": time.time(), "ok": True, "sidecar": len(sidecars) == 1})
         except (OSError, Refused, AssertionError) as e:
-            outcomes.append({"t": began, "ok": False, "error": f"{type(e).__name__}: {str(e)[:200]}"})
+            outcomes.append({"t": began, "end": time.time(), "ok": False,
+                             "error": f"{type(e).__name__}: {str(e)[:200]}"})
         i += 1
         time.sleep(0.02)
     return outcomes
@@ -610,7 +666,11 @@ def test_the_webhook_rolls_while_pods_are_created_and_refuses_none(e2e):
                                                  "refused_for_s": round(max(o["t"] for o in refused) - min(
                                                      o["t"] for o in refused), 2) if refused else 0}
     assert refused, "the roll without a shutdown delay refused no pod: the harness cannot see refusals"
-    assert all(t["sigterm"] <= o["t"] <= t["dropped"] + 0.1 for o in refused), refused[:3]
+    # Refused: only creations that overlapped the time from the old
+    # replica's SIGTERM to its leaving the endpoints (a creation calls
+    # Lanyard's webhook twice, reinvoked after the mesh's, so one begun
+    # just before the SIGTERM can meet it).
+    assert all(o["end"] >= t["sigterm"] and o["t"] <= t["dropped"] + 0.1 for o in refused), refused[:3]
     assert all(o["sidecar"] for o in outcomes if o["ok"])
 
 
@@ -695,12 +755,29 @@ def governed_pod(e2e: E2E) -> Pod:
 
 def test_the_guard_refuses_a_pods_own_cloud_token_only_in_a_governed_namespace(e2e):
     node = e2e.nodes[1]
+    # The ValidatingAdmissionPolicy runs before the validating webhooks and
+    # refuses first, in the API server's words.
     with pytest.raises(Refused) as refused:
         e2e.run_pod(node, own_token_template("builder", "sts.amazonaws.com"), "own-token", "governed")
-    assert refused.value.webhook == "guard.lanyard.dev"
+    assert refused.value.webhook == "lanyard-guard", refused.value
     assert refused.value.status["code"] == 403
-    assert "cloud-token-mount" in refused.value.status["message"]
-    assert 'container "app"' in refused.value.status["message"]
+    message = refused.value.status["message"]
+    assert message.startswith('pods "own-token" is forbidden: ValidatingAdmissionPolicy \'lanyard-guard\' with '
+                              "binding 'lanyard-guard' denied request: lanyard guard (cloud-token-mount): container app"), \
+        message
+    # Without the policy (guard.admissionPolicy off), the guard's webhook
+    # refuses the same pod.
+    binding = find(e2e.objects, "ValidatingAdmissionPolicyBinding", "lanyard-guard")
+    assert e2e.kube.control("DELETE", "/admission/ValidatingAdmissionPolicyBinding/lanyard-guard").status == 200
+    try:
+        with pytest.raises(Refused) as refused:
+            e2e.run_pod(node, own_token_template("builder", "sts.amazonaws.com"), "own-token", "governed")
+        assert refused.value.webhook == "guard.lanyard.dev"
+        assert refused.value.status["code"] == 403
+        assert "cloud-token-mount" in refused.value.status["message"]
+        assert 'container "app"' in refused.value.status["message"]
+    finally:
+        e2e.kube.apply(binding)
     # Ungoverned, the same pod is admitted (and runs with its own token).
     own = e2e.run_pod(node, own_token_template("scripts", "sts.amazonaws.com"), "own-token", "legacy")
     token = own.exec(own.app_containers()[0], ["cat", "/var/run/secrets/eks.amazonaws.com/serviceaccount/token"])
@@ -709,28 +786,37 @@ def test_the_guard_refuses_a_pods_own_cloud_token_only_in_a_governed_namespace(e
     pod = governed_pod(e2e)
     lines = run_app(e2e, pod, "--clouds", "aws")
     assert_all_ok_and_owned(e2e, lines, IDENTITIES[3])
-    assert ("guard.lanyard.dev", "CREATE") in e2e.admission.calls
+    calls = e2e.kube.webhook_calls()
+    assert "guard.lanyard.dev CREATE" in calls and "ValidatingAdmissionPolicy lanyard-guard CREATE" in calls
 
 
-def test_a_debug_container_cannot_mount_the_token_volume_in_a_governed_namespace(e2e):
+def test_kubectl_on_a_governed_pod_debugs_and_labels_but_cannot_reach_the_tokens(e2e):
+    """kubectl itself, against the API server: a plain `kubectl debug` and
+    `kubectl label` are admitted on the stored pod; a debug container that
+    mounts the token volume, or traces the sidecar (the general profile's
+    SYS_PTRACE with --target=lanyard), and an image swapped on the sidecar
+    are refused."""
     pod = governed_pod(e2e)
-    stored = {"apiVersion": "v1", "kind": "Pod", "metadata": pod.meta, "spec": pod.spec}
-    # kubectl debug: an UPDATE of pods/ephemeralcontainers with the whole pod.
-    debug = copy.deepcopy(stored)
-    debug["spec"]["ephemeralContainers"] = [{"name": "debugger-1", "image": "busybox:1.36",
-                                             "targetContainerName": "app",
-                                             "volumeMounts": [{"name": "lanyard-tokens", "mountPath": "/stolen"}]}]
-    with pytest.raises(Refused) as refused:
-        e2e.admission.admit(debug, "UPDATE", stored, "ephemeralcontainers")
-    assert 'ephemeral container "debugger-1"' in refused.value.status["message"]
-    # Without the mount, debugging is as before.
-    del debug["spec"]["ephemeralContainers"][0]["volumeMounts"]
-    assert e2e.admission.admit(debug, "UPDATE", stored, "ephemeralcontainers")["spec"]["ephemeralContainers"]
-    # And an update that swaps the sidecar's image is refused.
-    swapped = copy.deepcopy(stored)
-    swapped["spec"]["initContainers"][0]["image"] = "attacker.example/lanyard:1"
-    with pytest.raises(Refused):
-        e2e.admission.admit(swapped, "UPDATE", stored)
+    name = ["-n", "governed", "pod/builder-0"]
+    plain = e2e.kube.kubectl("debug", *name, "--image=busybox:1.36", "--target=app", "--profile=legacy")
+    assert plain.returncode == 0, plain.stderr
+    labelled = e2e.kube.kubectl("label", *name, "team=data")
+    assert labelled.returncode == 0, labelled.stderr
+    traced = e2e.kube.kubectl("debug", *name, "--image=busybox:1.36", "--target=lanyard", "--profile=general")
+    assert traced.returncode != 0 and "lanyard guard (process-access)" in traced.stderr, traced.stderr
+    custom = e2e.workdir / "debug-mounts.json"
+    custom.write_text(json.dumps({"volumeMounts": [{"name": "lanyard-tokens", "mountPath": "/stolen"}]}))
+    stolen = e2e.kube.kubectl("debug", *name, "--image=busybox:1.36", "--profile=legacy", f"--custom={custom}")
+    assert stolen.returncode != 0 and "lanyard guard (cloud-token-mount)" in stolen.stderr, stolen.stderr
+    swapped = e2e.kube.kubectl("set", "image", *name, "lanyard=attacker.example/lanyard:1")
+    assert swapped.returncode != 0 and "lanyard guard (cloud-token-mount)" in swapped.stderr, swapped.stderr
+    stored = e2e.kube.api("GET", "/api/v1/namespaces/governed/pods/builder-0").json()
+    assert stored["metadata"]["labels"]["team"] == "data"
+    debuggers = stored["spec"]["ephemeralContainers"]
+    assert len(debuggers) == 1 and debuggers[0]["name"].startswith("debugger-"), debuggers
+    assert debuggers[0]["targetContainerName"] == "app" and "securityContext" not in debuggers[0]
+    # The running pod still gets its credentials.
+    assert_all_ok_and_owned(e2e, run_app(e2e, pod, "--clouds", "aws"), IDENTITIES[3])
 
 
 def test_a_process_of_the_sidecars_user_cannot_read_its_tokens_through_proc(e2e):

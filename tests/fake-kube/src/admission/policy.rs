@@ -361,6 +361,15 @@ impl FakeKube {
             if !applies {
                 continue;
             }
+            let sub = match a.sub_resource {
+                "" => String::new(),
+                sub => format!("/{sub}"),
+            };
+            self.admission_registry().record_call(format!(
+                "ValidatingAdmissionPolicy {} {}{sub}",
+                policy.name,
+                a.operation.as_str()
+            ));
             let denial = |message: &str, reason: &str| {
                 let mut r = Rejection::forbidden(
                     "pods",

@@ -69,7 +69,12 @@ pub(crate) struct Registry {
     turn: usize,
     /// Every webhook call, oldest first: `NAME OPERATION[/SUBRESOURCE]`.
     calls: std::collections::VecDeque<String>,
+    /// HTTPS clients by webhook and endpoint (their connections reused).
+    clients: HashMap<ClientKey, reqwest::Client>,
 }
+
+/// A webhook's uid and the endpoint it is called at (`None` for a URL).
+pub(crate) type ClientKey = (String, Option<SocketAddr>);
 
 /// Most webhook calls kept for [`FakeKube::webhook_calls`].
 const MAX_CALLS: usize = 10_000;
@@ -77,6 +82,8 @@ const MAX_CALLS: usize = 10_000;
 impl Registry {
     /// Registers (or replaces) one admissionregistration.k8s.io/v1 object.
     pub(crate) fn register(&mut self, obj: &Value) -> Result<(), String> {
+        // A configuration registered anew may carry another caBundle.
+        self.clients.clear();
         let name = obj
             .pointer("/metadata/name")
             .and_then(Value::as_str)
@@ -135,6 +142,14 @@ impl Registry {
             .values()
             .filter_map(|b| Some((b.clone(), self.policies.get(&b.policy)?.clone())))
             .collect()
+    }
+
+    pub(crate) fn client(&self, key: &ClientKey) -> Option<reqwest::Client> {
+        self.clients.get(key).cloned()
+    }
+
+    pub(crate) fn keep_client(&mut self, key: ClientKey, client: reqwest::Client) {
+        self.clients.insert(key, client);
     }
 
     pub(crate) fn record_call(&mut self, call: String) {
@@ -315,8 +330,9 @@ impl FakeKube {
     }
 
     /// Every webhook call made, oldest first, as `NAME OPERATION` (with
-    /// `/SUBRESOURCE` when there is one): what tests assert reinvocation
-    /// on.
+    /// `/SUBRESOURCE` when there is one), and every policy evaluated, as
+    /// `ValidatingAdmissionPolicy NAME OPERATION`: what tests assert
+    /// reinvocation on.
     pub fn webhook_calls(&self) -> Vec<String> {
         self.admission_registry().calls.iter().cloned().collect()
     }

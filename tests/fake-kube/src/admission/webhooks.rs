@@ -215,19 +215,9 @@ impl FakeKube {
                 (url, Some((host, endpoint)))
             }
         };
-        let mut client = reqwest::Client::builder().timeout(hook.timeout);
-        let roots = match &hook.ca_pem {
-            Some(pem) => reqwest::Certificate::from_pem_bundle(pem)
-                .map_err(|e| failed(hook, &url, format!("caBundle: {e}")))?,
-            None => Vec::new(),
-        };
-        client = client.tls_certs_only(roots);
-        if let Some((host, endpoint)) = resolve {
-            client = client.resolve(&host, endpoint);
-        }
-        let client = client
-            .build()
-            .map_err(|e| failed(hook, &url, e.to_string()))?;
+        let client = self
+            .client(hook, resolve)
+            .map_err(|e| failed(hook, &url, e))?;
         let uid = uuid::Uuid::new_v4().to_string();
         let review = review(a, &uid);
         let sub = match a.sub_resource {
@@ -300,6 +290,38 @@ impl FakeKube {
             }
         };
         Ok(Reply { patch, warnings })
+    }
+}
+
+impl FakeKube {
+    /// The HTTPS client for `hook` at `resolve` (the Service's host name
+    /// and the endpoint chosen), kept per webhook and endpoint so that
+    /// connections are reused across calls, as the API server's webhook
+    /// client reuses them.
+    fn client(
+        &self,
+        hook: &Hook,
+        resolve: Option<(String, std::net::SocketAddr)>,
+    ) -> Result<reqwest::Client, String> {
+        let key = (hook.uid.clone(), resolve.as_ref().map(|(_, addr)| *addr));
+        if let Some(client) = self.admission_registry().client(&key) {
+            return Ok(client);
+        }
+        let roots = match &hook.ca_pem {
+            Some(pem) => {
+                reqwest::Certificate::from_pem_bundle(pem).map_err(|e| format!("caBundle: {e}"))?
+            }
+            None => Vec::new(),
+        };
+        let mut client = reqwest::Client::builder()
+            .timeout(hook.timeout)
+            .tls_certs_only(roots);
+        if let Some((host, endpoint)) = resolve {
+            client = client.resolve(&host, endpoint);
+        }
+        let client = client.build().map_err(|e| e.to_string())?;
+        self.admission_registry().keep_client(key, client.clone());
+        Ok(client)
     }
 }
 

@@ -10,7 +10,17 @@
 //!
 //! - `POST /apply`: a ServiceAccount, Pod or Namespace (JSON, as kubectl
 //!   would send it); uids are assigned when missing; answers the stored
-//!   object;
+//!   object (a pod applied here is stored as given, as the scheduler's and
+//!   the kubelet's writes are; a pod a user creates goes through the API
+//!   and its admission); or an admission configuration
+//!   (MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+//!   ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding), which
+//!   pods written through the API are then admitted with;
+//! - `POST /endpoints`: `{"namespace", "name", "addresses": ["IP:PORT"]}`,
+//!   the ready endpoints of a webhook's Service;
+//! - `GET /admission/calls`: every webhook call made and policy evaluated,
+//!   in order; `DELETE /admission/{kind}/{name}` removes a registered
+//!   admission object;
 //! - `DELETE /objects/{serviceaccounts|pods|namespaces}/{namespace}/{name}`
 //!   (the namespace segment is `-` for namespaces);
 //! - `POST /token`: mints a projected token for a stored pod, as the kubelet
@@ -51,11 +61,19 @@
 //! `--host IP` binds every listener on IP (any free port) instead of
 //! 127.0.0.1, for a process run in a network namespace of its own.
 //!
+//! The API is also served over HTTPS (`api_https`), for kubectl, with an
+//! administrator's kubeconfig (`admin_kubeconfig`: `system:masters`, pod
+//! writes through admission) and the cluster CA (`ca`); a mesh injector,
+//! someone else's mutating webhook, listens at `mesh_injector` (see
+//! `https.rs`).
+//!
 //! On start it prints one JSON line to stdout: `{"api", "control",
-//! "kubeconfig", "issuer"}`, with `"azure"`, `"gcp"` and `"aws"` (each
+//! "kubeconfig", "issuer", "api_https", "admin_kubeconfig", "ca",
+//! "mesh_injector"}`, with `"azure"`, `"gcp"` and `"aws"` (each
 //! emulator's base URL) when the clouds run. It stops on SIGTERM or SIGINT.
 
 mod clouds;
+mod https;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -217,6 +235,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     let token = uuid::Uuid::new_v4().to_string();
     let kube = FakeKube::new(issuer.url(), issuer.key().jwk(), &token);
+    kube.set_admin_token(&uuid::Uuid::new_v4().to_string());
     let api = tokio::net::TcpListener::bind(args.listen).await?;
     let control = tokio::net::TcpListener::bind(args.control).await?;
     let api_url = format!("http://{}", api.local_addr()?);
@@ -229,6 +248,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
     info.insert("control".into(), Value::from(control_url));
     info.insert("kubeconfig".into(), json!(kubeconfig));
     info.insert("issuer".into(), Value::from(issuer.url()));
+    let served = https::start(kube.clone(), args.host, &args.dir).await?;
+    info.insert("api_https".into(), Value::from(served.api));
+    info.insert("admin_kubeconfig".into(), json!(served.admin_kubeconfig));
+    info.insert("ca".into(), json!(served.ca));
+    info.insert("mesh_injector".into(), Value::from(served.mesh_injector));
     let ctl = Ctl {
         kube: kube.clone(),
         issuer,
@@ -238,6 +262,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .route("/apply", post(apply))
         .route("/objects/{kind}/{namespace}/{name}", delete(remove))
         .route("/token", post(mint))
+        .route("/endpoints", post(endpoints))
+        .route("/admission/calls", get(admission_calls))
+        .route("/admission/{kind}/{name}", delete(unregister))
         .route("/requests", get(requests))
         .route("/clouds/whois", get(whois))
         .route("/clouds/counts", get(counts))
@@ -285,6 +312,17 @@ async fn apply(State(ctl): State<Ctl>, Json(object): Json<Value>) -> Response {
             .map(|o| serde_json::to_value(ctl.kube.apply_pod(o))),
         Some("Namespace") => serde_json::from_value::<Namespace>(object)
             .map(|o| serde_json::to_value(ctl.kube.apply_namespace(o))),
+        Some(
+            "MutatingWebhookConfiguration"
+            | "ValidatingWebhookConfiguration"
+            | "ValidatingAdmissionPolicy"
+            | "ValidatingAdmissionPolicyBinding",
+        ) => {
+            return match ctl.kube.register_admission(&object) {
+                Ok(()) => Json(object).into_response(),
+                Err(e) => bad(e),
+            }
+        }
         other => return bad(format!("cannot apply kind {other:?}")),
     };
     match stored {
@@ -308,6 +346,33 @@ async fn remove(
     } else {
         StatusCode::NOT_FOUND
     }
+}
+
+#[derive(Deserialize)]
+struct Endpoints {
+    namespace: String,
+    name: String,
+    addresses: Vec<SocketAddr>,
+}
+
+async fn endpoints(State(ctl): State<Ctl>, Json(e): Json<Endpoints>) -> Json<Value> {
+    ctl.kube
+        .set_endpoints(&e.namespace, &e.name, e.addresses.clone());
+    Json(json!({"namespace": e.namespace, "name": e.name, "addresses": e.addresses}))
+}
+
+async fn unregister(
+    State(ctl): State<Ctl>,
+    Path((kind, name)): Path<(String, String)>,
+) -> StatusCode {
+    match ctl.kube.unregister_admission(&kind, &name) {
+        true => StatusCode::OK,
+        false => StatusCode::NOT_FOUND,
+    }
+}
+
+async fn admission_calls(State(ctl): State<Ctl>) -> Json<Value> {
+    Json(json!({"calls": ctl.kube.webhook_calls()}))
 }
 
 #[derive(Deserialize)]

@@ -1,0 +1,96 @@
+//! The API server over HTTPS, as clusters serve it and as kubectl needs it
+//! (client-go sends a bearer token only over TLS, kubernetes/kubectl#744),
+//! with an administrator's kubeconfig; and the mesh injector (someone
+//! else's mutating webhook, `lanyard_fake_kube::mesh_injector`) on a TLS
+//! listener of its own, for tests to register beside Lanyard's.
+//!
+//! One CA signs both certificates; it is the cluster's CA that pods find
+//! as `ca.crt` in their `kube-api-access-*` volume (`kube-root-ca.crt`).
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::sync::Arc;
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+use lanyard_fake_kube::FakeKube;
+use serde_json::{json, Value};
+
+/// What the HTTPS side reports on start.
+pub struct Https {
+    /// `https://HOST:PORT` of the API.
+    pub api: String,
+    /// The administrator's kubeconfig file.
+    pub admin_kubeconfig: std::path::PathBuf,
+    /// The cluster CA (PEM) file.
+    pub ca: std::path::PathBuf,
+    /// `https://HOST:PORT/inject` of the mesh injector.
+    pub mesh_injector: String,
+}
+
+/// Starts both listeners on `host`; writes `ca.crt` and
+/// `admin.kubeconfig` into `dir`.
+pub async fn start(kube: Arc<FakeKube>, host: IpAddr, dir: &Path) -> anyhow::Result<Https> {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate()?;
+    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "lanyard-fake-kube cluster CA");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca_params.self_signed(&ca_key)?;
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate()?;
+    let names = vec![
+        host.to_string(),
+        "localhost".to_string(),
+        "kubernetes.default.svc".to_string(),
+        "kubernetes.default.svc.cluster.local".to_string(),
+    ];
+    let cert = CertificateParams::new(names)?.signed_by(&key, &issuer)?;
+    let rustls = axum_server::tls_rustls::RustlsConfig::from_pem(
+        cert.pem().into_bytes(),
+        key.serialize_pem().into_bytes(),
+    )
+    .await?;
+
+    let api = serve(kube.router(), SocketAddr::new(host, 0), rustls.clone())?;
+    let (mesh, _calls) = lanyard_fake_kube::mesh_injector::mesh_injector();
+    let mesh = serve(mesh, SocketAddr::new(host, 0), rustls)?;
+
+    let ca = dir.join("ca.crt");
+    std::fs::write(&ca, ca_cert.pem())?;
+    let api_url = format!("https://{api}");
+    let admin = admin_kubeconfig(&kube, &api_url, &ca_cert.pem())?;
+    let admin_kubeconfig = dir.join("admin.kubeconfig");
+    std::fs::write(&admin_kubeconfig, admin)?;
+    Ok(Https {
+        api: api_url,
+        admin_kubeconfig,
+        ca,
+        mesh_injector: format!("https://{mesh}/inject"),
+    })
+}
+
+fn serve(
+    router: axum::Router,
+    addr: SocketAddr,
+    rustls: axum_server::tls_rustls::RustlsConfig,
+) -> anyhow::Result<SocketAddr> {
+    let listener = std::net::TcpListener::bind(addr)?;
+    listener.set_nonblocking(true)?;
+    let local = listener.local_addr()?;
+    let server = axum_server::from_tcp_rustls(listener, rustls)?;
+    tokio::spawn(async move { server.serve(router.into_make_service()).await });
+    Ok(local)
+}
+
+/// The administrator's kubeconfig, with the CA inline.
+fn admin_kubeconfig(kube: &FakeKube, server: &str, ca_pem: &str) -> anyhow::Result<String> {
+    let text = kube
+        .admin_kubeconfig(server)
+        .ok_or_else(|| anyhow::anyhow!("no admin token set"))?;
+    let mut doc: Value = serde_norway::from_str(&text)?;
+    doc["clusters"][0]["cluster"]["certificate-authority-data"] = json!(STANDARD.encode(ca_pem));
+    Ok(serde_norway::to_string(&doc)?)
+}
