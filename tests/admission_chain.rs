@@ -137,6 +137,30 @@ fn mesh_configuration(name: &str, url: &str, ca: &str) -> Value {
 }
 
 async fn cluster(mesh_name: &str) -> Cluster {
+    let injection = InjectionConfig {
+        sidecar_image: "registry.example/lanyard:0.1.0".into(),
+        sdk: lanyard::serve::sdk_env::SdkDefaults {
+            azure_tenant_id: Some("72f988bf-86f1-41af-91ab-2d7cd011db47".into()),
+            aws_region: None,
+            gcp_universe_domain: None,
+        },
+        ..Default::default()
+    };
+    cluster_with(
+        mesh_name,
+        injection,
+        &[("azure.workload.identity/client-id", CLIENT_ID)],
+    )
+    .await
+}
+
+/// A cluster whose webhook injects with `injection` and whose
+/// `ray-worker` ServiceAccounts carry `annotations`.
+async fn cluster_with(
+    mesh_name: &str,
+    injection: InjectionConfig,
+    annotations: &[(&str, &str)],
+) -> Cluster {
     let dir = tempfile::tempdir().unwrap();
     let pki = pki();
     let fake = FakeKube::new(
@@ -151,19 +175,10 @@ async fn cluster(mesh_name: &str) -> Cluster {
     let key = dir.path().join("tls.key");
     std::fs::write(&cert, &pki.lanyard.0).unwrap();
     std::fs::write(&key, &pki.lanyard.1).unwrap();
-    let injection = InjectionConfig {
-        sidecar_image: "registry.example/lanyard:0.1.0".into(),
-        sdk: lanyard::serve::sdk_env::SdkDefaults {
-            azure_tenant_id: Some("72f988bf-86f1-41af-91ab-2d7cd011db47".into()),
-            aws_region: None,
-            gcp_universe_domain: None,
-        },
-        ..Default::default()
-    };
-    let annotations = [(
-        "azure.workload.identity/client-id".to_string(),
-        CLIENT_ID.to_string(),
-    )];
+    let annotations: Vec<(String, String)> = annotations
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
     let accounts: Vec<ServiceAccountEntry> = ["ml", "governed"]
         .iter()
         .map(|ns| ServiceAccountEntry {
@@ -224,9 +239,13 @@ async fn cluster(mesh_name: &str) -> Cluster {
         fake.apply_namespace(
             serde_json::from_value(json!({"metadata": {"name": ns, "labels": labels}})).unwrap(),
         );
+        let annotations: serde_json::Map<String, Value> = annotations
+            .iter()
+            .map(|(k, v)| (k.clone(), json!(v)))
+            .collect();
         fake.apply_service_account(
             serde_json::from_value(json!({"metadata": {"name": "ray-worker", "namespace": ns,
-                                                       "annotations": {"azure.workload.identity/client-id": CLIENT_ID}}}))
+                                                       "annotations": annotations}}))
             .unwrap(),
         );
     }
@@ -542,4 +561,69 @@ async fn a_webhook_that_cannot_be_reached_refuses_the_pod_with_the_api_servers_t
         (status, missing["message"].as_str()),
         (404, Some("namespaces \"nowhere\" not found"))
     );
+}
+
+/// `tests/fixtures/guard/stored.json`: the guard fixtures' `app` base
+/// created through the API server with the fixtures' settings and the mesh
+/// injector beside Lanyard's webhook: the pod as a cluster stores it (its
+/// random values fixed). The guard's fixture tests (Rust, and the chart's
+/// policy in CEL) run every case against it as well as against the
+/// injected form. `LANYARD_BLESS=1` rewrites it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guard_fixtures_stored_base_is_what_the_api_server_stores() {
+    let cases = support::guard::cases();
+    let settings = &cases["settings"];
+    let c = cluster_with(
+        "mesh-injector",
+        support::guard::injection(settings),
+        &[
+            ("azure.workload.identity/client-id", CLIENT_ID),
+            (
+                "iam.gke.io/gcp-service-account",
+                "ray-worker@ml-data.iam.gserviceaccount.com",
+            ),
+            (
+                "eks.amazonaws.com/role-arn",
+                "arn:aws:iam::111122223333:role/ray-worker",
+            ),
+        ],
+    )
+    .await;
+    let (status, mut stored) = c.create("ml", cases["bases"]["app"].clone()).await;
+    assert_eq!(status, 201, "{stored}");
+    // What differs from run to run.
+    stored["metadata"]["uid"] = json!("6c2f4a8e-0b1d-4e3f-9a5c-7d8e9f0a1b2c");
+    stored["metadata"]["creationTimestamp"] = json!("2026-12-07T00:00:00Z");
+    stored["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("resourceVersion");
+    for list in ["initContainers", "containers"] {
+        for container in stored["spec"][list].as_array_mut().unwrap() {
+            for var in container["env"].as_array_mut().into_iter().flatten() {
+                if var["name"] == "IDENTITY_HEADER" || var["name"] == "MSI_SECRET" {
+                    var["value"] = json!("0123456789abcdef0123456789abcdef");
+                }
+            }
+        }
+    }
+    let path = format!("{}/stored.json", support::guard::DIR);
+    if std::env::var_os("LANYARD_BLESS").is_some() {
+        std::fs::write(&path, serde_json::to_string_pretty(&stored).unwrap() + "\n").unwrap();
+    }
+    let want: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(
+        stored, want,
+        "{path} is not what the API server stores now; LANYARD_BLESS=1 rewrites it"
+    );
+    // The stored form: the mesh's container with the API token mounted by
+    // the plugin's second run; Lanyard's sidecar exactly as built.
+    assert!(mounts(container(&stored, "containers", MESH_CONTAINER))
+        .iter()
+        .any(|(name, _)| name == "kube-api-access-8k2vd"));
+    let typed = serde_json::from_value(stored).unwrap();
+    let guard = Guard::new(&c.injection, &support::guard::extra(settings));
+    assert_eq!(guard::check(&typed, &guard), Ok(()));
+    let again = mutate(&typed, "ml", &support::guard::all_clouds(), &c.injection).unwrap();
+    assert!(again.is_empty(), "{:?}", again.patch);
 }

@@ -20,6 +20,30 @@ pub fn injected() -> Value {
     serde_json::from_str(&std::fs::read_to_string(format!("{DIR}/injected.json")).unwrap()).unwrap()
 }
 
+/// `stored.json`: the `app` base as the API server stores it after
+/// admission with Lanyard's webhook and a mesh injector
+/// (`tests/admission_chain.rs` makes it).
+pub fn stored() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(format!("{DIR}/stored.json")).unwrap()).unwrap()
+}
+
+/// Every case as it is run: as written, and each case on the `injected`
+/// base once more on the `stored` one (the pod as a cluster stores it),
+/// where it must get the same decision and rule.
+pub fn runs(cases: &Value) -> Vec<Value> {
+    let mut out = Vec::new();
+    for case in cases["cases"].as_array().unwrap() {
+        out.push(case.clone());
+        if case["base"] == "injected" {
+            let mut stored = case.clone();
+            stored["base"] = "stored".into();
+            stored["name"] = format!("{} (as stored)", case["name"].as_str().unwrap()).into();
+            out.push(stored);
+        }
+    }
+    out
+}
+
 /// What the webhook injects with the fixtures' settings.
 pub fn injection(settings: &Value) -> InjectionConfig {
     let text = |k: &str| settings[k].as_str().unwrap().to_string();

@@ -327,6 +327,38 @@ fn code(reason: &str) -> u16 {
 }
 
 impl FakeKube {
+    /// The registered ValidatingAdmissionPolicies' decision on an
+    /// AdmissionReview's `request` for a pod, as the chain would reach it:
+    /// `Ok` with the warnings, or the refusal's code and message. For
+    /// tests that hold this CEL runtime to another one on the same cases.
+    pub fn evaluate_policies(&self, request: &Value) -> Result<Vec<String>, (u16, String)> {
+        let text = |field: &str| request[field].as_str().unwrap_or_default().to_string();
+        let a = Attributes {
+            operation: match request["operation"].as_str() {
+                Some("UPDATE") => super::Operation::Update,
+                _ => super::Operation::Create,
+            },
+            sub_resource: match request["subResource"].as_str() {
+                Some("ephemeralcontainers") => "ephemeralcontainers",
+                _ => "",
+            },
+            namespace: text("namespace"),
+            name: text("name"),
+            user: super::User {
+                name: request["userInfo"]["username"].as_str().unwrap_or_default().into(),
+                groups: vec![],
+            },
+            object: request["object"].clone(),
+            old_object: Some(request["oldObject"].clone()).filter(|o| !o.is_null()),
+            options: json!({}),
+            dry_run: false,
+        };
+        let mut warnings = Vec::new();
+        self.check_policies(&a, &mut warnings)
+            .map(|()| warnings)
+            .map_err(|r| (r.code, r.message))
+    }
+
     /// Every bound policy that matches `a` (see the module doc).
     pub(super) fn check_policies(
         &self,

@@ -20,7 +20,10 @@
 //!   the ready endpoints of a webhook's Service;
 //! - `GET /admission/calls`: every webhook call made and policy evaluated,
 //!   in order; `DELETE /admission/{kind}/{name}` removes a registered
-//!   admission object;
+//!   admission object; `POST /admission/policies` answers what the
+//!   registered ValidatingAdmissionPolicies decide on an AdmissionReview
+//!   (`{"allowed", "code", "message", "warnings"}`), for tests that hold
+//!   the fake's CEL runtime to another;
 //! - `DELETE /objects/{serviceaccounts|pods|namespaces}/{namespace}/{name}`
 //!   (the namespace segment is `-` for namespaces);
 //! - `POST /token`: mints a projected token for a stored pod, as the kubelet
@@ -264,6 +267,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .route("/token", post(mint))
         .route("/endpoints", post(endpoints))
         .route("/admission/calls", get(admission_calls))
+        .route("/admission/policies", post(policies))
         .route("/admission/{kind}/{name}", delete(unregister))
         .route("/requests", get(requests))
         .route("/clouds/whois", get(whois))
@@ -369,6 +373,13 @@ async fn unregister(
         true => StatusCode::OK,
         false => StatusCode::NOT_FOUND,
     }
+}
+
+async fn policies(State(ctl): State<Ctl>, Json(review): Json<Value>) -> Json<Value> {
+    Json(match ctl.kube.evaluate_policies(&review["request"]) {
+        Ok(warnings) => json!({"allowed": true, "warnings": warnings}),
+        Err((code, message)) => json!({"allowed": false, "code": code, "message": message}),
+    })
 }
 
 async fn admission_calls(State(ctl): State<Ctl>) -> Json<Value> {
