@@ -345,7 +345,10 @@ impl FakeKube {
             namespace: text("namespace"),
             name: text("name"),
             user: super::User {
-                name: request["userInfo"]["username"].as_str().unwrap_or_default().into(),
+                name: request["userInfo"]["username"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .into(),
                 groups: vec![],
             },
             object: request["object"].clone(),
