@@ -31,26 +31,16 @@ pub struct Https {
 /// Starts both listeners on `host`; writes `ca.crt` and
 /// `admin.kubeconfig` into `dir`.
 pub async fn start(kube: Arc<FakeKube>, host: IpAddr, dir: &Path) -> anyhow::Result<Https> {
-    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
-    let ca_key = KeyPair::generate()?;
-    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "lanyard-fake-kube cluster CA");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca_cert = ca_params.self_signed(&ca_key)?;
-    let issuer = Issuer::new(ca_params, ca_key);
-    let key = KeyPair::generate()?;
     let names = vec![
         host.to_string(),
         "localhost".to_string(),
         "kubernetes.default.svc".to_string(),
         "kubernetes.default.svc.cluster.local".to_string(),
     ];
-    let cert = CertificateParams::new(names)?.signed_by(&key, &issuer)?;
+    let pki = crate::clouds::Pki::generate("lanyard-fake-kube cluster CA", names)?;
     let rustls = axum_server::tls_rustls::RustlsConfig::from_pem(
-        cert.pem().into_bytes(),
-        key.serialize_pem().into_bytes(),
+        pki.cert_pem.into_bytes(),
+        pki.key_pem.into_bytes(),
     )
     .await?;
 
@@ -59,9 +49,9 @@ pub async fn start(kube: Arc<FakeKube>, host: IpAddr, dir: &Path) -> anyhow::Res
     let mesh = serve(mesh, SocketAddr::new(host, 0), rustls)?;
 
     let ca = dir.join("ca.crt");
-    std::fs::write(&ca, ca_cert.pem())?;
+    std::fs::write(&ca, &pki.ca_pem)?;
     let api_url = format!("https://{api}");
-    let admin = admin_kubeconfig(&kube, &api_url, &ca_cert.pem())?;
+    let admin = admin_kubeconfig(&kube, &api_url, &pki.ca_pem)?;
     let admin_kubeconfig = dir.join("admin.kubeconfig");
     std::fs::write(&admin_kubeconfig, admin)?;
     Ok(Https {
