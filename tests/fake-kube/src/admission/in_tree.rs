@@ -339,6 +339,52 @@ mod tests {
     }
 
     #[test]
+    fn the_pods_automount_preference_wins_over_the_service_accounts() {
+        let fake = FakeKube::new("https://issuer", &json!({}), "t");
+        fake.apply_namespace(serde_json::from_value(json!({"metadata": {"name": "ns"}})).unwrap());
+        fake.apply_service_account(
+            serde_json::from_value(json!({"metadata": {"name": "quiet", "namespace": "ns"},
+                                          "automountServiceAccountToken": false,
+                                          "imagePullSecrets": [{"name": "registry"}]}))
+            .unwrap(),
+        );
+        let admitted = |pod_setting: Value, account: &str| {
+            let mut spec = json!({"serviceAccountName": account, "containers": [{"name": "app"}]});
+            if !pod_setting.is_null() {
+                spec["automountServiceAccountToken"] = pod_setting;
+            }
+            let mut a = Attributes::for_test(Operation::Create, json!({"spec": spec}));
+            service_account(&fake, &mut a).map(|()| a.object)
+        };
+        let mounted = |pod: &Value| {
+            pod["spec"]["volumes"]
+                .as_array()
+                .is_some_and(|v| !v.is_empty())
+        };
+        // The ServiceAccount's false holds when the pod says nothing...
+        let pod = admitted(Value::Null, "quiet").unwrap();
+        assert!(!mounted(&pod));
+        assert_eq!(
+            pod["spec"]["imagePullSecrets"],
+            json!([{"name": "registry"}])
+        );
+        // ...and the pod's own true overrides it.
+        assert!(mounted(&admitted(json!(true), "quiet").unwrap()));
+        // `default` exists once the namespace does; the pod's false holds.
+        assert!(mounted(&admitted(Value::Null, "default").unwrap()));
+        assert!(!mounted(&admitted(json!(false), "default").unwrap()));
+        let missing = admitted(Value::Null, "nobody").unwrap_err();
+        assert_eq!(missing.code, 403);
+        assert!(
+            missing.message.ends_with(
+                "error looking up service account ns/nobody: serviceaccount \"nobody\" not found"
+            ),
+            "{}",
+            missing.message
+        );
+    }
+
+    #[test]
     fn tolerations_are_added_unless_covered() {
         let mut a = Attributes::for_test(
             Operation::Create,
