@@ -101,6 +101,7 @@ fn team_shape(n: usize, iterations: usize) {
             id: "5f2c9e1a-8d4b-4c7e-9a13-0d6e2b7f4c21".into(),
             account: "contoso.onmicrosoft.com".into(),
             account_number: None,
+            source: lanyard::cloud::Source::Federation,
             via: None,
         };
         let request = TokenRequest::new(Cloud::Azure, Kind::AccessToken, Surface::AzureImds)
@@ -145,6 +146,7 @@ fn job_shape(n: usize, iterations: usize) {
         id: format!("arn:aws:iam::111122223333:role/job-{job}"),
         account: "111122223333".into(),
         account_number: None,
+        source: lanyard::cloud::Source::Federation,
         via: None,
     };
     let request = TokenRequest::new(Cloud::Aws, Kind::AwsCredentials, Surface::AwsContainer);

@@ -501,6 +501,7 @@ async fn upstreams(
                 gcp: Duration::from_secs(lifetime[Cloud::Gcp]),
             },
             bindings,
+            azure_node_identities: vec![],
         },
         lanyard::http::client(),
     )?;

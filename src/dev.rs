@@ -171,6 +171,7 @@ impl DevStack {
                     aws_audience: config.aws.audience.clone(),
                     lifetimes: Lifetimes::all(Duration::from_secs(dev.token_lifetime)),
                     bindings: dev_bindings(dev, &pod.subject()),
+                    azure_node_identities: node_identities(config),
                 },
                 http.clone(),
             )?;
@@ -210,6 +211,21 @@ impl DevStack {
                 let sts = emulators.aws.clone();
                 servers.push(spawn_server(listener, sts.router(), shutdown.clone()));
                 (url, Some(sts))
+            }
+        };
+
+        // The node's IMDS, for the identities assigned to the node pool,
+        // unless another IMDS is configured.
+        let imds_endpoint = match config.azure.node_identities.is_empty()
+            || config.azure.imds_endpoint != azure::DEFAULT_IMDS_ENDPOINT
+        {
+            true => config.azure.imds_endpoint.clone(),
+            false => {
+                let listener = bind(dev.emulator_listen, "node IMDS emulator").await?;
+                let url = format!("http://{}", listener.local_addr()?);
+                let router = lanyard_emulators::imds::router(emulators.entra.clone());
+                servers.push(spawn_server(listener, router, shutdown.clone()));
+                url
             }
         };
 
@@ -307,6 +323,7 @@ impl DevStack {
         // dev identity: the same wiring, other endpoints.
         let mut wired = config.clone();
         wired.azure.authority_host = Some(authority_host);
+        wired.azure.imds_endpoint = imds_endpoint;
         wired
             .azure
             .tenant_id
@@ -542,6 +559,32 @@ fn shell_quote(value: &str) -> String {
     } else {
         format!("'{}'", value.replace('\'', r"'\''"))
     }
+}
+
+/// The managed identities `azure.node_identities` lists, assigned to the
+/// emulated node pool; the dev identity among them reaches the dev app
+/// (`dev.azure_app_client_id`).
+fn node_identities(config: &Config) -> Vec<lanyard_emulators::NodeIdentity> {
+    let dev = &config.dev;
+    config
+        .azure
+        .node_identities
+        .iter()
+        .map(|client_id| lanyard_emulators::NodeIdentity {
+            client_id: client_id.clone(),
+            app: dev
+                .azure_app_client_id
+                .as_ref()
+                .filter(|_| client_id.eq_ignore_ascii_case(&dev.azure_client_id))
+                .map(|app| lanyard_emulators::AzureApp {
+                    client_id: app.clone(),
+                    tenant_id: dev
+                        .azure_app_tenant_id
+                        .clone()
+                        .unwrap_or_else(|| dev.azure_tenant_id.clone()),
+                }),
+        })
+        .collect()
 }
 
 /// What the emulators trust the dev pod as: its identities, each listed

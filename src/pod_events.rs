@@ -286,6 +286,7 @@ mod tests {
             via: None,
             account: None,
             via_account: None,
+            source: None,
             scopes: CallerText::new(&[]),
             audience: None,
             lifetime: None,

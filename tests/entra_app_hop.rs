@@ -1,9 +1,14 @@
 //! Entra's managed-identity-to-app hop, against the validating Entra
-//! emulator: the pod's token gives the managed identity a v2 token for the
-//! token-exchange audience, which an app (multi-tenant, provisioned in
-//! another tenant) takes as its assertion because its federated credential
-//! trusts that identity. Each missing trust is refused as Entra refuses it,
-//! and through `lanyard dev` a herd costs one exchange per hop.
+//! emulator and a stand-in for the node's IMDS: a managed identity
+//! assigned to the node pool gets a v2 token for the token-exchange
+//! audience from the node's IMDS, which an app (multi-tenant, provisioned
+//! in another tenant) takes as its assertion because its federated
+//! credential trusts that identity. The same identity's token obtained
+//! through its own federated credential (the pod's token as its assertion)
+//! is refused there with AADSTS700231, as Entra refuses it
+//! (azure-workload-identity issue #1363), and Lanyard refuses to ask for
+//! one. Each missing trust is refused as Entra refuses it, and through
+//! `lanyard dev` a herd costs one exchange per hop.
 // Needs the `dev` feature (built-in issuer, emulators, `lanyard dev`).
 #![cfg(feature = "dev")]
 
@@ -13,14 +18,15 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lanyard::cloud::azure::{AzureExchanger, AzureRequest};
+use lanyard::cloud::azure::{AzureExchanger, AzureRequest, NodeImds};
 use lanyard::cloud::CloudError;
 use lanyard::config::Config;
 use lanyard::http::{bind, spawn_server, Shutdown, ShutdownTrigger};
 use lanyard::secret::{ExposeSecret, SecretString};
 use lanyard_emulators::entra::{v2_issuer, Entra, FEDERATION_AUDIENCE};
 use lanyard_emulators::{
-    AzureApp, Binding, CloudsConfig, EmulatorSet, Issuer, Lifetimes, PodIdentity, SigningKey,
+    AzureApp, Binding, CloudsConfig, EmulatorSet, Issuer, Lifetimes, NodeIdentity, PodIdentity,
+    SigningKey,
 };
 use support::export;
 
@@ -28,9 +34,13 @@ use support::export;
 const HOME: &str = "3b8e4f60-1c2d-4e5f-8a9b-7c6d5e4f3a2b";
 /// The tenant the app is provisioned in, and its tokens asked in.
 const RESOURCE: &str = "9d8c7b6a-5f4e-4d3c-8b2a-190817263544";
+/// A managed identity assigned to the node pool, which the app trusts.
 const IDENTITY: &str = "5f2c9e1a-8d4b-4c7e-9a13-0d6e2b7f4c21";
-/// A managed identity no app trusts.
+/// A managed identity on the node no app trusts.
 const LONE_IDENTITY: &str = "6a5b4c3d-2e1f-4a0b-9c8d-7e6f5a4b3c2d";
+/// A managed identity reached through its federated credential (workload
+/// identity), which the app also trusts.
+const FEDERATED_IDENTITY: &str = "7b6c5d4e-3f2a-4b1c-8d9e-0f1a2b3c4d5e";
 const APP: &str = "c0ffee00-1234-4abc-8def-0123456789ab";
 const EXCHANGE: &str = "api://AzureADTokenExchange/.default";
 const STORAGE: &str = "https://storage.azure.com/.default";
@@ -41,6 +51,8 @@ struct Env {
     issuer: Arc<Issuer>,
     entra: Arc<Entra>,
     exchanger: AzureExchanger,
+    imds: NodeImds,
+    imds_url: String,
     _stop: ShutdownTrigger,
 }
 
@@ -75,16 +87,26 @@ async fn start_in(audience: &'static str) -> Env {
             gcp_gke: None,
             aws_audience: "sts.amazonaws.com".into(),
             lifetimes: Lifetimes::all(HOUR),
-            bindings: vec![
-                binding(
-                    "operator",
-                    IDENTITY,
-                    Some(AzureApp {
+            bindings: vec![binding(
+                "federated",
+                FEDERATED_IDENTITY,
+                Some(AzureApp {
+                    client_id: APP.into(),
+                    tenant_id: RESOURCE.into(),
+                }),
+            )],
+            azure_node_identities: vec![
+                NodeIdentity {
+                    client_id: IDENTITY.into(),
+                    app: Some(AzureApp {
                         client_id: APP.into(),
                         tenant_id: RESOURCE.into(),
                     }),
-                ),
-                binding("lone", LONE_IDENTITY, None),
+                },
+                NodeIdentity {
+                    client_id: LONE_IDENTITY.into(),
+                    app: None,
+                },
             ],
         },
         lanyard::http::client(),
@@ -92,12 +114,21 @@ async fn start_in(audience: &'static str) -> Env {
     .unwrap();
     let listener = bind("127.0.0.1:0".parse().unwrap(), "entra").await.unwrap();
     let entra_url = format!("http://{}", listener.local_addr().unwrap());
-    spawn_server(listener, set.entra.router(), shutdown);
+    spawn_server(listener, set.entra.router(), shutdown.clone());
+    let listener = bind("127.0.0.1:0".parse().unwrap(), "imds").await.unwrap();
+    let imds_url = format!("http://{}", listener.local_addr().unwrap());
+    spawn_server(
+        listener,
+        lanyard_emulators::imds::router(set.entra.clone()),
+        shutdown,
+    );
     Env {
         audience,
         issuer,
         entra: set.entra,
         exchanger: AzureExchanger::new(lanyard::http::client(), entra_url),
+        imds: NodeImds::new(lanyard::http::client(), &imds_url),
+        imds_url,
         _stop: stop,
     }
 }
@@ -141,12 +172,9 @@ fn rejected(result: Result<lanyard::cloud::AccessToken, CloudError>) -> (String,
 }
 
 #[tokio::test]
-async fn the_identitys_exchange_token_is_the_apps_assertion_in_the_resource_tenant() {
+async fn the_node_identitys_token_from_imds_is_the_apps_assertion_in_the_resource_tenant() {
     let env = start().await;
-    let first = env
-        .exchange(HOME, IDENTITY, EXCHANGE, &env.pod_token("operator"))
-        .await
-        .unwrap();
+    let first = env.imds.token(IDENTITY, FEDERATION_AUDIENCE).await.unwrap();
     // Entra's v2 token for the token-exchange resource, naming the
     // identity's principal: what the app's federated credential trusts.
     let c = claims(&first);
@@ -170,6 +198,37 @@ async fn the_identitys_exchange_token_is_the_apps_assertion_in_the_resource_tena
         env.entra.ledger.owner(app.token.expose_secret()).as_deref(),
         Some(format!("{RESOURCE}/{APP}").as_str())
     );
+    // The node's identity's own tokens, for any resource.
+    let own = env
+        .imds
+        .token(IDENTITY, "https://vault.azure.net")
+        .await
+        .unwrap();
+    assert_eq!(claims(&own)["appid"], IDENTITY);
+    assert_eq!(claims(&own)["aud"], "https://vault.azure.net");
+}
+
+#[tokio::test]
+async fn a_token_obtained_through_a_federated_credential_is_refused_as_the_apps_assertion() {
+    let env = start().await;
+    // The identity's exchange token, obtained with the pod's token through
+    // the identity's federated credential: valid, but not an assertion.
+    let first = env
+        .exchange(
+            HOME,
+            FEDERATED_IDENTITY,
+            EXCHANGE,
+            &env.pod_token("federated"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(claims(&first)["azp"], FEDERATED_IDENTITY);
+    let (code, message) = rejected(env.exchange(RESOURCE, APP, STORAGE, &first.token).await);
+    assert_eq!(code, "AADSTS700231");
+    assert!(
+        message.starts_with("AADSTS700231: Token obtained using another federated identity credential may not be used as federated identity credential."),
+        "{message}"
+    );
 }
 
 #[tokio::test]
@@ -184,17 +243,15 @@ async fn each_missing_trust_is_refused_as_entra_refuses_it() {
     assert_eq!(code, "AADSTS70021");
     // Another identity's exchange token: no federated credential names it.
     let lone = env
-        .exchange(HOME, LONE_IDENTITY, EXCHANGE, &env.pod_token("lone"))
+        .imds
+        .token(LONE_IDENTITY, FEDERATION_AUDIENCE)
         .await
         .unwrap();
     let (code, message) = rejected(env.exchange(RESOURCE, APP, STORAGE, &lone.token).await);
     assert_eq!(code, "AADSTS70021");
     assert!(message.contains("Assertion Subject"), "{message}");
     // The app is not provisioned in the identity's... other tenants.
-    let first = env
-        .exchange(HOME, IDENTITY, EXCHANGE, &env.pod_token("operator"))
-        .await
-        .unwrap();
+    let first = env.imds.token(IDENTITY, FEDERATION_AUDIENCE).await.unwrap();
     let (code, _) = rejected(
         env.exchange(
             "11111111-2222-4333-8444-555555555555",
@@ -241,6 +298,77 @@ async fn each_missing_trust_is_refused_as_entra_refuses_it() {
     assert_eq!(code, "AADSTS50013");
 }
 
+/// The IMDS stand-in answers as IMDS does: the header, the identity, and
+/// which one when the node has several.
+#[tokio::test]
+async fn the_node_imds_refuses_as_imds_does() {
+    let env = start().await;
+    let client = reqwest::Client::new();
+    let get = |query: Vec<(&'static str, &'static str)>, metadata: bool| {
+        let mut req = client
+            .get(format!("{}/metadata/identity/oauth2/token", env.imds_url))
+            .query(&query);
+        if metadata {
+            req = req.header("Metadata", "true");
+        }
+        async move {
+            let resp = req.send().await.unwrap();
+            (
+                resp.status().as_u16(),
+                resp.json::<serde_json::Value>().await.unwrap(),
+            )
+        }
+    };
+    let storage = ("resource", "https://storage.azure.com");
+    let version = ("api-version", "2018-02-01");
+    let (status, body) = get(vec![version, storage, ("client_id", IDENTITY)], false).await;
+    assert_eq!(
+        (status, body["error_description"].as_str()),
+        (400, Some("Required metadata header not specified"))
+    );
+    let (status, body) = get(vec![version, storage], true).await;
+    assert_eq!(status, 400);
+    assert_eq!(
+        body,
+        serde_json::json!({"error": "invalid_request", "error_description": "Multiple user assigned identities exist, please specify the clientId / resourceId of the identity in the token request"})
+    );
+    let (status, body) = get(
+        vec![version, storage, ("client_id", FEDERATED_IDENTITY)],
+        true,
+    )
+    .await;
+    assert_eq!(
+        (status, body["error_description"].as_str()),
+        (400, Some("Identity not found"))
+    );
+    // Through the agent's client, the refusal names the identity.
+    let err = env
+        .imds
+        .token(FEDERATED_IDENTITY, "https://storage.azure.com")
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains(&format!(
+            "the node's IMDS refused managed identity {FEDERATED_IDENTITY}: Identity not found"
+        )),
+        "{err}"
+    );
+    let (status, body) = get(vec![version, storage, ("client_id", IDENTITY)], true).await;
+    assert_eq!(status, 200, "{body}");
+    for field in [
+        "access_token",
+        "client_id",
+        "expires_in",
+        "expires_on",
+        "ext_expires_in",
+        "not_before",
+        "resource",
+        "token_type",
+    ] {
+        assert!(body[field].is_string(), "{field}: {body}");
+    }
+}
+
 async fn dev_with_app(app: &str) -> lanyard::dev::DevStack {
     let mut config = Config {
         listen: "127.0.0.1:0".parse().unwrap(),
@@ -249,7 +377,24 @@ async fn dev_with_app(app: &str) -> lanyard::dev::DevStack {
     };
     config.dev.azure_app_client_id = Some(app.into());
     config.dev.azure_app_tenant_id = Some(RESOURCE.into());
+    // The dev identity, assigned to the node pool: its token for the app
+    // comes from the (emulated) node's IMDS.
+    config.azure.node_identities = vec![config.dev.azure_client_id.clone()];
     lanyard::dev::DevStack::start(&config).await.unwrap()
+}
+
+/// `lanyard dev` refuses an app reached through an identity that is not on
+/// the node, saying why: Entra would refuse it.
+#[test]
+fn dev_refuses_an_app_through_a_federated_identity() {
+    let mut config = Config::default();
+    config.dev.azure_app_client_id = Some(APP.into());
+    let err = config.validate().unwrap_err().to_string();
+    assert!(
+        err.contains("dev.azure_app_client_id") && err.contains("AADSTS700231"),
+        "{err}"
+    );
+    assert!(err.contains("azure.node_identities"), "{err}");
 }
 
 /// What the Azure IMDS surface answers `lanyard dev`'s pod for `resource`.
@@ -329,6 +474,14 @@ async fn hops_named_in(audience: &'static str) {
         default_tenant: Some(HOME.into()),
         audience: env.audience.into(),
         first_hops: Default::default(),
+        node_identities: [
+            IDENTITY,
+            LONE_IDENTITY,
+            "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d",
+        ]
+        .map(String::from)
+        .into(),
+        node_imds: env.imds.clone(),
     };
     let caller = |sa: &str| lanyard::token::Caller {
         namespace: "ml".into(),
@@ -363,6 +516,16 @@ async fn hops_named_in(audience: &'static str) {
             identity.via.as_ref().map(|v| v.account.as_str()),
             Some(HOME)
         );
+        if let Err(refused) = cloud.scope(&bound, &request) {
+            return Box::pin(async move {
+                Err(CloudError::Protocol {
+                    cloud: Cloud::Azure,
+                    reason: refused.to_string(),
+                })
+            })
+                as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>>;
+        }
+        assert_eq!(identity.source.as_str(), "node");
         (cloud.fetcher(&bound, &request, &caller(sa)))(env.pod_token(sa))
     };
     // The app trusts IDENTITY, not LONE_IDENTITY: the second hop fails.
@@ -372,12 +535,25 @@ async fn hops_named_in(audience: &'static str) {
         err.contains(&format!("app hop (app {APP} in tenant {RESOURCE}")),
         "{err}"
     );
-    // IDENTITY trusts the operator ServiceAccount, not `lone`: the first.
-    let err = fetch("lone", IDENTITY).await.unwrap_err().to_string();
+    // Listed on the node, but not assigned to it: IMDS refuses the first.
+    let err = fetch("lone", "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d")
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(
-        err.contains(&format!(
-            "managed identity hop (identity {IDENTITY} in tenant {HOME}"
-        )),
+        err.contains(
+            "managed identity hop (identity 0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d in tenant"
+        ) && err.contains("Identity not found"),
+        "{err}"
+    );
+    // An identity reached through its federated credential is refused
+    // before anything is asked, naming what Entra would answer.
+    let err = fetch("federated", FEDERATED_IDENTITY)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("AADSTS700231") && err.contains("azure.node_identities"),
         "{err}"
     );
     // And the operator's own gets the app's token.

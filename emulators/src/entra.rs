@@ -7,6 +7,19 @@
 //! record, and it must be within its validity window. Errors carry Entra's
 //! JSON shape and AADSTS codes, so clients see what they would see in Azure.
 //!
+//! A managed identity's token presented as an app's assertion (Entra's own
+//! v2 token, "managed identity as a federated identity credential") must
+//! be one the identity got without a federated credential: from the IMDS of
+//! the compute it is assigned to ([`Entra::imds_token`], `imds.rs`). One
+//! obtained through the identity's own federated credential is refused with
+//! `AADSTS700231: Token obtained using another federated identity credential
+//! may not be used as federated identity credential` (the text
+//! azure-workload-identity issue #1363 reports for this very flow under AKS
+//! workload identity, which works under aad-pod-identity, where the token
+//! came from the node's IMDS; azure-sdk-for-net issue #49212, "FIC chaining
+//! which is not allowed"). The emulator knows which of its tokens were
+//! obtained how by their `uti`, as Entra knows its own tokens.
+//!
 //! The access tokens it issues are JWTs shaped as Entra's v1 app-only tokens
 //! for Azure resources are (`iss` `https://sts.windows.net/TENANT/`, `aud`
 //! the resource, `tid`, `oid`, `appid`, `exp`), signed RS256 with a key of
@@ -69,6 +82,9 @@ pub struct App {
     /// A user-assigned managed identity, not an app registration: only its
     /// tokens may be an app's assertion under Entra's own issuer.
     pub managed_identity: bool,
+    /// The managed identity is assigned to the compute (a node pool's VM
+    /// scale set) whose IMDS the emulator's `imds` stands in for.
+    pub on_node: bool,
 }
 
 impl App {
@@ -123,6 +139,48 @@ pub struct Entra {
     pub ledger: super::Ledger,
     /// Misbehaviour to inject (tests, benchmarks).
     pub faults: Arc<super::faults::Faults>,
+    /// The `uti` of every token obtained through a federated credential
+    /// (bounded, oldest forgotten first).
+    federation_obtained: std::sync::Mutex<Utis>,
+}
+
+/// A bounded set of token ids.
+#[derive(Default)]
+struct Utis {
+    set: std::collections::HashSet<String>,
+    order: std::collections::VecDeque<String>,
+}
+
+impl Utis {
+    const CAPACITY: usize = 100_000;
+
+    fn insert(&mut self, uti: String) {
+        if self.order.len() >= Self::CAPACITY {
+            if let Some(oldest) = self.order.pop_front() {
+                self.set.remove(&oldest);
+            }
+        }
+        self.order.push_back(uti.clone());
+        self.set.insert(uti);
+    }
+}
+
+/// How a token was obtained, which decides whether it may be another
+/// app's assertion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Obtained {
+    /// Through a federated credential (`client_assertion`).
+    Federation,
+    /// From the IMDS of the compute the managed identity is assigned to.
+    Imds,
+}
+
+/// A token the emulator issued: the JWT, its lifetime in seconds.
+pub struct Issued {
+    /// The access token.
+    pub access_token: String,
+    /// Seconds it is valid for.
+    pub expires_in: u64,
 }
 
 impl Entra {
@@ -142,7 +200,27 @@ impl Entra {
             stats: EntraStats::default(),
             ledger: super::Ledger::default(),
             faults: Default::default(),
+            federation_obtained: Default::default(),
         })
+    }
+
+    /// The managed identities assigned to the node (`App::on_node`), in
+    /// the order configured.
+    pub fn node_identities(&self) -> impl Iterator<Item = &App> {
+        self.apps.iter().filter(|a| a.managed_identity && a.on_node)
+    }
+
+    /// A token for `resource` as the node's IMDS hands one to a managed
+    /// identity assigned to it (`client_id`): no assertion, and one that
+    /// may be an app's assertion. `None` when no such identity is on the
+    /// node.
+    pub fn imds_token(&self, client_id: &str, resource: &str) -> Option<Issued> {
+        let app = self
+            .node_identities()
+            .find(|a| a.client_id.eq_ignore_ascii_case(client_id))?;
+        self.stats.requests.fetch_add(1, Ordering::Relaxed);
+        let scope = format!("{}/.default", resource.trim_end_matches('/'));
+        self.mint(app, &app.tenant_id, &scope, Obtained::Imds).ok()
     }
 
     /// The token endpoint, `POST /{tenant}/oauth2/v2.0/token`, and the keys
@@ -290,6 +368,7 @@ struct AccessClaims<'a> {
 #[derive(serde::Deserialize)]
 struct OwnClaims {
     azp: Option<String>,
+    uti: Option<String>,
 }
 
 /// The app's service principal object id in its tenant: stable for an app,
@@ -471,6 +550,26 @@ async fn issue(entra: &Entra, tenant: &str, body: &[u8]) -> Result<Response, Aad
         ));
     }
 
+    if entra_issued.is_some() {
+        let claims: OwnClaims =
+            jsonwebtoken::dangerous::insecure_decode_claims(assertion).map_err(|_| malformed())?;
+        let chained = claims.uti.as_ref().is_some_and(|uti| {
+            let obtained = entra
+                .federation_obtained
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            obtained.set.contains(uti)
+        });
+        if chained {
+            return Err(aad(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                700231,
+                "Token obtained using another federated identity credential may not be used as federated identity credential.",
+            ));
+        }
+    }
+
     let matched = app
         .federated
         .iter()
@@ -479,50 +578,7 @@ async fn issue(entra: &Entra, tenant: &str, body: &[u8]) -> Result<Response, Aad
         return Err(no_match());
     }
 
-    let lifetime = entra.lifetime.as_secs();
-    // The resource is the scope without `/.default`: what `aud` names.
-    let resource = scope.strip_suffix("/.default").unwrap_or(scope);
-    let oid = object_id(app);
-    // A token to present as an assertion is v2, as the token-exchange
-    // resource takes them; any other is v1, as Azure resources take them.
-    let v2 = is_exchange_scope(scope);
-    let issuer = match v2 {
-        true => v2_issuer(tenant),
-        false => format!("https://sts.windows.net/{tenant}/"),
-    };
-    let client = Some(app.client_id.as_str());
-    let signed = entra.signing.sign(&AccessClaims {
-        aud: resource,
-        iat: now,
-        nbf: now,
-        exp: now + lifetime,
-        aio: random_token(24),
-        appid: client.filter(|_| !v2),
-        appidacr: Some("2").filter(|_| !v2),
-        azp: client.filter(|_| v2),
-        azpacr: Some("2").filter(|_| v2),
-        idp: (!v2).then(|| issuer.clone()),
-        iss: issuer,
-        idtyp: "app",
-        sub: oid.clone(),
-        oid,
-        rh: random_token(16),
-        tid: tenant,
-        uti: random_token(16),
-        ver: if v2 { "2.0" } else { "1.0" },
-    });
-    let access_token = signed.map_err(|_| {
-        aad(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "server_error",
-            50000,
-            "There was an error issuing a token.",
-        )
-    })?;
-    entra.stats.issued.fetch_add(1, Ordering::Relaxed);
-    entra
-        .ledger
-        .record(&access_token, &format!("{tenant}/{}", app.client_id));
+    let issued = entra.mint(app, tenant, scope, Obtained::Federation)?;
     Ok((
         StatusCode::OK,
         [
@@ -531,12 +587,79 @@ async fn issue(entra: &Entra, tenant: &str, body: &[u8]) -> Result<Response, Aad
         ],
         Json(json!({
             "token_type": "Bearer",
-            "expires_in": lifetime,
-            "ext_expires_in": lifetime,
-            "access_token": access_token,
+            "expires_in": issued.expires_in,
+            "ext_expires_in": issued.expires_in,
+            "access_token": issued.access_token,
         })),
     )
         .into_response())
+}
+
+impl Entra {
+    /// Signs `app`'s access token for `scope` in `tenant` and records it.
+    fn mint(
+        &self,
+        app: &App,
+        tenant: &str,
+        scope: &str,
+        obtained: Obtained,
+    ) -> Result<Issued, AadError> {
+        let now = jsonwebtoken::get_current_timestamp();
+        let lifetime = self.lifetime.as_secs();
+        // The resource is the scope without `/.default`: what `aud` names.
+        let resource = scope.strip_suffix("/.default").unwrap_or(scope);
+        let oid = object_id(app);
+        // A token to present as an assertion is v2, as the token-exchange
+        // resource takes them; any other is v1, as Azure resources take them.
+        let v2 = is_exchange_scope(scope);
+        let issuer = match v2 {
+            true => v2_issuer(tenant),
+            false => format!("https://sts.windows.net/{tenant}/"),
+        };
+        let client = Some(app.client_id.as_str());
+        let uti = random_token(16);
+        let signed = self.signing.sign(&AccessClaims {
+            aud: resource,
+            iat: now,
+            nbf: now,
+            exp: now + lifetime,
+            aio: random_token(24),
+            appid: client.filter(|_| !v2),
+            appidacr: Some("2").filter(|_| !v2),
+            azp: client.filter(|_| v2),
+            azpacr: Some("2").filter(|_| v2),
+            idp: (!v2).then(|| issuer.clone()),
+            iss: issuer,
+            idtyp: "app",
+            sub: oid.clone(),
+            oid,
+            rh: random_token(16),
+            tid: tenant,
+            uti: uti.clone(),
+            ver: if v2 { "2.0" } else { "1.0" },
+        });
+        let access_token = signed.map_err(|_| {
+            aad(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                50000,
+                "There was an error issuing a token.",
+            )
+        })?;
+        if obtained == Obtained::Federation {
+            self.federation_obtained
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(uti);
+        }
+        self.stats.issued.fetch_add(1, Ordering::Relaxed);
+        self.ledger
+            .record(&access_token, &format!("{tenant}/{}", app.client_id));
+        Ok(Issued {
+            access_token,
+            expires_in: lifetime,
+        })
+    }
 }
 
 fn rfc3339(unix: u64) -> String {

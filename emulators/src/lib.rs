@@ -32,6 +32,7 @@ pub mod claims;
 pub mod entra;
 pub mod faults;
 pub mod gcp;
+pub mod imds;
 pub mod issuer;
 pub mod issuer_keys;
 pub mod jwks;
@@ -85,6 +86,17 @@ pub struct AzureApp {
     pub client_id: String,
     /// The (resource) tenant it is provisioned in.
     pub tenant_id: String,
+}
+
+/// A user-assigned managed identity assigned to the node pool (the VM
+/// scale set), which the node's IMDS (`imds`) serves without a federated
+/// credential, and the app that trusts it, if any.
+#[derive(Debug, Clone, Default)]
+pub struct NodeIdentity {
+    /// The managed identity's client id.
+    pub client_id: String,
+    /// A multi-tenant app whose federated credential trusts it.
+    pub app: Option<AzureApp>,
 }
 
 /// A target role whose trust policy names another role's sessions, with
@@ -152,6 +164,8 @@ pub struct CloudsConfig {
     pub lifetimes: Lifetimes,
     /// Who may federate.
     pub bindings: Vec<Binding>,
+    /// The managed identities assigned to the node pool (IMDS).
+    pub azure_node_identities: Vec<NodeIdentity>,
 }
 
 /// The three emulators, configured and not yet serving: serve each
@@ -174,6 +188,7 @@ fn entra_apps(config: &CloudsConfig) -> Vec<App> {
             existing.federated.extend(app.federated);
             existing.provisioned_in.extend(app.provisioned_in);
             existing.managed_identity |= app.managed_identity;
+            existing.on_node |= app.on_node;
         }
         None => apps.push(app),
     };
@@ -199,23 +214,46 @@ fn entra_apps(config: &CloudsConfig) -> Vec<App> {
         let principal = identity.object_id();
         add(identity);
         if let Some(app) = &b.azure_app {
-            add(App {
-                tenant_id: tenant.clone(),
-                client_id: app.client_id.clone(),
-                federated: vec![FederatedCredential {
-                    issuer: entra::v2_issuer(tenant),
-                    subject: principal,
-                    audience: config.azure_audience.clone(),
-                }],
-                provisioned_in: (app.tenant_id != *tenant)
-                    .then(|| app.tenant_id.clone())
-                    .into_iter()
-                    .collect(),
-                managed_identity: false,
-            });
+            add(trusting(config, app, principal));
+        }
+    }
+    for node in &config.azure_node_identities {
+        let identity = App {
+            tenant_id: tenant.clone(),
+            client_id: node.client_id.clone(),
+            managed_identity: true,
+            on_node: true,
+            ..App::default()
+        };
+        let principal = identity.object_id();
+        add(identity);
+        if let Some(app) = &node.app {
+            add(trusting(config, app, principal));
         }
     }
     apps
+}
+
+/// The multi-tenant app registration `app`, whose federated credential
+/// trusts the managed identity with object id `principal`: registered in
+/// the identity's tenant, provisioned in the app's.
+fn trusting(config: &CloudsConfig, app: &AzureApp, principal: String) -> App {
+    let tenant = &config.azure_tenant_id;
+    App {
+        tenant_id: tenant.clone(),
+        client_id: app.client_id.clone(),
+        federated: vec![FederatedCredential {
+            issuer: entra::v2_issuer(tenant),
+            subject: principal,
+            audience: config.azure_audience.clone(),
+        }],
+        provisioned_in: (app.tenant_id != *tenant)
+            .then(|| app.tenant_id.clone())
+            .into_iter()
+            .collect(),
+        managed_identity: false,
+        on_node: false,
+    }
 }
 
 impl EmulatorSet {

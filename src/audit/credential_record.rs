@@ -59,6 +59,8 @@ struct Request<'a> {
     account: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     via_account: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    source: Option<&'static str>,
     #[serde(skip_serializing_if = "CallerText::is_empty")]
     scopes: CallerText<'a>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -128,6 +130,7 @@ pub(super) fn write(origin: &Origin, e: &AuditEvent<'_>, id: uuid::Uuid, out: &m
             via: e.via,
             account: e.account,
             via_account: e.via_account,
+            source: e.source,
             scopes: e.scopes,
             audience: e.audience.and_then(|a| a.iter().next()),
             lifetime_seconds: e.lifetime.map(|l| l.as_secs()),

@@ -102,6 +102,10 @@ pub struct AuditEvent<'a> {
     /// When chained: the first hop's account (the managed identity's
     /// tenant, the first role's account).
     pub via_account: Option<&'a str>,
+    /// `node` when the identity's first credential came from the node's
+    /// IMDS (a managed identity assigned to the node pool); absent for an
+    /// exchange of the pod's token.
+    pub source: Option<&'static str>,
     /// Scopes or resource, readable only bounded.
     pub scopes: CallerText<'a>,
     /// ID-token audience, readable only bounded.

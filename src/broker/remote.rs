@@ -229,6 +229,7 @@ mod tests {
                 id: "client".into(),
                 account: "tenant".into(),
                 account_number: None,
+                source: crate::cloud::Source::Federation,
                 via: None,
             },
             credential: None,

@@ -205,6 +205,7 @@ mod tests {
                     id: "c".into(),
                     account: "t".into(),
                     account_number: None,
+                    source: crate::cloud::Source::Federation,
                     via: None,
                 },
                 credential: Some(Arc::new(Credential::Token(AccessToken {

@@ -55,6 +55,7 @@ impl CloudExchanger for TestCloud {
             id: id.clone(),
             account: "tenant".into(),
             account_number: None,
+            source: crate::cloud::Source::Federation,
             via: None,
         }
     }

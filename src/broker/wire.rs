@@ -492,6 +492,7 @@ mod tests {
                 id: "arn:aws:iam::111122223333:role/r".into(),
                 account: "111122223333".into(),
                 account_number: None,
+                source: crate::cloud::Source::Federation,
                 via: None,
             },
             credential: Some(WireCredential::Token {

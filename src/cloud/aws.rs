@@ -358,6 +358,7 @@ impl CloudExchanger for AwsCloud {
             id: role_arn.to_string(),
             account: account(role_arn),
             account_number: None,
+            source: crate::cloud::Source::Federation,
             via: binding.chain.as_ref().map(|chain| super::Via {
                 id: binding.role_arn.clone(),
                 account: account(&binding.role_arn),

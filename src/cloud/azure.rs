@@ -49,7 +49,9 @@ pub mod annotations {
 }
 
 mod app_hop;
+mod node_imds;
 pub use app_hop::{AppHop, FirstHops, Hop};
+pub use node_imds::{NodeImds, DEFAULT_ENDPOINT as DEFAULT_IMDS_ENDPOINT};
 
 /// The Azure identity a ServiceAccount may use.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -313,6 +315,12 @@ pub struct AzureCloud {
     pub audience: String,
     /// The managed-identity-to-app hop's first tokens.
     pub first_hops: Arc<FirstHops>,
+    /// The client ids of the managed identities assigned to the node pool
+    /// (`azure.node_identities`), lowercased: their tokens come from the
+    /// node's IMDS, not from a federated credential.
+    pub node_identities: Arc<[String]>,
+    /// The node's IMDS.
+    pub node_imds: NodeImds,
 }
 
 /// The Azure identity bound to a ServiceAccount, tenant resolved.
@@ -368,12 +376,17 @@ impl CloudExchanger for AzureCloud {
     /// else the identity.
     fn identity(&self, bound: &AzureBound) -> Identity {
         let b = &bound.binding;
+        let source = match self.on_node(&b.client_id) {
+            true => super::Source::Node,
+            false => super::Source::Federation,
+        };
         match &b.app {
             None => Identity {
                 cloud: Cloud::Azure,
                 id: b.client_id.clone(),
                 account: bound.tenant.clone(),
                 account_number: None,
+                source,
                 via: None,
             },
             Some(app) => Identity {
@@ -384,6 +397,7 @@ impl CloudExchanger for AzureCloud {
                     .clone()
                     .unwrap_or_else(|| bound.tenant.clone()),
                 account_number: None,
+                source,
                 via: Some(super::Via {
                     id: b.client_id.clone(),
                     account: bound.tenant.clone(),
@@ -412,18 +426,41 @@ impl CloudExchanger for AzureCloud {
     fn scope(&self, bound: &AzureBound, request: &TokenRequest) -> Result<String, RequestError> {
         let mut scope = resource_scope(request)?;
         // Through an app, the identity is part of what was asked for.
-        if bound.binding.app.is_some() {
+        if let Some(app) = &bound.binding.app {
+            // INVARIANT: the app hop's first token comes from the node's
+            // IMDS; Entra refuses one obtained through the identity's own
+            // federated credential, so that is never asked for.
+            if !self.on_node(&bound.binding.client_id) {
+                return Err(RequestError::BadRequest(chained_federation(
+                    &bound.binding.client_id,
+                    &app.client_id,
+                )));
+            }
             scope.push_str(" via ");
             scope.push_str(&bound.binding.client_id);
         }
         Ok(scope)
     }
 
-    fn fetcher(&self, bound: &AzureBound, request: &TokenRequest, caller: &Caller) -> Fetcher {
+    fn fetcher(&self, bound: &AzureBound, request: &TokenRequest, _caller: &Caller) -> Fetcher {
         // The pipeline asked `scope` first, so it holds for this request.
         let scope = resource_scope(request).unwrap_or_default();
         if let Some(app) = &bound.binding.app {
-            return self.app_fetcher(bound, app, scope, caller);
+            return self.app_fetcher(bound, app, scope);
+        }
+        if self.on_node(&bound.binding.client_id) {
+            // The node's identity, for this pod: IMDS asks nothing of the
+            // pod, whose token the agent has already verified.
+            let params = (
+                self.node_imds.clone(),
+                bound.binding.client_id.clone(),
+                scope,
+            );
+            return fetcher(params, |p, _subject| async move {
+                let (imds, client_id, scope) = &*p;
+                let resource = scope.strip_suffix("/.default").unwrap_or(scope);
+                Ok(Credential::Token(imds.token(client_id, resource).await?))
+            });
         }
         let params = (
             self.exchanger.clone(),
@@ -455,57 +492,63 @@ fn resource_scope(request: &TokenRequest) -> Result<String, RequestError> {
     }
 }
 
+/// Why a ServiceAccount's app hop through `identity` is refused before
+/// anything is asked: its first token would come from the identity's own
+/// federated credential, which Entra refuses as the app's.
+pub fn chained_federation(identity: &str, app: &str) -> String {
+    format!(
+        "the app hop to {app} ({APP_CLIENT_ID}) needs managed identity {identity}'s token as the app's federated credential, and this identity's token would be obtained through its own federated credential, which Entra refuses as another federated credential (AADSTS700231: Token obtained using another federated identity credential may not be used as federated identity credential). Assign {identity} to the node pool and list it in azure.node_identities, so that its token comes from the node's IMDS (docs/setup-azure.md), or remove {APP_CLIENT_ID}",
+        APP_CLIENT_ID = annotations::APP_CLIENT_ID
+    )
+}
+
 impl AzureCloud {
-    /// The two hops: the pod's token gives the managed identity a token for
-    /// the token-exchange audience (kept in [`FirstHops`]), which gives the
-    /// app its token for the resource in the app's tenant.
-    fn app_fetcher(
-        &self,
-        bound: &AzureBound,
-        app: &AppHop,
-        scope: String,
-        caller: &Caller,
-    ) -> Fetcher {
+    /// Whether `client_id` is a managed identity assigned to the node pool.
+    pub fn on_node(&self, client_id: &str) -> bool {
+        self.node_identities
+            .iter()
+            .any(|id| id.eq_ignore_ascii_case(client_id))
+    }
+
+    /// The two hops: the node's IMDS gives the managed identity a token for
+    /// the token-exchange audience (kept in [`FirstHops`], one per identity
+    /// on the node, shared by every ServiceAccount, app and resource it
+    /// reaches), which gives the app its token for the resource in the
+    /// app's tenant. [`CloudExchanger::scope`] has refused an identity not
+    /// on the node.
+    fn app_fetcher(&self, bound: &AzureBound, app: &AppHop, scope: String) -> Fetcher {
         let identity_tenant = bound.tenant.clone();
+        let exchange = self.audience.clone();
         let params = (
             self.exchanger.clone(),
+            self.node_imds.clone(),
             self.first_hops.clone(),
-            // The first hop's key: it is the ServiceAccount's own (its
-            // token is what the identity trusts), shared by every app and
-            // resource the identity reaches for it.
             format!(
-                "{}/{}/{}/{}",
-                caller.namespace, caller.service_account, identity_tenant, bound.binding.client_id
+                "node/{}/{exchange}",
+                bound.binding.client_id.to_ascii_lowercase()
             ),
             identity_tenant.clone(),
             bound.binding.client_id.clone(),
-            resource_to_scope(&self.audience),
+            exchange,
             app.tenant_id.clone().unwrap_or(identity_tenant),
             app.client_id.clone(),
             scope,
         );
-        fetcher(params, |p, subject| async move {
+        fetcher(params, |p, _subject| async move {
             let (
                 exchanger,
+                imds,
                 first_hops,
                 key,
                 identity_tenant,
                 identity,
-                exchange_scope,
+                exchange,
                 app_tenant,
                 app,
                 scope,
             ) = &*p;
             let first = first_hops
-                .get(key.clone(), || async {
-                    let request = AzureRequest {
-                        tenant_id: identity_tenant,
-                        client_id: identity,
-                        scope: exchange_scope,
-                        assertion: &subject,
-                    };
-                    exchanger.exchange(&request).await
-                })
+                .get(key.clone(), || imds.token(identity, exchange))
                 .await
                 .map_err(|e| {
                     Hop::Identity {
@@ -595,7 +638,19 @@ pub struct Settings {
     pub tenant_id: Option<String>,
     /// Audience callers' projected tokens must carry for Azure.
     pub audience: String,
+    /// Client ids of the user-assigned managed identities assigned to the
+    /// node pool (its VM scale set): a ServiceAccount bound to one is
+    /// served that identity's tokens from the node's IMDS, and may reach an
+    /// app that trusts it (`lanyard.dev/azure-app-client-id`).
+    pub node_identities: Vec<String>,
+    /// The node's IMDS (`http://169.254.169.254`); an emulator's in
+    /// `lanyard dev`.
+    pub imds_endpoint: String,
 }
+
+/// Most node identities listed (a VM scale set holds at most 100
+/// user-assigned identities; a node pool used for brokering, a handful).
+const MAX_NODE_IDENTITIES: usize = 64;
 
 impl Default for Settings {
     fn default() -> Self {
@@ -604,6 +659,8 @@ impl Default for Settings {
             authority_host: None,
             tenant_id: None,
             audience: FEDERATION_AUDIENCE.into(),
+            node_identities: Vec::new(),
+            imds_endpoint: node_imds::DEFAULT_ENDPOINT.into(),
         }
     }
 }
@@ -638,6 +695,23 @@ impl Settings {
                 &self.audience,
             ));
         }
+        if self.node_identities.len() > MAX_NODE_IDENTITIES {
+            return Err(invalid(
+                "azure.node_identities",
+                "at most 64 client ids",
+                &self.node_identities.len().to_string(),
+            ));
+        }
+        for id in &self.node_identities {
+            let valid = !id.is_empty()
+                && id.len() <= 64
+                && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
+            if !valid {
+                return Err(invalid("azure.node_identities", "client ids (GUIDs)", id));
+            }
+        }
+        node_imds::check_endpoint(&self.imds_endpoint)
+            .map_err(|expected| invalid("azure.imds_endpoint", expected, &self.imds_endpoint))?;
         Ok(())
     }
 
@@ -650,10 +724,16 @@ impl Settings {
                 .to_string(),
         };
         AzureCloud {
-            exchanger: AzureExchanger::new(http, authority),
+            exchanger: AzureExchanger::new(http.clone(), authority),
             default_tenant: self.tenant_id.clone(),
             audience: self.audience.clone(),
             first_hops: Arc::default(),
+            node_identities: self
+                .node_identities
+                .iter()
+                .map(|id| id.to_ascii_lowercase())
+                .collect(),
+            node_imds: NodeImds::new(http, &self.imds_endpoint),
         }
     }
 }
@@ -731,6 +811,8 @@ mod tests {
             default_tenant: None,
             audience: "api://AzureADTokenExchange".into(),
             first_hops: Default::default(),
+            node_identities: Default::default(),
+            node_imds: NodeImds::new(reqwest::Client::new(), DEFAULT_IMDS_ENDPOINT),
         };
         let b = bound();
         let upper = "11111111-2222-3333-4444-555555555555".to_uppercase();
@@ -754,6 +836,8 @@ mod tests {
             default_tenant: None,
             audience: "a".into(),
             first_hops: Default::default(),
+            node_identities: Default::default(),
+            node_imds: NodeImds::new(reqwest::Client::new(), DEFAULT_IMDS_ENDPOINT),
         };
         let req = |scopes: &[&str]| {
             TokenRequest::new(

@@ -393,6 +393,7 @@ impl CloudExchanger for GcpCloud {
             id: bound.email.clone(),
             account: self.project_id.clone(),
             account_number: Some(self.project_number.clone()),
+            source: crate::cloud::Source::Federation,
             via: None,
         }
     }

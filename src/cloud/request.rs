@@ -169,6 +169,38 @@ pub struct Identity {
     /// AWS target role, assumed from the role the pod's token gives).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub via: Option<Via>,
+    /// Where the first credential of the chain comes from.
+    #[serde(default, skip_serializing_if = "Source::is_federation")]
+    pub source: Source,
+}
+
+/// Where an identity's first credential comes from, as policy and audit
+/// see it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    /// The pod's projected token, exchanged through the identity's
+    /// federated credential or trust (every cloud).
+    #[default]
+    Federation,
+    /// A managed identity assigned to the node (the node pool's VM scale
+    /// set), from the node's IMDS (Azure): nothing of the pod's is sent
+    /// upstream; Lanyard's proof of the caller and the policy decide.
+    Node,
+}
+
+impl Source {
+    /// The name policy and audit use: `federation` or `node`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Federation => "federation",
+            Source::Node => "node",
+        }
+    }
+
+    fn is_federation(&self) -> bool {
+        *self == Source::Federation
+    }
 }
 
 /// The first hop of a chained identity and what the second hop carries,
@@ -238,6 +270,7 @@ mod tests {
             id: "arn:aws:iam::1:role/path/ray".into(),
             account: "1".into(),
             account_number: None,
+            source: crate::cloud::Source::Federation,
             via: None,
         };
         assert_eq!(id.short_name(), "ray");

@@ -292,6 +292,7 @@ fn only_lists_and_maps_are_structured() {
     assert_eq!(
         keys,
         [
+            "azure.node_identities",
             "cluster.namespaces",
             "cluster.service_accounts",
             "dev.aws_role_arns",

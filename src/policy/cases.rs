@@ -137,6 +137,10 @@ pub struct IdentityCase {
     /// A chained identity's first hop (an AWS target role's source role).
     #[serde(default)]
     pub via: Option<ViaCase>,
+    /// Where the first credential comes from (`resource.source`):
+    /// `federation` (the default) or `node`.
+    #[serde(default)]
+    pub source: crate::cloud::Source,
 }
 
 /// A case's chained hop (`resource.via`).
@@ -308,6 +312,7 @@ fn decide(policy: &CedarPolicy, case: &Case) -> Decision {
         id: case.identity.id.clone(),
         account: case.identity.account.clone(),
         account_number: case.identity.account_number.clone(),
+        source: case.identity.source,
         via: case.identity.via.as_ref().map(|v| crate::cloud::Via {
             id: v.id.clone(),
             account: v.account.clone(),

@@ -116,6 +116,7 @@ pub fn entities(input: &PolicyInput<'_>) -> Result<Entities, MappingError> {
         ("cloud".to_string(), string(identity.cloud.name())),
         ("id".to_string(), string(&identity.id)),
         ("account".to_string(), string(&identity.account)),
+        ("source".to_string(), string(identity.source.as_str())),
     ];
     if let Some(number) = &identity.account_number {
         identity_attrs.push(("account_number".to_string(), string(number)));

@@ -22,6 +22,7 @@ fn identity() -> Identity {
         id: "ray@proj.iam.gserviceaccount.com".into(),
         account: "proj".into(),
         account_number: Some("123".into()),
+        source: crate::cloud::Source::Federation,
         via: None,
     }
 }
@@ -105,6 +106,7 @@ fn every_attribute_lands_where_the_schema_says() {
         r#"action == Action::"access_token" && action in Action::"credential""#,
         r#"resource.cloud == "gcp" && resource.id == "ray@proj.iam.gserviceaccount.com" && resource.account == "proj""#,
         r#"resource has account_number && resource.account_number == "123""#,
+        r#"resource.source == "federation""#,
         r#"context.scopes.contains("https://www.googleapis.com/auth/cloud-platform")"#,
         r#"!(context has audience)"#,
         r#"context has lifetime && context.lifetime == 1800"#,
@@ -118,6 +120,7 @@ fn every_attribute_lands_where_the_schema_says() {
         r#"principal.namespace.hasTag("team") && principal.namespace.getTag("team") == "b""#,
         r#"context.pod.hasTag("tier")"#,
         r#"action == Action::"aws_credentials""#,
+        r#"resource.source == "node""#,
     ] {
         assert!(!allowed(condition), "should not hold: {condition}");
     }

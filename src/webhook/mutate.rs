@@ -147,6 +147,10 @@ pub struct InjectionConfig {
     pub sdk: SdkDefaults,
     /// The sidecar's resource requests and limits.
     pub resources: SidecarResources,
+    /// The managed identities assigned to the node pool
+    /// (`azure.node_identities`): an app hop through any other is warned
+    /// of at admission, as the agent will refuse it (AADSTS700231).
+    pub azure_node_identities: Vec<String>,
 }
 
 impl Default for InjectionConfig {
@@ -174,6 +178,7 @@ impl InjectionConfig {
                 cpu_limit: w.sidecar_cpu_limit.clone(),
                 memory_limit: w.sidecar_memory_limit.clone(),
             },
+            azure_node_identities: config.azure.node_identities.clone(),
         }
     }
 }
@@ -338,6 +343,20 @@ fn mutate_with(
                 cloud.upstream(),
                 cloud.binding_annotation(),
             ));
+        }
+        if cloud == Cloud::Azure {
+            for binding in bindings.azure.iter().filter(|b| b.app.is_some()) {
+                let on_node = config
+                    .azure_node_identities
+                    .iter()
+                    .any(|id| id.eq_ignore_ascii_case(&binding.client_id));
+                if let (false, Some(app)) = (on_node, &binding.app) {
+                    warnings.push(format!(
+                        "lanyard: service account {namespace}/{sa}: {}; the pod's requests for that app will be refused",
+                        crate::cloud::azure::chained_federation(&binding.client_id, &app.client_id)
+                    ));
+                }
+            }
         }
         // A cloud whose identity needs no annotation applies to a pod
         // bound to any cloud at all.
@@ -1210,6 +1229,30 @@ mod tests {
                 d.message
             );
         }
+    }
+
+    #[test]
+    fn an_app_hop_through_an_identity_not_on_the_node_is_warned_of() {
+        let mut bindings = azure();
+        bindings.azure[0].app = Some(azure::AppHop {
+            client_id: "app".into(),
+            tenant_id: None,
+        });
+        let raw = json!({"metadata": {"name": "p", "labels": {INJECT_LABEL: "true"}},
+                         "spec": {"containers": [{"name": "app"}]}});
+        let mut config = InjectionConfig::default();
+        let m = mutate_with(&pod(raw.clone()), "ns", &bindings, &config, || "h".into()).unwrap();
+        assert!(!m.is_empty(), "the pod is still injected");
+        assert!(
+            m.warnings
+                .iter()
+                .any(|w| w.contains("AADSTS700231") && w.contains("azure.node_identities")),
+            "{:?}",
+            m.warnings
+        );
+        config.azure_node_identities = vec!["CLIENT".into()];
+        let m = mutate_with(&pod(raw), "ns", &bindings, &config, || "h".into()).unwrap();
+        assert!(m.warnings.is_empty(), "{:?}", m.warnings);
     }
 
     #[test]

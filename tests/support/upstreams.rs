@@ -90,6 +90,7 @@ pub async fn upstreams(subject: &str, lifetime: Duration) -> Upstreams {
                 aws_target: None,
                 azure_app: None,
             }],
+            azure_node_identities: vec![],
         },
         lanyard::http::client(),
     )

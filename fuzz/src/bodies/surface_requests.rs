@@ -343,6 +343,11 @@ fn broker() -> lanyard::broker::Broker {
         default_tenant: Some(AZURE_TENANT.into()),
         audience: FEDERATION_AUDIENCE.into(),
         first_hops: Default::default(),
+        node_identities: Default::default(),
+        node_imds: lanyard::cloud::azure::NodeImds::new(
+            http.clone(),
+            lanyard::cloud::azure::DEFAULT_IMDS_ENDPOINT,
+        ),
     }))
     .with_cloud(Offline(GcpCloud {
         exchanger: GcpExchanger::new(

@@ -46,6 +46,9 @@ pub struct CloudsConfig {
     pub lifetime_seconds: u64,
     /// Who may federate, one entry per Kubernetes ServiceAccount.
     pub identities: Vec<Identity>,
+    /// The managed identities assigned to the node pool.
+    #[serde(default)]
+    pub azure_node_identities: Vec<NodeIdentityConfig>,
     /// Serve the clouds over TLS at these addresses, under their real
     /// names; without it each is plain HTTP on any free port of `--host`.
     pub tls: Option<TlsServing>,
@@ -125,6 +128,19 @@ fn lifetime() -> u64 {
     3600
 }
 
+/// A managed identity assigned to the node pool, which the node's IMDS
+/// serves, and the multi-tenant app that trusts it, if any.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeIdentityConfig {
+    pub client_id: String,
+    #[serde(default)]
+    pub app_client_id: Option<String>,
+    /// The tenant the app is provisioned in (default: the identity's).
+    #[serde(default)]
+    pub app_tenant_id: Option<String>,
+}
+
 /// One ServiceAccount and the cloud identities it is trusted as.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -199,6 +215,22 @@ impl Clouds {
                                 client_id: client_id.clone(),
                                 tenant_id: i
                                     .azure_app_tenant_id
+                                    .clone()
+                                    .unwrap_or_else(|| config.azure_tenant_id.clone()),
+                            }
+                        }),
+                    })
+                    .collect(),
+                azure_node_identities: config
+                    .azure_node_identities
+                    .iter()
+                    .map(|n| lanyard_emulators::NodeIdentity {
+                        client_id: n.client_id.clone(),
+                        app: n.app_client_id.as_ref().map(|client_id| {
+                            lanyard_emulators::AzureApp {
+                                client_id: client_id.clone(),
+                                tenant_id: n
+                                    .app_tenant_id
                                     .clone()
                                     .unwrap_or_else(|| config.azure_tenant_id.clone()),
                             }
