@@ -208,9 +208,12 @@ def test_node_sdks_select_by_their_own_options(jobs_dev, tmp_path):
     assert ("allow", GCP["etl"]) in records and ("deny", GCP["train"]) in records, records
 
 
-# The managed-identity-to-app hop: the dev identity is trusted by a
-# multi-tenant app provisioned in another tenant; SDKs that ask for the
-# identity get the app's token in that tenant.
+# The managed-identity-to-app hop: the dev identity, a managed identity
+# assigned to the (emulated) node pool, is trusted by a multi-tenant app
+# provisioned in another tenant; SDKs that ask for the identity get the
+# app's token in that tenant. The identity's own token comes from the
+# node's IMDS: Entra refuses one obtained through its federated credential
+# as the app's (AADSTS700231), and so does `lanyard dev` up front.
 APP = "c0ffee00-1234-4abc-8def-0123456789ab"
 RESOURCE_TENANT = "9d8c7b6a-5f4e-4d3c-8b2a-190817263544"
 
@@ -218,13 +221,32 @@ RESOURCE_TENANT = "9d8c7b6a-5f4e-4d3c-8b2a-190817263544"
 @pytest.fixture
 def app_dev(tmp_path, clean_env):
     config = tmp_path / "lanyard.yaml"
-    config.write_text(json.dumps({"dev": {"azure_app_client_id": APP, "azure_app_tenant_id": RESOURCE_TENANT}}))
+    config.write_text(json.dumps({"dev": {"azure_app_client_id": APP, "azure_app_tenant_id": RESOURCE_TENANT},
+                                  "azure": {"node_identities": [AZURE["shared"]]}}))
     dev = Dev(["--config", str(config)], tmp_path / "lanyard.log")
     yield dev
     stop(dev)
 
 
-def test_azure_sdks_get_the_apps_token_in_its_tenant_through_the_identity(app_dev, tmp_path, monkeypatch):
+def rust_azure(dev, tmp_path) -> dict | None:
+    """azure_identity (Rust) with the pod's environment; None where
+    tests/rust-clients is not built."""
+    from test_rust_clients import client_binary
+
+    try:
+        binary = client_binary()
+    except pytest.skip.Exception:
+        return None
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "TZ")}
+    env["HOME"] = str(tmp_path)
+    env.update({k: v for k, v in dev.exports.items() if k != "AWS_ENDPOINT_URL_STS"})
+    out = subprocess.run([str(binary), "azure"], env=env, capture_output=True, text=True, timeout=60)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert out.returncode == 0 and result["ok"], out.stdout + out.stderr
+    return result
+
+
+def test_azure_sdks_get_the_apps_token_in_its_tenant_through_the_node_identity(app_dev, tmp_path, monkeypatch):
     for name in ("AZURE_POD_IDENTITY_AUTHORITY_HOST", "IDENTITY_ENDPOINT", "IDENTITY_HEADER", "AZURE_CLIENT_ID"):
         monkeypatch.setenv(name, app_dev.exports[name])
     # The webhook's environment names the managed identity, as it always has.
@@ -239,6 +261,11 @@ def test_azure_sdks_get_the_apps_token_in_its_tenant_through_the_identity(app_de
     app_dev.issued.append(token)
     claims = jwt_check.entra_access_token(token)
     assert (claims["appid"], claims["tid"]) == (APP, RESOURCE_TENANT), claims
+    rust = rust_azure(app_dev, tmp_path)
+    if rust is not None:
+        app_dev.issued.append(rust["token"])
+        claims = jwt_check.entra_access_token(rust["token"])
+        assert (claims["appid"], claims["tid"]) == (APP, RESOURCE_TENANT), claims
     # Every record names the app (the file record also the identity and
     # both tenants: src/audit/credential_record.rs).
     records = [line for line in app_dev.read_log().splitlines()
@@ -246,3 +273,74 @@ def test_azure_sdks_get_the_apps_token_in_its_tenant_through_the_identity(app_de
     assert records, app_dev.read_log()
     for line in records:
         assert f'identity="{APP}"' in line, line
+
+
+def test_dev_refuses_an_app_reached_through_a_federated_identity(tmp_path, clean_env):
+    """Without the identity on the node, Entra would refuse the hop
+    (AADSTS700231): `lanyard dev` says so and does not start."""
+    from conftest import lanyard_binary
+
+    config = tmp_path / "lanyard.yaml"
+    config.write_text(json.dumps({"dev": {"azure_app_client_id": APP}}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LANYARD_")}
+    out = subprocess.run([lanyard_binary(), "dev", "--config", str(config)], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode != 0
+    assert "dev.azure_app_client_id" in out.stderr and "AADSTS700231" in out.stderr, out.stderr
+    assert "azure.node_identities" in out.stderr, out.stderr
+
+
+# A node-assigned identity's own tokens, brokered per pod: nothing of the
+# pod's is sent upstream, so the policy is what decides which pods may use
+# it (resource.source == "node").
+NODE_POLICY = """@id("node-identities-for-labelled-pods")
+forbid (principal, action, resource)
+when { resource.source == "node" }
+unless { context.pod.hasTag("azure.example.com/node-identity") };
+
+@id("everything-else")
+permit (principal, action, resource);
+"""
+
+
+def node_dev(tmp_path, labels: dict) -> Dev:
+    policies = tmp_path / "policies"
+    policies.mkdir(exist_ok=True)
+    (policies / "node.cedar").write_text(NODE_POLICY)
+    config = tmp_path / f"lanyard-{len(labels)}.yaml"
+    config.write_text(json.dumps({"policy": {"dir": str(policies)}, "azure": {"node_identities": [AZURE["shared"]]},
+                                  "audit": {"file": str(tmp_path / f"audit-{len(labels)}.jsonl")},
+                                  "dev": {"pod_labels": labels}}))
+    return Dev(["--config", str(config)], tmp_path / f"lanyard-{len(labels)}.log")
+
+
+def test_a_node_identitys_own_tokens_are_decided_per_pod_and_audited(tmp_path, clean_env, monkeypatch):
+    refused = node_dev(tmp_path, {})
+    try:
+        for name in ("IDENTITY_ENDPOINT", "IDENTITY_HEADER", "AZURE_CLIENT_ID"):
+            monkeypatch.setenv(name, refused.exports[name])
+        with pytest.raises(ClientAuthenticationError) as err:
+            ManagedIdentityCredential(client_id=os.environ["AZURE_CLIENT_ID"]).get_token(STORAGE)
+        assert "node-identities-for-labelled-pods" in str(err.value), err.value
+    finally:
+        stop(refused)
+    allowed = node_dev(tmp_path, {"azure.example.com/node-identity": "true"})
+    try:
+        for name in ("IDENTITY_ENDPOINT", "IDENTITY_HEADER", "AZURE_CLIENT_ID"):
+            monkeypatch.setenv(name, allowed.exports[name])
+        token = ManagedIdentityCredential(client_id=os.environ["AZURE_CLIENT_ID"]).get_token(STORAGE)
+        allowed.issued.append(token.token)
+        claims = jwt_check.entra_access_token(token.token)
+        assert claims["appid"] == AZURE["shared"], claims
+        # The audit file's record says where the credential came from.
+        records = [json.loads(line) for line in (tmp_path / "audit-1.jsonl").read_text().splitlines()]
+        issued = [r for r in records if r.get("type") == "credential" and r["decision"]["verdict"] == "allow"]
+        assert issued, records
+        assert all(r["request"]["source"] == "node" and r["request"]["identity"] == AZURE["shared"]
+                   for r in issued), issued
+    finally:
+        stop(allowed)
+    denied = [json.loads(line) for line in (tmp_path / "audit-0.jsonl").read_text().splitlines()]
+    denied = [r for r in denied if r.get("type") == "credential"]
+    assert denied and all(r["decision"]["verdict"] == "deny" and r["request"]["source"] == "node"
+                          for r in denied), denied

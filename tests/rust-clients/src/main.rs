@@ -1,11 +1,14 @@
 //! The official Rust SDKs' default credential chains, unmodified, with
 //! nothing but the environment a pod has: `aws-config` (container
-//! credentials or IMDSv2, as `AWS_*` choose) and `google-cloud-auth`
-//! (the metadata server at `GCE_METADATA_HOST`). Prints one JSON line per
-//! client for the Python tests to judge.
+//! credentials or IMDSv2, as `AWS_*` choose), `google-cloud-auth` (the
+//! metadata server at `GCE_METADATA_HOST`) and `azure_identity`'s
+//! `ManagedIdentityCredential` (the App Service endpoint at
+//! `IDENTITY_ENDPOINT`, the identity `AZURE_CLIENT_ID` names). Prints one
+//! JSON line per client for the Python tests to judge.
 //!
 //!     lanyard-rust-clients aws      aws-config's default provider chain
 //!     lanyard-rust-clients google   google-cloud-auth's default credentials
+//!     lanyard-rust-clients azure    azure_identity's ManagedIdentityCredential, for Storage
 
 use aws_credential_types::provider::ProvideCredentials;
 use serde_json::json;
@@ -16,7 +19,8 @@ async fn main() -> std::process::ExitCode {
     let result = match which.as_str() {
         "aws" => aws().await,
         "google" => google().await,
-        other => Err(format!("unknown client {other:?}: aws or google")),
+        "azure" => azure().await,
+        other => Err(format!("unknown client {other:?}: aws, google or azure")),
     };
     match result {
         Ok(value) => {
@@ -71,4 +75,25 @@ async fn google() -> Result<serde_json::Value, String> {
         .strip_prefix("Bearer ")
         .ok_or("not a bearer token")?;
     Ok(json!({ "ok": true, "token": token }))
+}
+
+async fn azure() -> Result<serde_json::Value, String> {
+    use azure_core::credentials::TokenCredential;
+    let options = azure_identity::ManagedIdentityCredentialOptions {
+        user_assigned_id: std::env::var("AZURE_CLIENT_ID")
+            .ok()
+            .map(azure_identity::UserAssignedId::ClientId),
+        ..Default::default()
+    };
+    let credential = azure_identity::ManagedIdentityCredential::new(Some(options))
+        .map_err(|e| format!("{e}"))?;
+    let token = credential
+        .get_token(&["https://storage.azure.com/.default"], None)
+        .await
+        .map_err(|e| format!("{e}"))?;
+    Ok(json!({
+        "ok": true,
+        "token": token.token.secret(),
+        "expires_on": token.expires_on.unix_timestamp(),
+    }))
 }
