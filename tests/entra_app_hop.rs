@@ -369,7 +369,11 @@ async fn the_node_imds_refuses_as_imds_does() {
     }
 }
 
-async fn dev_with_app(app: &str) -> lanyard::dev::DevStack {
+/// `lanyard dev` whose pod reaches `app` through the dev identity, on the
+/// node, under a policy that permits the dev ServiceAccount the app (a
+/// node identity is never served without one); the policy directory lives
+/// as long as the returned guard.
+async fn dev_with_app(app: &str) -> (lanyard::dev::DevStack, tempfile::TempDir) {
     let mut config = Config {
         listen: "127.0.0.1:0".parse().unwrap(),
         admin_listen: "127.0.0.1:0".parse().unwrap(),
@@ -380,7 +384,20 @@ async fn dev_with_app(app: &str) -> lanyard::dev::DevStack {
     // The dev identity, assigned to the node pool: its token for the app
     // comes from the (emulated) node's IMDS.
     config.azure.node_identities = vec![config.dev.azure_client_id.clone()];
-    lanyard::dev::DevStack::start(&config).await.unwrap()
+    let policies = tempfile::tempdir().unwrap();
+    std::fs::write(
+        policies.path().join("node.cedar"),
+        format!(
+            "@id(\"dev-reaches-the-app\")\npermit (principal == ServiceAccount::\"{}/{}\", action, resource)\nwhen {{ resource.source == \"node\" && resource has via && resource.via.id == \"{}\" }};\n",
+            config.dev.namespace, config.dev.service_account, config.dev.azure_client_id
+        ),
+    )
+    .unwrap();
+    config.policy.dir = Some(policies.path().to_path_buf());
+    (
+        lanyard::dev::DevStack::start(&config).await.unwrap(),
+        policies,
+    )
 }
 
 /// `lanyard dev` refuses an app reached through an identity that is not on
@@ -413,7 +430,7 @@ async fn imds(client: &reqwest::Client, base: &str, resource: &str) -> (u16, ser
 /// costs only the app's hop again, the identity's token being shared.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_herd_costs_one_exchange_per_hop_and_the_first_is_shared() {
-    let stack = dev_with_app(APP).await;
+    let (stack, _policies) = dev_with_app(APP).await;
     let base = export(&stack, "AZURE_POD_IDENTITY_AUTHORITY_HOST").to_string();
     let client = reqwest::Client::new();
     let mut tasks = Vec::new();

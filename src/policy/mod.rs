@@ -20,7 +20,7 @@ pub mod schema;
 
 use std::time::{Duration, SystemTime};
 
-use crate::cloud::{Identity, TokenRequest};
+use crate::cloud::{Identity, Source, TokenRequest};
 use crate::directory::Attributes;
 use crate::token::Caller;
 
@@ -75,11 +75,27 @@ pub trait Policy: Send + Sync {
 }
 
 /// Allows what the ServiceAccount's bindings allow: the behaviour with no
-/// policy configured.
+/// policy configured; except a managed identity assigned to the node
+/// ([`Source::Node`]), which is refused.
+///
+/// Why: a federated identity's cloud checks which ServiceAccount's token
+/// it is given (the federated credential's subject, the role's trust). A
+/// node identity's token comes from the node's IMDS, which asks nothing of
+/// the pod: only a policy keeps other pods from it, and a ServiceAccount
+/// annotation anyone with `edit` on ServiceAccounts can write is not one.
 pub struct AllowBound;
 
+/// What a pod asking for a node identity without a policy is told.
+pub const NODE_IDENTITY_NEEDS_POLICY: &str = "a managed identity assigned to the node (azure.node_identities) is served only under a Cedar policy that permits it: its token comes from the node's IMDS, which checks nothing of the pod (policy.dir; docs/policy.md, resource.source)";
+
 impl Policy for AllowBound {
-    fn decide(&self, _: &PolicyInput<'_>) -> Decision {
+    fn decide(&self, input: &PolicyInput<'_>) -> Decision {
+        if input.identity.source == Source::Node {
+            return Decision::Deny {
+                reason: NODE_IDENTITY_NEEDS_POLICY.to_string(),
+                policies: Vec::new(),
+            };
+        }
         Decision::Allow {
             policies: Vec::new(),
         }

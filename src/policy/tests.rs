@@ -531,3 +531,29 @@ fn remembered_decisions_never_outlive_their_second_or_request() {
         );
     }
 }
+
+#[test]
+fn without_a_policy_a_node_identity_is_refused() {
+    use super::AllowBound;
+    let (c, r, a) = (caller(), request(), attributes());
+    let mut i = identity();
+    let input = |i: &Identity| {
+        AllowBound.decide(&PolicyInput {
+            caller: &c,
+            identity: i,
+            request: &r,
+            attributes: &a,
+            lifetime: None,
+            time: SystemTime::UNIX_EPOCH,
+        })
+    };
+    assert!(matches!(input(&i), Decision::Allow { .. }));
+    i.source = crate::cloud::Source::Node;
+    match input(&i) {
+        Decision::Deny { reason, policies } => {
+            assert!(policies.is_empty());
+            assert!(reason.contains("azure.node_identities"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -220,9 +220,17 @@ RESOURCE_TENANT = "9d8c7b6a-5f4e-4d3c-8b2a-190817263544"
 
 @pytest.fixture
 def app_dev(tmp_path, clean_env):
+    # A node identity is served only under a policy that permits it.
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "app.cedar").write_text(
+        '@id("dev-reaches-the-app")\n'
+        'permit (principal == ServiceAccount::"default/ray-worker", action, resource)\n'
+        f'when {{ resource.source == "node" && resource has via && resource.via.id == "{AZURE["shared"]}" }};\n')
     config = tmp_path / "lanyard.yaml"
     config.write_text(json.dumps({"dev": {"azure_app_client_id": APP, "azure_app_tenant_id": RESOURCE_TENANT},
-                                  "azure": {"node_identities": [AZURE["shared"]]}}))
+                                  "azure": {"node_identities": [AZURE["shared"]]},
+                                  "policy": {"dir": str(policies)}}))
     dev = Dev(["--config", str(config)], tmp_path / "lanyard.log")
     yield dev
     stop(dev)
