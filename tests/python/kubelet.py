@@ -40,6 +40,7 @@ from __future__ import annotations
 import base64
 import ctypes
 import http.client
+import ipaddress
 import json
 import os
 import re
@@ -59,6 +60,7 @@ from urllib.parse import urlsplit
 from conftest import ROOT, stop_process
 
 API_IP = "10.250.0.1"
+IMDS_IP = "169.254.169.254"
 CLOUD_IPS = {"azure": "10.250.0.11", "gcp": "10.250.0.12", "aws": "10.250.0.13"}
 CLOUD_NAMES = {
     "azure": ["login.microsoftonline.com"],
@@ -190,6 +192,13 @@ class Cluster:
         for addr in CLOUD_IPS.values():
             ip("-n", self.api, "addr", "add", f"{addr}/24", "dev", "br0")
         ip("-n", self.api, "link", "set", "br0", "up")
+        # The node pool's IMDS (lanyard-fake-kube --imds), which every node
+        # routes to, as an Azure node reaches its own: reachable from the
+        # nodes and from their pods alike, as on AKS.
+        ip("-n", self.api, "addr", "add", f"{IMDS_IP}/32", "dev", "lo")
+        # The NetworkPolicies the cluster enforces (set by the caller from
+        # the rendered chart; see `Node.enforce`).
+        self.network_policies: list[dict] = []
 
     def netns(self, role: str, hosts: str | None = None) -> str:
         name = f"{self.tag}-{role}"
@@ -233,6 +242,9 @@ class Cluster:
         ip("-n", ns, "addr", "add", f"10.251.{index}.1/24", "dev", "cbr0")
         ip("-n", ns, "link", "set", "cbr0", "up")
         subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.ip_forward=1"], check=True)
+        # IMDS through the api namespace, and back to this node's pods.
+        ip("-n", ns, "route", "add", f"{IMDS_IP}/32", "via", API_IP)
+        ip("-n", self.api, "route", "add", f"10.251.{index}.0/24", "via", address)
         # Pod networks of the other nodes, through their nodes (one flat
         # cluster network: any pod can reach any node, as in most CNIs).
         for other in self.nodes:
@@ -263,10 +275,68 @@ class Cluster:
         return problems
 
 
+def selector_matches(selector: dict | None, labels: dict[str, str]) -> bool:
+    """A Kubernetes label selector (absent or empty: everything)."""
+    selector = selector or {}
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for e in selector.get("matchExpressions", []):
+        key, op, values = e["key"], e["operator"], e.get("values", [])
+        ok = {"In": key in labels and labels[key] in values,
+              "NotIn": key not in labels or labels[key] not in values,
+              "Exists": key in labels, "DoesNotExist": key not in labels}[op]
+        if not ok:
+            return False
+    return True
+
+
+def egress_allowed(policies: list[dict], namespace: str, labels: dict[str, str], address: str) -> bool:
+    """Whether NetworkPolicy lets a pod of `namespace` with `labels` send to
+    `address`: a pod no Egress policy selects may; a selected one only when
+    some rule of a selecting policy allows it (policies add up). Only
+    `ipBlock` peers are modelled (anything else is refused here, loudly,
+    rather than guessed at)."""
+    target = ipaddress.ip_address(address)
+    selecting = [p for p in policies if p["kind"] == "NetworkPolicy" and p["metadata"].get("namespace") == namespace
+                 and "Egress" in p["spec"].get("policyTypes", []) and selector_matches(p["spec"]["podSelector"], labels)]
+    if not selecting:
+        return True
+    for policy in selecting:
+        for rule in policy["spec"].get("egress", []):
+            peers = rule.get("to")
+            if not peers:
+                return True
+            for peer in peers:
+                assert set(peer) == {"ipBlock"}, f"NetworkPolicy peer not modelled by the harness: {peer}"
+                block = peer["ipBlock"]
+                net = ipaddress.ip_network(block["cidr"])
+                if target.version == net.version and target in net and not any(
+                        target in ipaddress.ip_network(e) for e in block.get("except", [])):
+                    return True
+    return False
+
+
 class Node:
     def __init__(self, cluster: Cluster, name: str, index: int, ns: str, address: str):
         self.cluster, self.name, self.index, self.ns, self.address = cluster, name, index, ns, address
         self.pods = 0
+        self.filter = False
+
+    def enforce(self, namespace: str, labels: dict[str, str], pod_ip: str) -> None:
+        """What a CNI that enforces egress NetworkPolicy does for a pod of
+        this node: traffic the cluster's policies do not allow is dropped
+        where it leaves the pod for the node (modelled for the node's IMDS,
+        the one address the chart's policies name)."""
+        if egress_allowed(self.cluster.network_policies, namespace, labels, IMDS_IP):
+            return
+        nft = ["ip", "netns", "exec", self.ns, "nft"]
+        if not self.filter:
+            subprocess.run([*nft, "add table inet harness"], check=True)
+            subprocess.run([*nft, "add chain inet harness forward { type filter hook forward priority 0; policy accept; }"],
+                           check=True)
+            self.filter = True
+        subprocess.run([*nft, f"add rule inet harness forward ip saddr {pod_ip} ip daddr {IMDS_IP} counter drop"],
+                       check=True)
 
     def pod_network(self, hosts_extra: str) -> tuple[str, str]:
         """A pod's namespace on this node and its IP."""
@@ -312,7 +382,8 @@ class FakeKubeProcess:
                     **{cloud: f"{addr}:443" for cloud, addr in CLOUD_IPS.items()}},
         }))
         self.proc = cluster.start(cluster.api, [str(binary), "--dir", str(d), "--host", API_IP,
-                                                "--clouds", str(config)], "fake-kube.log",
+                                                "--clouds", str(config), "--imds", f"{IMDS_IP}:80"],
+                                  "fake-kube.log",
                                   stdout=subprocess.PIPE)
         line = self.proc.proc.stdout.readline()
         if not line:
@@ -518,6 +589,7 @@ class Pod:
         self.name, self.namespace = self.meta["name"], self.meta["namespace"]
         hosts = "".join(f"{a['ip']}\t{' '.join(a['hostnames'])}\n" for a in self.spec.get("hostAliases", []))
         self.ns, self.ip = node.pod_network(hosts)
+        node.enforce(self.namespace, self.meta.get("labels", {}), self.ip)
         self.dir = cluster.workdir / f"pod-{self.namespace}-{self.name}"
         self.dir.mkdir(mode=0o755)
         self.security = self.spec.get("securityContext", {})

@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import statistics
+import subprocess
 import tempfile
 import threading
 import time
@@ -61,9 +62,10 @@ IDENTITIES = [
     # A namespace the guard governs (labelled below).
     identity("governed", "builder", "77777777-8888-9999-aaaa-bbbbbbbbbbbb",
              "builder@lanyard-e2e.iam.gserviceaccount.com", "arn:aws:iam::111122223333:role/builder"),
-    # A managed identity that a multi-tenant app, provisioned in another
-    # tenant, trusts as its federated credential (the Anyscale operator's
-    # shape on AKS): the pod gets the app's tokens in that tenant.
+    # A managed identity assigned to the node pool, which a multi-tenant
+    # app, provisioned in another tenant, trusts as its federated
+    # credential (the Anyscale operator's shape on AKS): the pod gets the
+    # app's tokens in that tenant, the identity's from the node's IMDS.
     identity("anyscale", "operator", "99999999-aaaa-4bbb-8ccc-dddddddddddd",
              "operator@lanyard-e2e.iam.gserviceaccount.com", "arn:aws:iam::111122223333:role/operator",
              azure_app_client_id="c0ffee00-1234-4abc-8def-0123456789ab",
@@ -75,6 +77,16 @@ IDENTITIES = [
              aws_target_role_arn="arn:aws:iam::222233334444:role/data-lake", aws_external_id="e2e-lake-4f1c"),
 ]
 CLUSTER_ARN = "arn:aws:eks:us-east-1:111122223333:cluster/e2e"
+# The identities that come from the node's IMDS: the clouds assign them to
+# the node pool (with the app that trusts each), the chart lists them, and
+# the policy permits each to its ServiceAccount alone.
+NODE_IDENTITIES = [i for i in IDENTITIES if "azure_app_client_id" in i]
+POLICY = "\n".join([
+    '@id("allow-bound")',
+    'permit (principal, action in Action::"credential", resource) unless { resource.source == "node" };',
+] + [f'''@id("node-identity-{i['namespace']}-{i['service_account']}")
+permit (principal == ServiceAccount::"{i['namespace']}/{i['service_account']}", action in Action::"credential", resource)
+when {{ resource.source == "node" && resource has via && resource.via.id == "{i['azure_client_id']}" }};''' for i in NODE_IDENTITIES])
 # Namespaces the guard governs (its webhook and its ValidatingAdmissionPolicy
 # both on): the Ray cluster's and the builder's.
 GOVERNED = {name: {"lanyard.dev/guard": "enforce"} for name in ("governed", "ray")}
@@ -107,7 +119,11 @@ class E2E:
         self.roles: list[Container] = []
         self.startup: list[float] = []
         self.figures: dict = {}
-        clouds = {"azure_tenant_id": TENANT, "gcp_provider": PROVIDER, "identities": IDENTITIES}
+        federated = [{k: v for k, v in i.items() if not k.startswith("azure_app_")} for i in IDENTITIES]
+        clouds = {"azure_tenant_id": TENANT, "gcp_provider": PROVIDER, "identities": federated,
+                  "azure_node_identities": [{"client_id": i["azure_client_id"],
+                                             "app_client_id": i["azure_app_client_id"],
+                                             "app_tenant_id": i["azure_app_tenant_id"]} for i in NODE_IDENTITIES]}
         gcp = {"workloadIdentityProvider": PROVIDER, "projectId": "lanyard-e2e", "projectNumber": "123456789012"}
         if gke_cluster:
             clouds.update(gcp_gke_cluster=gke_cluster, gcp_project_number="123456789012")
@@ -116,7 +132,8 @@ class E2E:
         self.bundle = trust_bundle(workdir, self.kube.clouds_ca)
         self.values = {
             "cluster": {"name": "e2e"},
-            "azure": {"tenantId": TENANT},
+            "azure": {"tenantId": TENANT, "nodeIdentities": [i["azure_client_id"] for i in NODE_IDENTITIES]},
+            "policy": {"enabled": True, "policies": {"e2e.cedar": POLICY}},
             "gcp": gcp,
             "aws": {"region": "us-east-1", "clusterArn": CLUSTER_ARN},
             # Shutdown delays shorter than the chart's 5 s: the harness's
@@ -124,9 +141,11 @@ class E2E:
             "agent": {"port": AGENT_PORT, "adminPort": AGENT_ADMIN, "reachVia": "hostPort",
                       "shutdownDelaySeconds": 1},
             "webhook": {"port": HOOK_PORT, "adminPort": HOOK_ADMIN, "shutdownDelaySeconds": 2},
-            "guard": {"enabled": True, "admissionPolicy": True},
+            "guard": {"enabled": True, "admissionPolicy": True, "imdsEgress": {"namespaces": sorted(GOVERNED)}},
         }
         self.objects = render(self.values)
+        # The cluster's CNI enforces the chart's egress NetworkPolicies.
+        self.cluster.network_policies = [o for o in self.objects if o["kind"] == "NetworkPolicy"]
         secret = find(self.objects, "Secret", "lanyard-webhook-tls")
         self.webhook_ca = base64.b64decode(secret["data"]["ca.crt"]).decode()
         # The chart's webhooks and policy, and a mesh's injector beside them:
@@ -367,7 +386,7 @@ def test_a_target_role_in_another_account_serves_boto3_with_ekss_session_tags(e2
     assert sorted(session["transitive_tag_keys"]) == sorted(tags)
 
 
-def test_an_app_trusting_the_managed_identity_serves_azure_identity_in_its_tenant(e2e):
+def test_an_app_trusting_the_node_identity_serves_azure_identity_in_its_tenant(e2e):
     operator = next(i for i in IDENTITIES if "azure_app_client_id" in i)
     pod = e2e.run_pod(e2e.nodes[0], plain_template("operator"), "operator-0", "anyscale")
     (line,) = run_app(e2e, pod, "--clouds", "azure")
@@ -383,8 +402,16 @@ def test_an_app_trusting_the_managed_identity_serves_azure_identity_in_its_tenan
         assert out.returncode == 0, out.stderr
         token = json.loads(out.stdout.splitlines()[-1])["token"]
         assert e2e.kube.whois(token)["principal"] == expected(operator)["azure"]
+    # The Rust SDK's ManagedIdentityCredential, likewise.
+    rust = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "debug" / "lanyard-rust-clients"
+    if rust.exists():
+        out = pod.exec(pod.app_containers()[0], [str(rust), "azure"],
+                       image_env={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp"})
+        assert out.returncode == 0, out.stdout + out.stderr
+        token = json.loads(out.stdout.splitlines()[-1])["token"]
+        assert e2e.kube.whois(token)["principal"] == expected(operator)["azure"]
     # Another ServiceAccount annotated with the operator's identity and app:
-    # the identity does not trust it, and the SDK's error says which hop.
+    # the policy permits it to the operator's ServiceAccount alone.
     e2e.kube.apply({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {
         "name": "intruder", "namespace": "anyscale", "annotations": {
             "azure.workload.identity/client-id": operator["azure_client_id"],
@@ -393,7 +420,17 @@ def test_an_app_trusting_the_managed_identity_serves_azure_identity_in_its_tenan
     pod = e2e.run_pod(e2e.nodes[1], plain_template("intruder"), "intruder-0", "anyscale")
     (line,) = run_app(e2e, pod, "--clouds", "azure")
     assert not line["ok"], line
-    assert "managed identity hop" in line["error"] and "AADSTS70021" in line["error"], line["error"]
+    # Nothing upstream checks which pod asks for a node identity: the
+    # policy refuses it.
+    assert "Denied by Lanyard policy" in line["error"] and "anyscale/intruder" in line["error"], line["error"]
+    # Each hop was asked once for the operator, and the identity's token
+    # came from the node's IMDS, never through a federated credential.
+    audit = e2e.workdir / "agent-node-a" / "volumes" / "audit" / "audit.jsonl"
+    records = [r for r in map(json.loads, audit.read_text().splitlines())
+               if r["type"] == "credential" and r["request"].get("via") == operator["azure_client_id"]]
+    assert records and all(r["request"]["source"] == "node" for r in records), records
+    assert {(r["request"]["account"], r["request"]["via_account"]) for r in records} == {
+        (operator["azure_app_tenant_id"], TENANT)}, records
 
 
 def test_a_wrong_external_id_is_access_denied_in_boto3(e2e):
@@ -730,11 +767,41 @@ def test_transparent_mode_serves_clients_that_only_know_169_254_169_254(e2e):
     google = opted.exec(app, [SDK_PYTHON, "-c", script])
     assert google.returncode == 0, google.stderr
     assert e2e.whose({"cloud": "gcp", "credential": google.stdout.strip()}) == want["gcp"]
-    # Without the annotation nothing is redirected.
+    # Without the annotation nothing is redirected: the node's own IMDS
+    # answers, with the node pool's identity, not the pod's (this namespace
+    # is not one whose egress to IMDS the chart blocks).
     miss = plain.exec(plain.app_containers()[0], [*curl, "--max-time", "3", "-H", "Metadata: true",
                                                   "http://169.254.169.254/metadata/identity/oauth2/token"
                                                   "?api-version=2018-02-01&resource=https://storage.azure.com/"])
-    assert miss.returncode != 0 and "access_token" not in miss.stdout
+    assert miss.returncode == 0, miss.stderr
+    node_identity = next(i for i in IDENTITIES if "azure_app_client_id" in i)["azure_client_id"]
+    assert e2e.whose({"cloud": "azure", "credential": json.loads(miss.stdout)["access_token"]}) == \
+        f"{TENANT}/{node_identity}"
+
+
+def imds_curl(pod: Pod, client_id: str) -> subprocess.CompletedProcess:
+    return pod.exec(pod.app_containers()[0], [
+        "curl", "-sS", "--max-time", "3", "-H", "Metadata: true",
+        "http://169.254.169.254/metadata/identity/oauth2/token?api-version=2018-02-01"
+        f"&resource=https://storage.azure.com/&client_id={client_id}"])
+
+
+def test_a_governed_pod_cannot_reach_the_nodes_imds_itself(e2e):
+    """The node pool's identity is reachable at the node's IMDS by any pod
+    whose egress is not blocked: the chart's NetworkPolicy blocks it in the
+    namespaces listed (guard.imdsEgress), so that only Lanyard's agent, under
+    its policy, hands it out."""
+    operator = next(i for i in IDENTITIES if "azure_app_client_id" in i)
+    # Ungoverned: a pod takes the node identity's token around Lanyard.
+    legacy = e2e.run_pod(e2e.nodes[0], plain_template("scripts"), "imds-legacy", "legacy")
+    got = imds_curl(legacy, operator["azure_client_id"])
+    assert got.returncode == 0 and "access_token" in got.stdout, (got.stdout, got.stderr)
+    assert e2e.kube.whois(json.loads(got.stdout)["access_token"])["principal"] == \
+        f"{TENANT}/{operator['azure_client_id']}"
+    # Governed: the same request never arrives.
+    governed = governed_pod(e2e)
+    blocked = imds_curl(governed, operator["azure_client_id"])
+    assert blocked.returncode == 28 and "access_token" not in blocked.stdout, (blocked.stdout, blocked.stderr)
 
 
 def own_token_template(service_account: str, audience: str) -> dict:

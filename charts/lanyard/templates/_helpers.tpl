@@ -79,6 +79,7 @@ at Lanyard's defaults.
 {{- $azure := dict "cloud" $v.azure.cloud "audience" $v.azure.audience -}}
 {{- with $v.azure.tenantId }}{{ $_ := set $azure "tenant_id" . }}{{ end -}}
 {{- with $v.azure.authorityHost }}{{ $_ := set $azure "authority_host" . }}{{ end -}}
+{{- with $v.azure.nodeIdentities }}{{ $_ := set $azure "node_identities" . }}{{ end -}}
 {{- $gcp := dict "token_lifetime" $v.gcp.tokenLifetime -}}
 {{- with $v.gcp.workloadIdentityProvider }}{{ $_ := set $gcp "workload_identity_provider" . }}{{ end -}}
 {{- with $v.gcp.projectId }}{{ $_ := set $gcp "project_id" . }}{{ end -}}

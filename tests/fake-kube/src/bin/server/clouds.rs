@@ -249,6 +249,12 @@ impl Clouds {
         self.0.routers()
     }
 
+    /// The node's IMDS, serving the managed identities assigned to the
+    /// node pool (`azure_node_identities`).
+    pub fn imds_router(&self) -> Router {
+        lanyard_emulators::imds::router(self.0.entra.clone())
+    }
+
     /// Which cloud issued `credential` and to whom, as JSON.
     pub fn whois(&self, credential: &str) -> Option<Value> {
         self.0

@@ -61,6 +61,11 @@
 //! `expire=true` also compacts the history, so clients must relist after a
 //! 410).
 //!
+//! With `--imds ADDR` (and `--clouds`) it also serves the node's Azure
+//! IMDS at ADDR (`169.254.169.254:80` in the pod harness), for the managed
+//! identities the clouds file assigns to the node pool
+//! (`azure_node_identities`).
+//!
 //! `--host IP` binds every listener on IP (any free port) instead of
 //! 127.0.0.1, for a process run in a network namespace of its own.
 //!
@@ -105,6 +110,7 @@ struct Args {
     host: std::net::IpAddr,
     dir: PathBuf,
     clouds: Option<PathBuf>,
+    imds: Option<SocketAddr>,
 }
 
 fn args() -> Result<Args, String> {
@@ -113,6 +119,7 @@ fn args() -> Result<Args, String> {
     let mut control = None;
     let mut dir = None;
     let mut clouds = None;
+    let mut imds = None;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let value = it.next().ok_or(format!("{flag} needs a value"))?;
@@ -122,11 +129,12 @@ fn args() -> Result<Args, String> {
             "--host" => host = value.parse().map_err(|e| format!("--host: {e}"))?,
             "--dir" => dir = Some(PathBuf::from(value)),
             "--clouds" => clouds = Some(PathBuf::from(value)),
+            "--imds" => imds = Some(value.parse().map_err(|e| format!("--imds: {e}"))?),
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
     let dir = dir.ok_or(
-        "usage: lanyard-fake-kube --dir DIR [--host IP] [--listen ADDR] [--control ADDR] [--clouds FILE]",
+        "usage: lanyard-fake-kube --dir DIR [--host IP] [--listen ADDR] [--control ADDR] [--clouds FILE [--imds ADDR]]",
     )?;
     Ok(Args {
         listen: listen.unwrap_or(SocketAddr::new(host, 0)),
@@ -134,6 +142,7 @@ fn args() -> Result<Args, String> {
         host,
         dir,
         clouds,
+        imds,
     })
 }
 
@@ -231,6 +240,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
                         tokio::spawn(async move { axum::serve(listener, router).await });
                     }
                 }
+            }
+            if let Some(addr) = args.imds {
+                // The node's IMDS, as the node pool's VM scale set has it.
+                let listener = tokio::net::TcpListener::bind(addr).await?;
+                info.insert("imds".into(), Value::from(format!("http://{addr}")));
+                let router = clouds.imds_router();
+                tokio::spawn(async move { axum::serve(listener, router).await });
             }
             Some(clouds)
         }
