@@ -490,6 +490,7 @@ async fn hops_named_in(audience: &'static str) {
         exchanger: env.exchanger.clone(),
         default_tenant: Some(HOME.into()),
         audience: env.audience.into(),
+        exchange_audience: env.audience.into(),
         first_hops: Default::default(),
         node_identities: [
             IDENTITY,

@@ -139,6 +139,23 @@ pub const US_GOVERNMENT: &str = "https://login.microsoftonline.us";
 /// `azure.authority_host`.
 pub const CHINA: &str = "https://login.partner.microsoftonline.cn";
 
+/// The token-exchange audience for `configured` (`azure.audience`) in the
+/// named cloud `cloud`: `configured` itself when it is one of
+/// [`EXCHANGE_AUDIENCES`], else the cloud's own (Microsoft Learn, "Configure
+/// an application to trust a managed identity": `api://AzureADTokenExchange`
+/// in the public cloud, `…USGov` in Azure US Government, `…China` in Azure
+/// operated by 21Vianet).
+pub fn exchange_audience(cloud: &str, configured: &str) -> &'static str {
+    if let Some(known) = EXCHANGE_AUDIENCES.iter().find(|a| **a == configured) {
+        return known;
+    }
+    match authority_for_cloud(cloud) {
+        Some(US_GOVERNMENT) => "api://AzureADTokenExchangeUSGov",
+        Some(CHINA) => "api://AzureADTokenExchangeChina",
+        _ => FEDERATION_AUDIENCE,
+    }
+}
+
 /// The authority host for a named Azure cloud.
 pub fn authority_for_cloud(name: &str) -> Option<&'static str> {
     match name.to_ascii_lowercase().as_str() {
@@ -313,6 +330,12 @@ pub struct AzureCloud {
     /// token-exchange audience, which is also what a managed identity's
     /// token for an app's assertion is asked for.
     pub audience: String,
+    /// The cloud's token-exchange audience (`api://AzureADTokenExchange`
+    /// and its twins): the resource of a managed identity's token that is
+    /// an app's assertion. `azure.audience` when it is one of them, else
+    /// `azure.cloud`'s, since a custom audience for the pods' tokens is no
+    /// resource Entra knows ([`exchange_audience`]).
+    pub exchange_audience: String,
     /// The managed-identity-to-app hop's first tokens.
     pub first_hops: Arc<FirstHops>,
     /// The client ids of the managed identities assigned to the node pool
@@ -518,7 +541,7 @@ impl AzureCloud {
     /// on the node.
     fn app_fetcher(&self, bound: &AzureBound, app: &AppHop, scope: String) -> Fetcher {
         let identity_tenant = bound.tenant.clone();
-        let exchange = self.audience.clone();
+        let exchange = self.exchange_audience.clone();
         let params = (
             self.exchanger.clone(),
             self.node_imds.clone(),
@@ -727,6 +750,7 @@ impl Settings {
             exchanger: AzureExchanger::new(http.clone(), authority),
             default_tenant: self.tenant_id.clone(),
             audience: self.audience.clone(),
+            exchange_audience: exchange_audience(&self.cloud, &self.audience).to_string(),
             first_hops: Arc::default(),
             node_identities: self
                 .node_identities
@@ -763,6 +787,26 @@ mod tests {
         assert_eq!(
             resource_to_scope("https://vault.azure.net/.default"),
             "https://vault.azure.net/.default"
+        );
+    }
+
+    #[test]
+    fn the_exchange_audience_is_the_clouds_when_the_pods_is_custom() {
+        assert_eq!(
+            exchange_audience("public", "api://lanyard-prod"),
+            FEDERATION_AUDIENCE
+        );
+        assert_eq!(
+            exchange_audience("usgovernment", "api://lanyard-prod"),
+            "api://AzureADTokenExchangeUSGov"
+        );
+        assert_eq!(
+            exchange_audience("china", "custom"),
+            "api://AzureADTokenExchangeChina"
+        );
+        assert_eq!(
+            exchange_audience("public", "api://AzureADTokenExchangeUSGov"),
+            "api://AzureADTokenExchangeUSGov"
         );
     }
 
@@ -810,6 +854,7 @@ mod tests {
             exchanger: AzureExchanger::new(reqwest::Client::new(), PUBLIC_CLOUD),
             default_tenant: None,
             audience: "api://AzureADTokenExchange".into(),
+            exchange_audience: FEDERATION_AUDIENCE.into(),
             first_hops: Default::default(),
             node_identities: Default::default(),
             node_imds: NodeImds::new(reqwest::Client::new(), DEFAULT_IMDS_ENDPOINT),
@@ -835,6 +880,7 @@ mod tests {
             exchanger: AzureExchanger::new(reqwest::Client::new(), PUBLIC_CLOUD),
             default_tenant: None,
             audience: "a".into(),
+            exchange_audience: FEDERATION_AUDIENCE.into(),
             first_hops: Default::default(),
             node_identities: Default::default(),
             node_imds: NodeImds::new(reqwest::Client::new(), DEFAULT_IMDS_ENDPOINT),

@@ -342,6 +342,7 @@ fn broker() -> lanyard::broker::Broker {
         exchanger: AzureExchanger::new(http.clone(), PUBLIC_CLOUD),
         default_tenant: Some(AZURE_TENANT.into()),
         audience: FEDERATION_AUDIENCE.into(),
+        exchange_audience: FEDERATION_AUDIENCE.into(),
         first_hops: Default::default(),
         node_identities: Default::default(),
         node_imds: lanyard::cloud::azure::NodeImds::new(
