@@ -267,7 +267,7 @@ async fn upstream_rejection_surfaces_the_aadsts_code() {
         body["error_description"]
             .as_str()
             .unwrap()
-            .contains("AADSTS70021"),
+            .contains("AADSTS700213"),
         "{body}"
     );
 }

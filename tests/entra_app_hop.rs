@@ -240,7 +240,10 @@ async fn each_missing_trust_is_refused_as_entra_refuses_it() {
         env.exchange(RESOURCE, APP, STORAGE, &env.pod_token("operator"))
             .await,
     );
-    assert_eq!(code, "AADSTS70021");
+    assert_eq!(
+        code, "AADSTS700211",
+        "the cluster is no issuer the app trusts"
+    );
     // Another identity's exchange token: no federated credential names it.
     let lone = env
         .imds
@@ -248,8 +251,8 @@ async fn each_missing_trust_is_refused_as_entra_refuses_it() {
         .await
         .unwrap();
     let (code, message) = rejected(env.exchange(RESOURCE, APP, STORAGE, &lone.token).await);
-    assert_eq!(code, "AADSTS70021");
-    assert!(message.contains("Assertion Subject"), "{message}");
+    assert_eq!(code, "AADSTS700213");
+    assert!(message.contains("presented assertion subject"), "{message}");
     // The app is not provisioned in the identity's... other tenants.
     let first = env.imds.token(IDENTITY, FEDERATION_AUDIENCE).await.unwrap();
     let (code, _) = rejected(
@@ -548,7 +551,7 @@ async fn hops_named_in(audience: &'static str) {
     };
     // The app trusts IDENTITY, not LONE_IDENTITY: the second hop fails.
     let err = fetch("lone", LONE_IDENTITY).await.unwrap_err().to_string();
-    assert!(err.contains("AADSTS70021"), "{err}");
+    assert!(err.contains("AADSTS700213"), "{err}");
     assert!(
         err.contains(&format!("app hop (app {APP} in tenant {RESOURCE}")),
         "{err}"

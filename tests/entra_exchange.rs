@@ -94,7 +94,7 @@ async fn valid_assertion_gets_a_token() {
 }
 
 #[tokio::test]
-async fn subject_without_federated_credential_is_aadsts70021() {
+async fn subject_without_federated_credential_is_aadsts700213() {
     let p = pod();
     let up = upstreams("system:serviceaccount:other:sa", Duration::from_secs(1800)).await;
     let assertion = up
@@ -105,12 +105,33 @@ async fn subject_without_federated_credential_is_aadsts70021() {
         .await
         .unwrap_err();
     assert!(!err.is_retryable());
-    assert_eq!(code(err), "AADSTS70021");
+    assert_eq!(code(err), "AADSTS700213");
     assert_eq!(up.entra.stats.issued.load(Ordering::Relaxed), 0);
 }
 
+/// A subject that differs only in case: Entra has matched subjects
+/// case-sensitively since September 2024, and says so (AADSTS7002138).
 #[tokio::test]
-async fn wrong_audience_is_aadsts70021() {
+async fn a_subject_differing_in_case_is_aadsts7002138() {
+    let p = pod();
+    let up = upstreams(&p.subject().to_uppercase(), Duration::from_secs(1800)).await;
+    let assertion = up
+        .issuer
+        .mint(&p, &[FEDERATION_AUDIENCE], Duration::from_secs(3600))
+        .unwrap();
+    let err = exchange(&up, TENANT, CLIENT, SCOPE, &assertion)
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert_eq!(code(err), "AADSTS7002138");
+    assert!(
+        text.contains("case-insensitive comparison, but not with case-sensitive"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn wrong_audience_is_aadsts700212() {
     let p = pod();
     let up = upstreams(&p.subject(), Duration::from_secs(1800)).await;
     let assertion = up
@@ -120,7 +141,7 @@ async fn wrong_audience_is_aadsts70021() {
     let err = exchange(&up, TENANT, CLIENT, SCOPE, &assertion)
         .await
         .unwrap_err();
-    assert_eq!(code(err), "AADSTS70021");
+    assert_eq!(code(err), "AADSTS700212");
 }
 
 #[tokio::test]
@@ -148,12 +169,12 @@ async fn assertion_signed_by_unknown_key_fails_signature_validation() {
         .issuer
         .claims_for(&p, &[FEDERATION_AUDIENCE], Duration::from_secs(600));
     let rogue = SigningKey::generate_rs256().unwrap();
-    // A key the issuer never published…
+    // A key the issuer never published (Entra names its kid)…
     let unknown_kid = rogue.sign(&claims).unwrap();
     let err = exchange(&up, TENANT, CLIENT, SCOPE, &unknown_kid)
         .await
         .unwrap_err();
-    assert_eq!(code(err), "AADSTS50013");
+    assert_eq!(code(err), "AADSTS7000272");
     // …and one that claims the issuer's kid.
     let forged = rogue.sign_with_kid(&claims, up.issuer.key().kid()).unwrap();
     let err = exchange(&up, TENANT, CLIENT, SCOPE, &forged)

@@ -404,7 +404,7 @@ async fn issue(entra: &Entra, tenant: &str, body: &[u8]) -> Result<Response, Aad
             StatusCode::BAD_REQUEST,
             "invalid_request",
             90002,
-            format!("Tenant '{tenant}' not found. Check to make sure you have the correct tenant ID and are signing into the correct cloud."),
+            format!("Tenant '{tenant}' not found. Check to make sure you have the correct tenant ID and are signing into the correct cloud. Check with your subscription administrator, this may happen if there are no active subscriptions for the tenant."),
         ));
     }
     let grant_type = field("grant_type").ok_or_else(|| missing("grant_type"))?;
@@ -417,8 +417,23 @@ async fn issue(entra: &Entra, tenant: &str, body: &[u8]) -> Result<Response, Aad
         ));
     }
     let client_id = field("client_id").ok_or_else(|| missing("client_id"))?;
-    let scope = field("scope").ok_or_else(|| missing("scope"))?;
-    if !scope.ends_with("/.default") || scope.contains(' ') {
+    let scope = field("scope").ok_or_else(|| {
+        aad(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            90014,
+            "The required field 'scope' is missing from the credential. Ensure that you have all the necessary parameters for the login request.",
+        )
+    })?;
+    if scope.contains(' ') {
+        return Err(aad(
+            StatusCode::BAD_REQUEST,
+            "invalid_scope",
+            70011,
+            format!("The provided request must include a 'scope' input parameter. The provided value for the input parameter 'scope' is not valid. The scope {scope} is not valid."),
+        ));
+    }
+    if !scope.ends_with("/.default") {
         return Err(aad(
             StatusCode::BAD_REQUEST,
             "invalid_scope",
@@ -432,8 +447,8 @@ async fn issue(entra: &Entra, tenant: &str, body: &[u8]) -> Result<Response, Aad
             return Err(aad(
                 StatusCode::UNAUTHORIZED,
                 "invalid_client",
-                7000218,
-                "The request body must contain the following parameter: 'client_assertion' or 'client_secret'.",
+                7000216,
+                "'client_assertion', 'client_secret' or 'request' is required for the 'client_credentials' grant type.",
             ))
         }
     };
@@ -446,7 +461,7 @@ async fn issue(entra: &Entra, tenant: &str, body: &[u8]) -> Result<Response, Aad
             StatusCode::BAD_REQUEST,
             "unauthorized_client",
             700016,
-            format!("Application with identifier '{client_id}' was not found in the directory '{tenant}'. This can happen if the application has not been installed by the administrator of the tenant or consented to by any user in the tenant."),
+            format!("Application with identifier '{client_id}' was not found in the directory '{tenant}'. This can happen if the application has not been installed by the administrator of the tenant or consented to by any user in the tenant. You may have sent your authentication request to the wrong tenant."),
         ));
     };
 
@@ -471,25 +486,22 @@ async fn issue(entra: &Entra, tenant: &str, body: &[u8]) -> Result<Response, Aad
     let skew = 300; // Entra tolerates five minutes of clock skew.
     if exp + skew < now || claims.nbf.is_some_and(|nbf| nbf > now + skew) {
         return Err(aad(
-            StatusCode::BAD_REQUEST,
+            StatusCode::UNAUTHORIZED,
             "invalid_client",
             700024,
-            format!("Client assertion is not within its valid time range. Current time: {}, assertion valid from {}, expiry time of assertion {}.",
-                rfc3339(now), claims.nbf.map(rfc3339).unwrap_or_else(|| "unspecified".into()), rfc3339(exp)),
+            format!("Client assertion is not within its valid time range. Current time: {}, assertion valid from {}, expiry time of assertion {}. Review the documentation at https://docs.microsoft.com/azure/active-directory/develop/active-directory-certificate-credentials .",
+                entra_time(now), entra_time(claims.nbf.unwrap_or(0)), entra_time(exp)),
         ));
     }
 
     let audiences: Vec<&str> = aud.iter().collect();
-    let no_match = || {
-        aad(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-            70021,
-            format!("No matching federated identity record found for presented assertion. Assertion Issuer: '{iss}'. Assertion Subject: '{sub}'. Assertion Audience: '{}'.", audiences.join(",")),
-        )
-    };
     if !app.federated.iter().any(|f| f.issuer == iss) {
-        return Err(no_match());
+        return Err(aad(
+            StatusCode::UNAUTHORIZED,
+            "invalid_client",
+            700211,
+            format!("No matching federated identity record found for presented assertion issuer '{iss}'. Please check your federated identity credential Subject, Audience and Issuer against the presented assertion. https://docs.microsoft.com/en-us/azure/active-directory/develop/workload-identity-federation"),
+        ));
     }
 
     // Entra's own v2 token as the assertion: a managed identity acting as
@@ -523,17 +535,18 @@ async fn issue(entra: &Entra, tenant: &str, body: &[u8]) -> Result<Response, Aad
                 return Err(aad(
                     StatusCode::UNAUTHORIZED,
                     "invalid_client",
-                    50013,
-                    "Assertion failed signature validation. [Reason - The key was not found.]",
+                    7000272,
+                    format!("The certificate with identifier {} used to sign the federated credential could not be found in the metadata of identity provider {iss}. Please validate that your Identity Provider's metadata exposes the key used to sign the incoming token.", header.kid.as_deref().unwrap_or("")),
                 ))
             }
             Err(e) => {
+                tracing::warn!(issuer = %iss, error = %e, "the Entra emulator cannot fetch the issuer's keys");
                 return Err(aad(
                     StatusCode::BAD_REQUEST,
                     "invalid_request",
                     50166,
-                    format!("Request to External OIDC endpoint failed. {e}"),
-                ))
+                    "Request to External OIDC endpoint failed.",
+                ));
             }
         },
     };
@@ -570,12 +583,37 @@ async fn issue(entra: &Entra, tenant: &str, body: &[u8]) -> Result<Response, Aad
         }
     }
 
-    let matched = app
-        .federated
+    // The credentials of this issuer: the subject must match one exactly
+    // (case-sensitively since September 2024), then its audience.
+    let records: Vec<&FederatedCredential> =
+        app.federated.iter().filter(|f| f.issuer == iss).collect();
+    let subject: Vec<&&FederatedCredential> = records.iter().filter(|f| f.subject == sub).collect();
+    if subject.is_empty() {
+        if records.iter().any(|f| f.subject.eq_ignore_ascii_case(&sub)) {
+            return Err(aad(
+                StatusCode::UNAUTHORIZED,
+                "invalid_client",
+                7002138,
+                format!("No matching federated identity record found for presented assertion subject '{sub}'. The subject matches with case-insensitive comparison, but not with case-sensitive comparison. Check your federated identity credential Subject, Audience and Issuer against the presented assertion. See documentation at: https://learn.microsoft.com/entra/workload-id/workload-identity-federation. See breaking change notification and remediation at: https://learn.microsoft.com/en-us/entra/identity-platform/reference-breaking-changes#august-2024."),
+            ));
+        }
+        return Err(aad(
+            StatusCode::UNAUTHORIZED,
+            "invalid_client",
+            700213,
+            format!("No matching federated identity record found for presented assertion subject '{sub}'. Check your federated identity credential Subject, Audience and Issuer against the presented assertion. https://learn.microsoft.com/entra/workload-id/workload-identity-federation"),
+        ));
+    }
+    if !subject
         .iter()
-        .any(|f| f.issuer == iss && f.subject == sub && audiences.iter().any(|a| *a == f.audience));
-    if !matched {
-        return Err(no_match());
+        .any(|f| audiences.iter().any(|a| *a == f.audience))
+    {
+        return Err(aad(
+            StatusCode::UNAUTHORIZED,
+            "invalid_client",
+            700212,
+            format!("No matching federated identity record found for presented assertion audience '{}'. Please check your federated identity credential Subject, Audience and Issuer against the presented assertion. https://docs.microsoft.com/en-us/azure/active-directory/develop/workload-identity-federation", audiences.join(",")),
+        ));
     }
 
     let issued = entra.mint(app, tenant, scope, Obtained::Federation)?;
@@ -662,12 +700,16 @@ impl Entra {
     }
 }
 
-fn rfc3339(unix: u64) -> String {
+/// A time as Entra writes it in its messages: seven fractional digits,
+/// `Z` (`2024-06-04T11:40:28.3451933Z`).
+fn entra_time(unix: u64) -> String {
     time::OffsetDateTime::from_unix_timestamp(unix as i64)
         .ok()
         .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
+            t.format(time::macros::format_description!(
+                "[year]-[month]-[day]T[hour]:[minute]:[second].0000000Z"
+            ))
+            .ok()
         })
         .unwrap_or_else(|| unix.to_string())
 }

@@ -7,29 +7,37 @@
 //! as an app's federated credential.
 //!
 //! What it enforces, each with its source:
-//! - `Metadata: true` required, else 400 `invalid_request` "Required
-//!   metadata header not specified" (Microsoft Learn, "How to use managed
-//!   identities for Azure resources on an Azure VM to acquire an access
-//!   token", Error handling);
-//! - `X-Forwarded-For` refused, 400 (the same page: IMDS is not reachable
-//!   through a proxy, "Request with X-Forwarded-For header is not
-//!   allowed"... wording varies by version; the status and `error` are
-//!   what clients test);
-//! - `api-version` and `resource` required, 400 `invalid_request`;
-//! - a selector naming no identity on the node: 400 `invalid_request`
-//!   "Identity not found" (the same page);
+//! - `Metadata: true`, in lower case, else 400 `invalid_request` "Required
+//!   metadata header not specified" (the IMDS FAQ quotes the 400 and the
+//!   text, and "How to use managed identities … to acquire an access token"
+//!   says the value must be `true` in all lower case; the `error` value is
+//!   what aad-pod-identity, Microsoft's IMDS stand-in, answers:
+//!   `pkg/nmi/server/server.go`);
+//! - `X-Forwarded-For` refused, 400 (the IMDS page, "Security and
+//!   authentication": requests must not contain it; the text and status
+//!   are the emulator's own, no public capture shows them);
+//! - `resource` required: 400 `invalid_request` "Required query variable
+//!   'resource' is missing" (captured from IMDS in aad-pod-identity pull
+//!   request #450); `api-version` required (the identity endpoint's text is
+//!   not published; this one is aad-pod-identity's and DataDog/attache's);
+//! - a selector naming no identity on the node, or no selector and none on
+//!   it: 400 `invalid_request` "Identity not found" (MicrosoftDocs/azure-docs
+//!   issue #21322, a VM without the identity);
 //! - no selector with more than one user-assigned identity on the node: 400
 //!   `{"error":"invalid_request","error_description":"Multiple user
 //!   assigned identities exist, please specify the clientId / resourceId of
-//!   the identity in the token request"}` (the response captured in
+//!   the identity in the token request"}` (captured in
 //!   Hexadite/acs-keyvault-agent pull request #43; azure-sdk-for-rust pull
-//!   request #748, from an AKS node pool with two identities);
+//!   request #748, from an AKS node pool with two identities); with exactly
+//!   one, that one (the managed identities FAQ);
 //! - the answer: every field a string (`access_token`, `client_id`,
 //!   `expires_in`, `expires_on`, `ext_expires_in`, `not_before`,
-//!   `resource`, `token_type`), as the same page shows.
+//!   `resource`, `token_type`), as captured replies show (the documented
+//!   sample also has an empty `refresh_token` and no `client_id`).
 //!
-//! Only `client_id` selects here: `object_id` and `msi_res_id` name
-//! nothing the emulator models and are answered "Identity not found".
+//! `client_id` and `object_id` select (the identity's principal id, as
+//! Entra's emulator derives it); `msi_res_id` names nothing the emulator
+//! models (no ARM resource ids) and is answered "Identity not found".
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -70,7 +78,7 @@ async fn token(
     let metadata = headers
         .get("metadata")
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        .is_some_and(|v| v == "true");
     if !metadata {
         return bad("Required metadata header not specified");
     }
@@ -86,6 +94,13 @@ async fn token(
         query.get("msi_res_id"),
     ) {
         (Some(id), None, None) => id.clone(),
+        (None, Some(object_id), None) => match entra
+            .node_identities()
+            .find(|a| a.object_id().eq_ignore_ascii_case(object_id))
+        {
+            Some(identity) => identity.client_id.clone(),
+            None => return bad("Identity not found"),
+        },
         (None, None, None) => {
             let mut on_node = entra.node_identities();
             match (on_node.next(), on_node.next()) {
