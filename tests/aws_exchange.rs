@@ -317,6 +317,19 @@ async fn wrong_audience_is_an_invalid_identity_token() {
     let (code, message) = rejected(env.assume(ROLE, "s1", &token, HOUR).await);
     assert_eq!(code, "InvalidIdentityToken");
     assert_eq!(message, "Incorrect token audience");
+
+    // A token without any audience is refused for that by name.
+    let mut claims = serde_json::to_value(env.issuer.claims_for(
+        &ray_pod(),
+        &["sts.amazonaws.com"],
+        HOUR,
+    ))
+    .unwrap();
+    claims.as_object_mut().unwrap().remove("aud");
+    let token = SecretString::from(env.issuer.sign(&claims).unwrap());
+    let (code, message) = rejected(env.assume(ROLE, "s1", &token, HOUR).await);
+    assert_eq!(code, "InvalidIdentityToken");
+    assert_eq!(message, "Missing a required claim: aud");
     assert_eq!(env.issued(), 0);
 }
 

@@ -356,6 +356,16 @@ async fn sts_refuses_unknown_or_mismatched_providers() {
     assert!(message
         .starts_with("The target service indicated by the \"audience\" parameters is invalid."));
 
+    // A project ID where the number belongs is well formed to Google but
+    // names no provider: invalid_target, as google-github-actions/auth#202
+    // reports it.
+    let by_id = provider("k8s").replace(
+        &format!("projects/{PROJECT_NUMBER}/"),
+        "projects/lanyard-dev/",
+    );
+    let (code, _) = rejected(env.exchanger.exchange(&token, &by_id, &[]).await);
+    assert_eq!(code, "invalid_target");
+
     // Not a provider's full resource name (the https:// form is a token
     // audience, not an STS audience).
     let (code, message) = rejected(
@@ -385,6 +395,31 @@ async fn sts_refuses_unknown_or_mismatched_providers() {
             env.issuer.url()
         )
     );
+}
+
+#[tokio::test]
+async fn throttled_sts_answers_in_oauth_form_and_iam_in_api_form() {
+    let env = start(HOUR).await;
+    let throttle = || lanyard_emulators::faults::Fault::Status {
+        status: 429,
+        retry_after: Some(3),
+    };
+    let token = env.token(&provider("k8s"), HOUR);
+    env.gcp.faults.push(throttle(), Some(1));
+    match env.exchanger.exchange(&token, &provider("k8s"), &[]).await {
+        Err(CloudError::Throttled { code, .. }) => assert_eq!(code, "quota_exceeded"),
+        other => panic!("expected STS's quota_exceeded, got {other:?}"),
+    }
+    let federated = env.federated().await;
+    env.gcp.faults.push(throttle(), Some(1));
+    match env
+        .exchanger
+        .generate_access_token(&federated, POOL_SA, &[], HOUR)
+        .await
+    {
+        Err(CloudError::Throttled { code, .. }) => assert_eq!(code, "RESOURCE_EXHAUSTED"),
+        other => panic!("expected IAM's RESOURCE_EXHAUSTED, got {other:?}"),
+    }
 }
 
 #[tokio::test]

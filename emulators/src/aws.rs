@@ -634,13 +634,14 @@ async fn assume_with_web_identity(
     if claims.nbf.is_some_and(|nbf| nbf > now + 60) {
         return Err(invalid_token("The ID token is not valid yet (nbf)."));
     }
-    let audience = claims
-        .aud
-        .as_ref()
-        .and_then(|aud| {
-            aud.iter()
-                .find(|a| provider.audiences.iter().any(|p| p == a))
-        })
+    // A token without `aud` is refused for it by name
+    // (aws/aws-sdk-ruby#2698); one for another audience is not.
+    let Some(aud) = claims.aud.as_ref() else {
+        return Err(invalid_token("Missing a required claim: aud"));
+    };
+    let audience = aud
+        .iter()
+        .find(|a| provider.audiences.iter().any(|p| p == a))
         .ok_or_else(|| invalid_token("Incorrect token audience"))?
         .to_string();
     let Some(sub) = claims.sub.as_deref().filter(|s| !s.is_empty()) else {

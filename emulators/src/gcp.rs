@@ -264,6 +264,22 @@ impl ProviderName {
         }
     }
 
+    /// Whether `name` has a provider name's shape but a project *ID* where
+    /// the number belongs. Google finds no such provider and answers
+    /// `invalid_target`, not the malformed-audience `invalid_request`
+    /// (google-github-actions/auth#202; unicode-org/unicodetools#622).
+    fn names_a_project_id(name: &str) -> bool {
+        let Some(rest) = name.strip_prefix(IAM_SERVICE) else {
+            return false;
+        };
+        let parts: Vec<&str> = rest.split('/').collect();
+        matches!(
+            parts.as_slice(),
+            ["projects", project, "locations", "global", "workloadIdentityPools", pool, "providers", provider]
+                if is_project_id(project) && valid_id(pool) && valid_id(provider)
+        )
+    }
+
     /// `projects/N/locations/global/workloadIdentityPools/P`.
     fn pool_resource(&self) -> String {
         format!(
@@ -544,15 +560,21 @@ impl Gcp {
     /// STS, IAM Credentials and the ID-token JWKS on one listener (point both
     /// endpoints of the exchanger at it).
     pub fn router(self: &Arc<Self>) -> Router {
-        let router = Router::new()
+        // One schedule of faults, rendered in the format of the service
+        // the request reached.
+        let sts = Router::new()
             .route("/v1/token", post(sts_token))
+            .with_state(self.clone());
+        let iam = Router::new()
             .route(
                 "/v1/projects/-/serviceAccounts/{name}",
                 post(iam_credentials),
             )
             .route("/oauth2/v3/certs", get(certs))
             .with_state(self.clone());
-        self.faults.layer(router, fault_response)
+        self.faults
+            .layer(sts, sts_fault_response)
+            .merge(self.faults.layer(iam, fault_response))
     }
 
     /// Fetches the keys of every provider's issuer now, as a service that
@@ -591,6 +613,34 @@ impl Gcp {
             .unwrap_or_else(|p| p.into_inner())
             .insert(token, federated, now);
     }
+}
+
+/// A project ID as Google allows it: 6 to 30 lowercase letters, digits
+/// and hyphens, starting with a letter, not ending with a hyphen.
+fn is_project_id(id: &str) -> bool {
+    (6..=30).contains(&id.len())
+        && id.starts_with(|c: char| c.is_ascii_lowercase())
+        && !id.ends_with('-')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+/// An injected error status on STS: a 429 is OAuth's `quota_exceeded` as
+/// Google documents STS's throttling ("Troubleshoot workload identity
+/// federation": "The request was throttled due to rate limit:
+/// sts.googleapis.com/requests. Please retry after a few seconds.").
+/// Other statuses, for which no STS capture is public, take the API
+/// format of [`fault_response`].
+fn sts_fault_response(status: StatusCode, retry_after: Option<u64>) -> Response {
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        let body = json!({
+            "error": "quota_exceeded",
+            "error_description": "The request was throttled due to rate limit: sts.googleapis.com/requests. Please retry after a few seconds.",
+        });
+        return (status, Json(body)).into_response();
+    }
+    fault_response(status, retry_after)
 }
 
 /// An injected error status in Google's API error format: 429 is
@@ -806,6 +856,17 @@ mod tests {
         )
         .is_err());
         assert!(request_fields(b"not json", Method::GenerateIdToken).is_err());
+        // Documented since 2024: organizationNumberIncluded, a boolean.
+        assert!(request_fields(
+            br#"{"audience":"x","organizationNumberIncluded":true}"#,
+            Method::GenerateIdToken
+        )
+        .is_ok());
+        assert!(request_fields(
+            br#"{"scope":["x"],"organizationNumberIncluded":true}"#,
+            Method::GenerateAccessToken
+        )
+        .is_err());
         assert!(request_fields(b"", Method::GenerateIdToken)
             .unwrap()
             .is_empty());

@@ -405,10 +405,12 @@ pub(super) fn assume_role(
     if percent > 100 {
         // AWS words it after what was passed: a policy, or only tags
         // (CloudTrail records quoted in aws/containers-roadmap#2413 and
-        // aws-actions/configure-aws-credentials#1803 for tags; Janus's
-        // tests of AWS's PackedPolicyTooLargeException for policies).
+        // aws-actions/configure-aws-credentials#1803 for tags; AWS re:Post
+        // "iam-role-aws-sts-error" for a policy, with its closing advice).
         let message = if request.policy.is_some() {
-            format!("Packed policy consumes {percent}% of allotted space")
+            format!(
+                "Packed policy consumes {percent}% of allotted space, please use smaller policy."
+            )
         } else {
             format!("Packed size of session tags consumes {percent}% of allotted space.")
         };

@@ -609,8 +609,10 @@ async fn aws_assume_role_refuses_like_sts() {
     )
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{xml}");
+    let message = error(&xml).1;
     assert!(
-        error(&xml).1.starts_with("Packed policy consumes "),
+        message.starts_with("Packed policy consumes ")
+            && message.ends_with("% of allotted space, please use smaller policy."),
         "{xml}"
     );
 

@@ -188,7 +188,14 @@ pub(super) fn request_fields(body: &[u8], method: Method) -> Result<Map<String, 
         .map_err(|_| invalid_argument("Invalid JSON payload received. Unexpected token."))?;
     let known: &[&str] = match method {
         Method::GenerateAccessToken => &["scope", "lifetime", "delegates"],
-        Method::GenerateIdToken => &["audience", "includeEmail", "include_email", "delegates"],
+        Method::GenerateIdToken => &[
+            "audience",
+            "includeEmail",
+            "include_email",
+            "organizationNumberIncluded",
+            "organization_number_included",
+            "delegates",
+        ],
     };
     if let Some(unknown) = map.keys().find(|k| !known.contains(&k.as_str())) {
         return Err(invalid_argument(format!(
@@ -229,6 +236,12 @@ pub(super) struct IdTokenClaims<'a> {
     email: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     email_verified: Option<bool>,
+    /// `{"organization_number": null}` when the caller asked for it: the
+    /// emulator's service accounts belong to no organization, for which
+    /// the reference gives `null` (generateIdToken,
+    /// `organizationNumberIncluded`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    google: Option<Value>,
 }
 
 pub(super) async fn iam_credentials(
@@ -322,18 +335,12 @@ pub(super) fn impersonate(
                 Some(Value::String(a)) if !a.trim().is_empty() => a.as_str(),
                 _ => return Err(invalid_argument(INVALID_ARGUMENT)),
             };
-            let include_email = match fields
-                .get("includeEmail")
-                .or_else(|| fields.get("include_email"))
-            {
-                None => false,
-                Some(Value::Bool(b)) => *b,
-                Some(other) => {
-                    return Err(invalid_argument(format!(
-                        "Invalid value at 'include_email' (TYPE_BOOL), {other}"
-                    )))
-                }
-            };
+            let include_email = boolean(&fields, "includeEmail", "include_email")?;
+            let organization = boolean(
+                &fields,
+                "organizationNumberIncluded",
+                "organization_number_included",
+            )?;
             let claims = IdTokenClaims {
                 iss: ID_TOKEN_ISSUER,
                 aud: audience,
@@ -343,6 +350,7 @@ pub(super) fn impersonate(
                 exp: now + MAX_SA_LIFETIME_SECS.min(cap),
                 email: include_email.then_some(sa.email.as_str()),
                 email_verified: include_email.then_some(true),
+                google: organization.then(|| json!({ "organization_number": null })),
             };
             let token = gcp.signing_key.sign(&claims).map_err(|_| {
                 api(
@@ -355,6 +363,18 @@ pub(super) fn impersonate(
                 .record(&token, &format!("{} (id token)", sa.email));
             Ok((StatusCode::OK, Json(json!({ "token": token }))).into_response())
         }
+    }
+}
+
+/// A boolean field under its JSON or proto name, refused as Google's
+/// transcoding refuses another type.
+fn boolean(fields: &Map<String, Value>, json: &str, proto: &str) -> Result<bool, ApiError> {
+    match fields.get(json).or_else(|| fields.get(proto)) {
+        None => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(other) => Err(invalid_argument(format!(
+            "Invalid value at '{proto}' (TYPE_BOOL), {other}"
+        ))),
     }
 }
 

@@ -177,6 +177,9 @@ pub(super) async fn exchange(
         };
         Trust::Gke(cluster)
     } else {
+        if ProviderName::names_a_project_id(audience) {
+            return Err(oauth("invalid_target", UNKNOWN_PROVIDER));
+        }
         if ProviderName::parse(audience).is_none() {
             return Err(oauth("invalid_request", BAD_AUDIENCE));
         }
