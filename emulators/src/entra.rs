@@ -681,7 +681,7 @@ impl Entra {
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "server_error",
                 50000,
-                "There was an error issuing a token.",
+                "There was an error issuing a token or an issue with our sign-in service.",
             )
         })?;
         if obtained == Obtained::Federation {

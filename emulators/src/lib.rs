@@ -5,6 +5,11 @@
 //! and answers in the real service's error format. An emulator that accepted
 //! anything would prove nothing.
 //!
+//! Every error an emulator writes is listed in `docs/emulators.md` with the
+//! public source that backs it (a capture of the real answer, the
+//! service's documentation, or "ours" and why); `tests/emulator_sources.rs`
+//! fails when a source file writes a code the page does not list.
+//!
 //! A crate of their own, not a module of `lanyard`: only `lanyard dev` (the
 //! `dev` feature), the tests, the fake API server and the bench drivers
 //! use them, and the compiler keeps it so. The product library does not
