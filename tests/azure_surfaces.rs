@@ -59,16 +59,7 @@ async fn imds_success_has_all_string_fields() {
     let (_up, base) = stack().await;
     let (status, body) = imds(&base, &q(""), &[("Metadata", "true")]).await;
     assert_eq!(status, 200, "{body}");
-    for field in [
-        "access_token",
-        "client_id",
-        "expires_in",
-        "expires_on",
-        "ext_expires_in",
-        "not_before",
-        "resource",
-        "token_type",
-    ] {
+    for field in support::IMDS_TOKEN_FIELDS {
         assert!(body[field].is_string(), "{field} must be a string: {body}");
     }
     assert_eq!(body["client_id"], CLIENT);

@@ -358,16 +358,7 @@ async fn the_node_imds_refuses_as_imds_does() {
     );
     let (status, body) = get(vec![version, storage, ("client_id", IDENTITY)], true).await;
     assert_eq!(status, 200, "{body}");
-    for field in [
-        "access_token",
-        "client_id",
-        "expires_in",
-        "expires_on",
-        "ext_expires_in",
-        "not_before",
-        "resource",
-        "token_type",
-    ] {
+    for field in support::IMDS_TOKEN_FIELDS {
         assert!(body[field].is_string(), "{field}: {body}");
     }
 }

@@ -20,6 +20,19 @@ pub use upstreams::*;
 use std::time::Duration;
 
 /// An AdmissionReview from `tests/fixtures/admission`.
+/// The fields of an Azure IMDS token answer, each a string as IMDS
+/// writes them (captured replies; `docs/emulators.md`).
+pub const IMDS_TOKEN_FIELDS: [&str; 8] = [
+    "access_token",
+    "client_id",
+    "expires_in",
+    "expires_on",
+    "ext_expires_in",
+    "not_before",
+    "resource",
+    "token_type",
+];
+
 pub fn fixture(name: &str) -> Vec<u8> {
     let path = format!(
         "{}/tests/fixtures/admission/{name}",
