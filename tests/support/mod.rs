@@ -19,7 +19,6 @@ pub use upstreams::*;
 
 use std::time::Duration;
 
-/// An AdmissionReview from `tests/fixtures/admission`.
 /// The fields of an Azure IMDS token answer, each a string as IMDS
 /// writes them (captured replies; `docs/emulators.md`).
 pub const IMDS_TOKEN_FIELDS: [&str; 8] = [
@@ -33,6 +32,7 @@ pub const IMDS_TOKEN_FIELDS: [&str; 8] = [
     "token_type",
 ];
 
+/// An AdmissionReview from `tests/fixtures/admission`.
 pub fn fixture(name: &str) -> Vec<u8> {
     let path = format!(
         "{}/tests/fixtures/admission/{name}",
