@@ -487,7 +487,9 @@ async fn upstreams(
             ..Binding::default()
         });
     }
-    let EmulatorSet { entra, gcp, aws } = EmulatorSet::new(
+    let EmulatorSet {
+        entra, gcp, aws, ..
+    } = EmulatorSet::new(
         &CloudsConfig {
             issuer: issuer_url.clone(),
             azure_tenant_id: TENANT.into(),
@@ -501,6 +503,7 @@ async fn upstreams(
                 gcp: Duration::from_secs(lifetime[Cloud::Gcp]),
             },
             bindings,
+            azure_identity_binding: false,
             azure_node_identities: vec![],
         },
         lanyard::http::client(),

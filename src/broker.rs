@@ -517,8 +517,9 @@ impl Core {
             // A chained identity's record names both hops' accounts.
             account: via.and(decided).map(|i| i.account.as_str()),
             via_account: via.map(|v| v.account.as_str()),
+            // Absent for the usual federation, as records always were.
             source: decided
-                .filter(|i| i.source == crate::cloud::Source::Node)
+                .filter(|i| i.source != crate::cloud::Source::Federation)
                 .map(|i| i.source.as_str()),
             scopes: CallerText::new(&request.scopes),
             audience: request.audience.as_ref().map(CallerText::one),

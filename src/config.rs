@@ -401,8 +401,12 @@ pub struct DevConfig {
 }
 
 impl DevConfig {
-    /// The dev identity's names, each in the form its cloud takes.
-    pub(crate) fn check_identity(&self) -> Result<(), ConfigError> {
+    /// The dev identity's names, each in the form its cloud takes, and
+    /// what `clouds` must hold for them.
+    pub(crate) fn check_identity(
+        &self,
+        clouds: crate::cloud::CloudSettings<'_>,
+    ) -> Result<(), ConfigError> {
         let invalid = |key, expected, got: &str| ConfigError::Invalid {
             key,
             expected,
@@ -418,6 +422,20 @@ impl DevConfig {
                 "a tenant GUID or domain name",
                 &self.azure_tenant_id,
             ));
+        }
+        if let Some(app) = &self.azure_app_client_id {
+            let on_node = clouds
+                .azure
+                .node_identities
+                .iter()
+                .any(|id| id.eq_ignore_ascii_case(client));
+            if !on_node {
+                return Err(invalid(
+                    "dev.azure_app_client_id",
+                    "an app reached through a node identity: add dev.azure_client_id to azure.node_identities (Entra refuses an identity's token obtained through its federated credential as the app's: AADSTS700231)",
+                    app,
+                ));
+            }
         }
         let email = &self.gcp_service_account;
         if !email.contains('@') || email.contains(char::is_whitespace) {

@@ -172,6 +172,8 @@ impl DevStack {
                     lifetimes: Lifetimes::all(Duration::from_secs(dev.token_lifetime)),
                     bindings: dev_bindings(dev, &pod.subject()),
                     azure_node_identities: node_identities(config),
+                    azure_identity_binding: config.azure.identity_binding_sni.is_some()
+                        && config.azure.authority_host.is_none(),
                 },
                 http.clone(),
             )?;
@@ -212,6 +214,52 @@ impl DevStack {
                 servers.push(spawn_server(listener, sts.router(), shutdown.clone()));
                 (url, Some(sts))
             }
+        };
+
+        // The cluster's AKS identity-binding proxy, on "the API server's
+        // address" with a cluster CA of its own, when identity bindings are
+        // configured and Entra is emulated; its identities' issuer
+        // (ib.oic.prod-aks.azure.com) is served on loopback for Entra.
+        let scratch = tempfile::Builder::new().prefix("lanyard-dev-").tempdir()?;
+        let identity_binding = match (&config.azure.identity_binding_sni, &entra) {
+            (Some(sni), Some(entra)) => {
+                let proxy = Arc::new(lanyard_emulators::identity_binding::Proxy::new(
+                    lanyard_emulators::identity_binding::ProxyConfig {
+                        sni_name: sni.clone(),
+                        cluster_issuer: issuer.url().to_string(),
+                        entra: authority_host.clone(),
+                        bindings: emulators.identity_bindings.clone(),
+                    },
+                    http.clone(),
+                )?);
+                let listener =
+                    bind(dev.emulator_listen, "identity-binding issuer emulator").await?;
+                entra.stand_in(
+                    lanyard_emulators::identity_binding::ISSUER_ORIGIN,
+                    &format!("http://{}", listener.local_addr()?),
+                );
+                servers.push(spawn_server(
+                    listener,
+                    proxy.issuer_router(),
+                    shutdown.clone(),
+                ));
+                let pki = lanyard_emulators::pki::Pki::generate(
+                    "lanyard dev cluster CA",
+                    vec![sni.clone()],
+                )?;
+                let ca_file = scratch.path().join("cluster-ca.crt");
+                std::fs::write(&ca_file, &pki.ca_pem)?;
+                let (addr, server) = serve_tls(
+                    dev.emulator_listen,
+                    proxy.router(),
+                    proxy.tls(&pki)?,
+                    shutdown.clone(),
+                )
+                .await?;
+                servers.push(server);
+                Some((format!("https://{addr}"), ca_file))
+            }
+            _ => None,
         };
 
         // The node's IMDS, for the identities assigned to the node pool,
@@ -324,6 +372,10 @@ impl DevStack {
         let mut wired = config.clone();
         wired.azure.authority_host = Some(authority_host);
         wired.azure.imds_endpoint = imds_endpoint;
+        if let Some((proxy, ca_file)) = identity_binding {
+            wired.azure.identity_binding_proxy = Some(proxy);
+            wired.azure.identity_binding_ca_file = ca_file;
+        }
         wired
             .azure
             .tenant_id
@@ -360,7 +412,6 @@ impl DevStack {
         ));
         // The app-facing token for AWS container credentials, in a file only
         // this user can read, as the kubelet would project it.
-        let scratch = tempfile::Builder::new().prefix("lanyard-dev-").tempdir()?;
         let aws_token_file = scratch.path().join("aws-container-authorization-token");
         let app_token = random_token(32);
         write_private(&aws_token_file, &app_token)?;
@@ -559,6 +610,34 @@ fn shell_quote(value: &str) -> String {
     } else {
         format!("'{}'", value.replace('\'', r"'\''"))
     }
+}
+
+/// Serves `router` over TLS (`tls`) on a new listener at `addr`'s host
+/// until `shutdown` fires: the address it listens on, and the server.
+async fn serve_tls(
+    addr: std::net::SocketAddr,
+    router: axum::Router,
+    tls: Arc<tokio_rustls::rustls::ServerConfig>,
+    shutdown: crate::http::Shutdown,
+) -> anyhow::Result<(
+    std::net::SocketAddr,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+)> {
+    let listener = std::net::TcpListener::bind(addr)?;
+    listener.set_nonblocking(true)?;
+    let local = listener.local_addr()?;
+    let handle = axum_server::Handle::new();
+    let server = axum_server::from_tcp_rustls(
+        listener,
+        axum_server::tls_rustls::RustlsConfig::from_config(tls),
+    )?
+    .handle(handle.clone());
+    tokio::spawn(async move {
+        shutdown.wait().await;
+        handle.graceful_shutdown(Some(Duration::from_secs(5)));
+    });
+    let server = tokio::spawn(server.serve(router.into_make_service()));
+    Ok((local, server))
 }
 
 /// The managed identities `azure.node_identities` lists, assigned to the

@@ -113,6 +113,17 @@ fn sts_codes(text: &str) -> BTreeSet<String> {
     called.chain(sigv4).collect()
 }
 
+/// `refuse(status, "error", …)`: the OAuth `error` of the identity-binding
+/// proxy's own refusals.
+fn proxy_errors(text: &str) -> BTreeSet<String> {
+    calls(text, "refuse(")
+        .filter_map(|at| {
+            let comma = at + text[at..].find(',')?;
+            literal(text, skip_space(text, comma + 1))
+        })
+        .collect()
+}
+
 fn emulators() -> Vec<Emulator> {
     let google = |files: &[&str]| -> BTreeSet<String> {
         files
@@ -150,6 +161,10 @@ fn emulators() -> Vec<Emulator> {
         Emulator {
             heading: "## The node's IMDS",
             codes: imds_descriptions(&read("emulators/src/imds.rs")),
+        },
+        Emulator {
+            heading: "## AKS identity-binding proxy",
+            codes: proxy_errors(&read("emulators/src/identity_binding.rs")),
         },
         Emulator {
             heading: "## Google STS",
@@ -217,6 +232,7 @@ fn the_extractors_find_what_the_emulators_are_known_to_write() {
         ("## Entra ID token endpoint", "AADSTS700231"),
         ("## Entra ID token endpoint", "AADSTS90033"),
         ("## The node's IMDS", "Identity not found"),
+        ("## AKS identity-binding proxy", "unauthorized_client"),
         ("## Google STS", "invalid_target"),
         ("## Google STS", "quota_exceeded"),
         ("## Google IAM Credentials", "PERMISSION_DENIED"),

@@ -95,6 +95,7 @@ async fn start_in(audience: &'static str) -> Env {
                     tenant_id: RESOURCE.into(),
                 }),
             )],
+            azure_identity_binding: false,
             azure_node_identities: vec![
                 NodeIdentity {
                     client_id: IDENTITY.into(),
@@ -494,6 +495,7 @@ async fn hops_named_in(audience: &'static str) {
         .map(String::from)
         .into(),
         node_imds: env.imds.clone(),
+        identity_binding: None,
     };
     let caller = |sa: &str| lanyard::token::Caller {
         namespace: "ml".into(),

@@ -235,6 +235,13 @@ impl Entra {
         self.faults.layer(router, fault_response)
     }
 
+    /// Fetches the keys of issuers under `origin` from `stand_in`, which
+    /// serves that origin's paths on loopback (AKS's identity-binding
+    /// issuers, `identity_binding`).
+    pub fn stand_in(&self, origin: &str, stand_in: &str) {
+        self.key_sets.stand_in(origin, stand_in);
+    }
+
     fn key_set(&self, issuer: &str) -> Arc<KeySet> {
         self.key_sets.get(issuer)
     }

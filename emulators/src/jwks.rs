@@ -30,6 +30,16 @@ pub enum KeySource {
         /// The issuer, as tokens carry it in `iss`.
         issuer: String,
     },
+    /// OIDC discovery of `issuer` fetched from a stand-in for its host
+    /// (an issuer on the internet the tests cannot reach): the document
+    /// must still name `issuer`.
+    StandIn {
+        /// The issuer, as tokens carry it in `iss`.
+        issuer: String,
+        /// Where its discovery document is fetched: the issuer URL with
+        /// its origin replaced by the stand-in's.
+        discovery_base: String,
+    },
 }
 
 /// A key fetch that failed.
@@ -133,9 +143,18 @@ impl KeySet {
 
     async fn fetch(&self, fetched: &mut Fetched) -> Result<(), KeysError> {
         fetched.tried = Some(Instant::now());
-        let KeySource::Discovery { issuer } = &self.source;
+        let (issuer, base) = match &self.source {
+            KeySource::Discovery { issuer } => (issuer, issuer),
+            KeySource::StandIn {
+                issuer,
+                discovery_base,
+            } => (issuer, discovery_base),
+        };
         let issuer = issuer.trim_end_matches('/');
-        let url = format!("{issuer}/.well-known/openid-configuration");
+        let url = format!(
+            "{}/.well-known/openid-configuration",
+            base.trim_end_matches('/')
+        );
         let discovery: Discovery = self.get_json(&url, "OIDC discovery").await?;
         if discovery.issuer.trim_end_matches('/') != issuer {
             return Err(KeysError::Parse {

@@ -37,12 +37,14 @@ pub mod claims;
 pub mod entra;
 pub mod faults;
 pub mod gcp;
+pub mod identity_binding;
 pub mod imds;
 pub mod issuer;
 pub mod issuer_keys;
 pub mod jwks;
 pub mod keys;
 pub mod ledger;
+pub mod pki;
 
 pub use issuer::{Issuer, PodIdentity};
 pub use issuer_keys::IssuerKeys;
@@ -58,6 +60,7 @@ use crate::aws::{AwsEmulatorConfig, AwsRole, AwsSts, OidcProvider};
 use crate::entra::{App, Entra, FederatedCredential};
 use crate::faults::Faults;
 use crate::gcp::{Gcp, GcpEmulatorConfig, GcpServiceAccount, GkeCluster, WorkloadIdentityProvider};
+use crate::identity_binding::IdentityBinding;
 use crate::jwks::KeysError;
 
 /// The longest AWS session the emulated roles allow (IAM's maximum).
@@ -171,6 +174,12 @@ pub struct CloudsConfig {
     pub bindings: Vec<Binding>,
     /// The managed identities assigned to the node pool (IMDS).
     pub azure_node_identities: Vec<NodeIdentity>,
+    /// The bindings' Azure identities are bound to the cluster through AKS
+    /// identity bindings: each has the one federated credential AKS
+    /// creates (`identity_binding`), not one per ServiceAccount for the
+    /// cluster's issuer, and the proxy lets the bindings' ServiceAccounts
+    /// use it, as their RBAC grants would.
+    pub azure_identity_binding: bool,
 }
 
 /// The three emulators, configured and not yet serving: serve each
@@ -182,11 +191,44 @@ pub struct EmulatorSet {
     pub gcp: Arc<Gcp>,
     /// AWS STS.
     pub aws: Arc<AwsSts>,
+    /// The identities bound through AKS identity bindings
+    /// (`CloudsConfig::azure_identity_binding`), for
+    /// [`identity_binding::Proxy`].
+    pub identity_bindings: Vec<IdentityBinding>,
+}
+
+/// The managed identities of `config`'s bindings as AKS identity bindings
+/// hold them, each with the ServiceAccounts that may use it.
+fn identity_bindings(config: &CloudsConfig) -> Vec<IdentityBinding> {
+    let mut out: Vec<IdentityBinding> = Vec::new();
+    for b in &config.bindings {
+        let Some(client_id) = &b.azure_client_id else {
+            continue;
+        };
+        let ksa = b
+            .subject
+            .strip_prefix("system:serviceaccount:")
+            .unwrap_or(&b.subject)
+            .to_string();
+        match out.iter_mut().find(|i| i.client_id == *client_id) {
+            Some(existing) => existing.service_accounts.push(ksa),
+            None => out.push(IdentityBinding {
+                tenant_id: config.azure_tenant_id.clone(),
+                client_id: client_id.clone(),
+                resource_id: format!(
+                    "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/lanyard/providers/Microsoft.ManagedIdentity/userAssignedIdentities/{client_id}"
+                ),
+                service_accounts: vec![ksa],
+            }),
+        }
+    }
+    out
 }
 
 /// The managed identities and apps of `config`'s bindings, one entry per
 /// client id with every federated credential it has.
 fn entra_apps(config: &CloudsConfig) -> Vec<App> {
+    let bound = identity_bindings(config);
     let mut apps: Vec<App> = Vec::new();
     let mut add = |app: App| match apps.iter_mut().find(|a| a.client_id == app.client_id) {
         Some(existing) => {
@@ -202,14 +244,24 @@ fn entra_apps(config: &CloudsConfig) -> Vec<App> {
         let Some(client_id) = &b.azure_client_id else {
             continue;
         };
-        let identity = App {
-            tenant_id: tenant.clone(),
-            client_id: client_id.clone(),
-            federated: vec![FederatedCredential {
+        let federated = match config.azure_identity_binding {
+            // The one credential AKS creates for every cluster bound to
+            // the identity; none for this cluster's issuer.
+            true => bound
+                .iter()
+                .filter(|i| i.client_id == *client_id)
+                .map(IdentityBinding::federated_credential)
+                .collect(),
+            false => vec![FederatedCredential {
                 issuer: config.issuer.clone(),
                 subject: b.subject.clone(),
                 audience: config.azure_audience.clone(),
             }],
+        };
+        let identity = App {
+            tenant_id: tenant.clone(),
+            client_id: client_id.clone(),
+            federated,
             // The identities bindings name stand for user-assigned managed
             // identities (which Entra federates as it does apps); the apps
             // that trust them are app registrations.
@@ -347,6 +399,10 @@ impl EmulatorSet {
             entra: Arc::new(entra),
             gcp: Arc::new(gcp),
             aws: Arc::new(aws),
+            identity_bindings: match config.azure_identity_binding {
+                true => identity_bindings(config),
+                false => Vec::new(),
+            },
         })
     }
 

@@ -103,8 +103,10 @@ pub struct AuditEvent<'a> {
     /// tenant, the first role's account).
     pub via_account: Option<&'a str>,
     /// `node` when the identity's first credential came from the node's
-    /// IMDS (a managed identity assigned to the node pool); absent for an
-    /// exchange of the pod's token.
+    /// IMDS (a managed identity assigned to the node pool),
+    /// `identity-binding` when AKS's identity-binding proxy exchanged the
+    /// pod's token; absent for an exchange of the pod's token with the
+    /// identity's own federated credential.
     pub source: Option<&'static str>,
     /// Scopes or resource, readable only bounded.
     pub scopes: CallerText<'a>,

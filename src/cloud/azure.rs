@@ -49,8 +49,10 @@ pub mod annotations {
 }
 
 mod app_hop;
+pub mod identity_binding;
 mod node_imds;
 pub use app_hop::{AppHop, FirstHops, Hop};
+pub use identity_binding::IdentityBindingProxy;
 pub use node_imds::{NodeImds, DEFAULT_ENDPOINT as DEFAULT_IMDS_ENDPOINT};
 
 /// The Azure identity a ServiceAccount may use.
@@ -119,10 +121,16 @@ pub const EXCHANGE_AUDIENCES: [&str; 5] = [
     "api://AzureADTokenExchangeUSSec",
 ];
 
-/// The audiences Entra accepts a cluster's token under: the configured
-/// one and every cloud's token-exchange audience.
+/// The audiences Azure accepts a cluster's token under: the configured
+/// one, every cloud's token-exchange audience, and AKS's identity-binding
+/// proxy's (`api://AKSIdentityBinding`, which the proxy exchanges for the
+/// identities bound to the cluster).
 pub fn accepted_audiences(configured: &str) -> Vec<String> {
-    let mut all: Vec<String> = EXCHANGE_AUDIENCES.iter().map(|a| a.to_string()).collect();
+    let mut all: Vec<String> = EXCHANGE_AUDIENCES
+        .iter()
+        .chain([&identity_binding::AUDIENCE])
+        .map(|a| a.to_string())
+        .collect();
     if !all.iter().any(|a| a == configured) {
         all.push(configured.to_string());
     }
@@ -250,72 +258,81 @@ impl AzureExchanger {
     /// [`CloudError::Rejected`], and an unreadable answer
     /// [`CloudError::Protocol`]; messages never contain the assertion.
     pub async fn exchange(&self, req: &AzureRequest<'_>) -> Result<AccessToken, CloudError> {
-        // Tenant ids are GUIDs or domain names; anything else is
-        // percent-encoded so that it cannot change the path.
-        let url = format!(
-            "{}/{}/oauth2/v2.0/token",
-            self.authority_host,
-            encode_path_segment(req.tenant_id)
-        );
-        let form = [
-            ("grant_type", "client_credentials"),
-            ("client_id", req.client_id),
-            ("scope", req.scope),
-            (
-                "client_assertion_type",
-                "urn:ietf:params:oauth:client-assertion-type:jwt-bearer",
-            ),
-            ("client_assertion", req.assertion.expose_secret()),
-        ];
-        let issued_at = now_unix();
-        let resp =
-            self.http
-                .post(&url)
-                .form(&form)
-                .send()
-                .await
-                .map_err(|e| CloudError::Unavailable {
-                    cloud: Cloud::Azure,
-                    reason: e.without_url().to_string(),
-                })?;
-        let status = resp.status();
-        super::note_request_id(resp.headers(), "x-ms-request-id");
-        let retry = retry_after(resp.headers());
-        let body = resp.bytes().await.map_err(|e| CloudError::Unavailable {
+        post_token(&self.http, &self.authority_host, req).await
+    }
+}
+
+/// `POST {base}/{tenant}/oauth2/v2.0/token` with the client-credentials
+/// grant and `req`'s assertion, as Entra (or a proxy speaking its protocol)
+/// takes it; the answer classified as [`AzureExchanger::exchange`] says.
+async fn post_token(
+    http: &reqwest::Client,
+    base: &str,
+    req: &AzureRequest<'_>,
+) -> Result<AccessToken, CloudError> {
+    // Tenant ids are GUIDs or domain names; anything else is
+    // percent-encoded so that it cannot change the path.
+    let url = format!(
+        "{base}/{}/oauth2/v2.0/token",
+        encode_path_segment(req.tenant_id)
+    );
+    let form = [
+        ("grant_type", "client_credentials"),
+        ("client_id", req.client_id),
+        ("scope", req.scope),
+        (
+            "client_assertion_type",
+            "urn:ietf:params:oauth:client-assertion-type:jwt-bearer",
+        ),
+        ("client_assertion", req.assertion.expose_secret()),
+    ];
+    let issued_at = now_unix();
+    let resp = http
+        .post(&url)
+        .form(&form)
+        .send()
+        .await
+        .map_err(|e| CloudError::Unavailable {
             cloud: Cloud::Azure,
             reason: e.without_url().to_string(),
         })?;
+    let status = resp.status();
+    super::note_request_id(resp.headers(), "x-ms-request-id");
+    let retry = retry_after(resp.headers());
+    let body = resp.bytes().await.map_err(|e| CloudError::Unavailable {
+        cloud: Cloud::Azure,
+        reason: e.without_url().to_string(),
+    })?;
 
-        if status.is_success() {
-            let ok: Success = serde_json::from_slice(&body).map_err(|e| CloudError::Protocol {
-                cloud: Cloud::Azure,
-                reason: format!("token response: {e}"),
-            })?;
-            // Entra sends an integer; some proxies and older endpoints a string.
-            let expires_in = match &ok.expires_in {
-                serde_json::Value::Number(n) => n.as_u64(),
-                serde_json::Value::String(s) => s.parse().ok(),
-                _ => None,
-            }
-            .ok_or_else(|| CloudError::Protocol {
-                cloud: Cloud::Azure,
-                reason: "token response has no valid expires_in".into(),
-            })?;
-            return Ok(AccessToken {
-                rendered: Default::default(),
-                token: SecretString::from(ok.access_token),
-                issued_at,
-                expires_at: issued_at + expires_in,
-            });
+    if status.is_success() {
+        let ok: Success = serde_json::from_slice(&body).map_err(|e| CloudError::Protocol {
+            cloud: Cloud::Azure,
+            reason: format!("token response: {e}"),
+        })?;
+        // Entra sends an integer; some proxies and older endpoints a string.
+        let expires_in = match &ok.expires_in {
+            serde_json::Value::Number(n) => n.as_u64(),
+            serde_json::Value::String(s) => s.parse().ok(),
+            _ => None,
         }
-
-        Err(classify(
-            status,
-            retry,
-            &body,
-            req.assertion.expose_secret(),
-        ))
+        .ok_or_else(|| CloudError::Protocol {
+            cloud: Cloud::Azure,
+            reason: "token response has no valid expires_in".into(),
+        })?;
+        return Ok(AccessToken {
+            rendered: Default::default(),
+            token: SecretString::from(ok.access_token),
+            issued_at,
+            expires_at: issued_at + expires_in,
+        });
     }
+
+    Err(classify(
+        status,
+        retry,
+        &body,
+        req.assertion.expose_secret(),
+    ))
 }
 
 /// The Entra ID side of the broker: the exchanger, the audience callers'
@@ -344,6 +361,9 @@ pub struct AzureCloud {
     pub node_identities: Arc<[String]>,
     /// The node's IMDS.
     pub node_imds: NodeImds,
+    /// The AKS identity-binding proxy every federated exchange goes
+    /// through (`azure.identity_binding_sni`); `None`: Entra directly.
+    pub identity_binding: Option<IdentityBindingProxy>,
 }
 
 /// The Azure identity bound to a ServiceAccount, tenant resolved.
@@ -399,9 +419,10 @@ impl CloudExchanger for AzureCloud {
     /// else the identity.
     fn identity(&self, bound: &AzureBound) -> Identity {
         let b = &bound.binding;
-        let source = match self.on_node(&b.client_id) {
-            true => super::Source::Node,
-            false => super::Source::Federation,
+        let source = match (self.on_node(&b.client_id), &self.identity_binding) {
+            (true, _) => super::Source::Node,
+            (false, Some(_)) => super::Source::IdentityBinding,
+            (false, None) => super::Source::Federation,
         };
         match &b.app {
             None => Identity {
@@ -487,19 +508,24 @@ impl CloudExchanger for AzureCloud {
         }
         let params = (
             self.exchanger.clone(),
+            self.identity_binding.clone(),
             bound.tenant.clone(),
             bound.binding.client_id.clone(),
             scope,
         );
         fetcher(params, |p, subject| async move {
-            let (exchanger, tenant_id, client_id, scope) = &*p;
+            let (exchanger, identity_binding, tenant_id, client_id, scope) = &*p;
             let request = AzureRequest {
                 tenant_id,
                 client_id,
                 scope,
                 assertion: &subject,
             };
-            Ok(Credential::Token(exchanger.exchange(&request).await?))
+            let token = match identity_binding {
+                Some(proxy) => proxy.exchange(&request).await?,
+                None => exchanger.exchange(&request).await?,
+            };
+            Ok(Credential::Token(token))
         })
     }
 }
@@ -523,6 +549,21 @@ pub fn chained_federation(identity: &str, app: &str) -> String {
         "the app hop to {app} ({APP_CLIENT_ID}) needs managed identity {identity}'s token as the app's federated credential, and this identity's token would be obtained through its own federated credential, which Entra refuses as another federated credential (AADSTS700231: Token obtained using another federated identity credential may not be used as federated identity credential). Assign {identity} to the node pool and list it in azure.node_identities, so that its token comes from the node's IMDS (docs/setup-azure.md), or remove {APP_CLIENT_ID}",
         APP_CLIENT_ID = annotations::APP_CLIENT_ID
     )
+}
+
+/// The app hops among `bindings` that the agent refuses: those through an
+/// identity not in `node_identities` ([`chained_federation`]).
+pub fn known_refusals(bindings: &[Binding], node_identities: &[String]) -> Vec<String> {
+    bindings
+        .iter()
+        .filter_map(|b| {
+            let app = b.app.as_ref()?;
+            let on_node = node_identities
+                .iter()
+                .any(|id| id.eq_ignore_ascii_case(&b.client_id));
+            (!on_node).then(|| chained_federation(&b.client_id, &app.client_id))
+        })
+        .collect()
 }
 
 impl AzureCloud {
@@ -608,10 +649,14 @@ fn classify(
     secret: &str,
 ) -> CloudError {
     let failure: Option<Failure> = serde_json::from_slice(body).ok();
-    let code = failure
-        .as_ref()
-        .and_then(|f| f.error_codes.first().copied())
-        .map(|c| format!("AADSTS{c}"));
+    // Entra's AADSTS code; else the OAuth `error` (a proxy speaking Entra's
+    // protocol, such as AKS's identity-binding proxy, may send no code).
+    let code = failure.as_ref().and_then(|f| {
+        f.error_codes
+            .first()
+            .map(|c| format!("AADSTS{c}"))
+            .or_else(|| f.error.as_deref().map(|e| e.chars().take(64).collect()))
+    });
     // Entra's descriptions are long (trace and correlation ids, a
     // timestamp) and an endpoint may echo the assertion: scrub and bound.
     let message = failure
@@ -669,6 +714,16 @@ pub struct Settings {
     /// The node's IMDS (`http://169.254.169.254`); an emulator's in
     /// `lanyard dev`.
     pub imds_endpoint: String,
+    /// The AKS identity-binding proxy's TLS server name (`<label>.ests.aks`,
+    /// the `AZURE_KUBERNETES_SNI_NAME` AKS gives pods); set, every
+    /// federated identity's token is exchanged through the proxy, and
+    /// `audience` must be `api://AKSIdentityBinding`.
+    pub identity_binding_sni: Option<String>,
+    /// Where the proxy listens: the API server, `https://HOST[:PORT]`;
+    /// unset, the in-cluster `KUBERNETES_SERVICE_HOST` and `_PORT`.
+    pub identity_binding_proxy: Option<String>,
+    /// The cluster CA the proxy's certificate is checked against.
+    pub identity_binding_ca_file: std::path::PathBuf,
 }
 
 /// Most node identities listed (a VM scale set holds at most 100
@@ -684,6 +739,9 @@ impl Default for Settings {
             audience: FEDERATION_AUDIENCE.into(),
             node_identities: Vec::new(),
             imds_endpoint: node_imds::DEFAULT_ENDPOINT.into(),
+            identity_binding_sni: None,
+            identity_binding_proxy: None,
+            identity_binding_ca_file: identity_binding::DEFAULT_CA_FILE.into(),
         }
     }
 }
@@ -735,18 +793,88 @@ impl Settings {
         }
         node_imds::check_endpoint(&self.imds_endpoint)
             .map_err(|expected| invalid("azure.imds_endpoint", expected, &self.imds_endpoint))?;
+        self.check_identity_binding()?;
         Ok(())
     }
 
+    /// The identity-binding settings: the server name a DNS name, the proxy
+    /// an `https://` address, and the pods' tokens for the proxy's
+    /// audience (and only then).
+    fn check_identity_binding(&self) -> Result<(), Invalid> {
+        let Some(sni) = &self.identity_binding_sni else {
+            if self.audience == identity_binding::AUDIENCE {
+                return Err(invalid(
+                    "azure.identity_binding_sni",
+                    "the identity-binding proxy's server name (<label>.ests.aks) when azure.audience is api://AKSIdentityBinding: only the proxy takes such a token",
+                    "unset",
+                ));
+            }
+            return Ok(());
+        };
+        identity_binding::check_sni_name(sni).map_err(|_| {
+            invalid(
+                "azure.identity_binding_sni",
+                "a lower-case DNS name, <label>.ests.aks (AZURE_KUBERNETES_SNI_NAME in an identity-binding pod)",
+                sni,
+            )
+        })?;
+        if self.audience != identity_binding::AUDIENCE {
+            return Err(invalid(
+                "azure.audience",
+                "api://AKSIdentityBinding when azure.identity_binding_sni is set: the proxy takes tokens for that audience only",
+                &self.audience,
+            ));
+        }
+        if let Some(proxy) = &self.identity_binding_proxy {
+            identity_binding::api_server(Some(proxy), (None, None)).map_err(|_| {
+                invalid(
+                    "azure.identity_binding_proxy",
+                    "an https:// URL of the API server's address, without path, query or fragment",
+                    proxy,
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The identity-binding proxy these settings name, if any; the API
+    /// server's address from the environment when not configured.
+    pub fn identity_binding(
+        &self,
+    ) -> Result<Option<IdentityBindingProxy>, identity_binding::ProxySettingsError> {
+        let Some(sni) = &self.identity_binding_sni else {
+            return Ok(None);
+        };
+        let service = (
+            std::env::var("KUBERNETES_SERVICE_HOST").ok(),
+            std::env::var("KUBERNETES_SERVICE_PORT").ok(),
+        );
+        let api_server =
+            identity_binding::api_server(self.identity_binding_proxy.as_deref(), service)?;
+        Ok(Some(IdentityBindingProxy::new(
+            sni.clone(),
+            api_server,
+            self.identity_binding_ca_file.clone(),
+        )))
+    }
+
     /// The Azure side of the broker these settings describe.
-    pub fn exchanger(&self, http: reqwest::Client) -> AzureCloud {
+    ///
+    /// Refused when the identity-binding proxy is configured and the API
+    /// server's address is neither configured nor in the environment.
+    pub fn exchanger(&self, http: reqwest::Client) -> Result<AzureCloud, Invalid> {
+        let identity_binding = self.identity_binding().map_err(|e| Invalid {
+            key: "azure.identity_binding_proxy",
+            expected: "the API server's address, https://HOST[:PORT] (unset: from KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT, which are not in the environment)",
+            got: e.to_string(),
+        })?;
         let authority = match &self.authority_host {
             Some(host) => host.clone(),
             None => authority_for_cloud(&self.cloud)
                 .unwrap_or(PUBLIC_CLOUD)
                 .to_string(),
         };
-        AzureCloud {
+        Ok(AzureCloud {
             exchanger: AzureExchanger::new(http.clone(), authority),
             default_tenant: self.tenant_id.clone(),
             audience: self.audience.clone(),
@@ -758,7 +886,8 @@ impl Settings {
                 .map(|id| id.to_ascii_lowercase())
                 .collect(),
             node_imds: NodeImds::new(http, &self.imds_endpoint),
-        }
+            identity_binding,
+        })
     }
 }
 
@@ -773,6 +902,69 @@ pub fn is_tenant(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn identity_bindings_take_the_proxys_audience_and_only_then() {
+        let key = |s: &Settings| s.check().err().map(|e| e.key);
+        let bound = Settings {
+            identity_binding_sni: Some("a1b2.ests.aks".into()),
+            audience: identity_binding::AUDIENCE.into(),
+            identity_binding_proxy: Some("https://10.0.0.1:443".into()),
+            ..Settings::default()
+        };
+        assert_eq!(key(&bound), None);
+        // The pods' tokens would be for Entra's audience: the proxy
+        // refuses them.
+        let other_audience = Settings {
+            audience: FEDERATION_AUDIENCE.into(),
+            ..bound.clone()
+        };
+        assert_eq!(key(&other_audience), Some("azure.audience"));
+        // The proxy's audience with no proxy: Entra refuses such tokens.
+        let no_proxy = Settings {
+            identity_binding_sni: None,
+            ..bound.clone()
+        };
+        assert_eq!(key(&no_proxy), Some("azure.identity_binding_sni"));
+        let bad_name = Settings {
+            identity_binding_sni: Some("10.0.0.1".into()),
+            ..bound.clone()
+        };
+        assert_eq!(key(&bad_name), Some("azure.identity_binding_sni"));
+        let bad_proxy = Settings {
+            identity_binding_proxy: Some("http://10.0.0.1".into()),
+            ..bound.clone()
+        };
+        assert_eq!(key(&bad_proxy), Some("azure.identity_binding_proxy"));
+        // Configured, the exchanger goes through the proxy; its identities
+        // are said to come from it.
+        let cloud = bound.exchanger(reqwest::Client::new()).unwrap();
+        assert_eq!(
+            cloud.identity_binding.as_ref().map(|p| p.sni_name()),
+            Some("a1b2.ests.aks")
+        );
+        let bound_sa = AzureBound {
+            binding: Binding {
+                client_id: "c".into(),
+                tenant_id: None,
+                object_id: None,
+                resource_id: None,
+                app: None,
+            },
+            tenant: "t".into(),
+        };
+        assert_eq!(
+            cloud.identity(&bound_sa).source,
+            super::super::Source::IdentityBinding
+        );
+        let plain = Settings::default()
+            .exchanger(reqwest::Client::new())
+            .unwrap();
+        assert_eq!(
+            plain.identity(&bound_sa).source,
+            super::super::Source::Federation
+        );
+    }
 
     #[test]
     fn resource_scope_conversion() {
@@ -858,6 +1050,7 @@ mod tests {
             first_hops: Default::default(),
             node_identities: Default::default(),
             node_imds: NodeImds::new(reqwest::Client::new(), DEFAULT_IMDS_ENDPOINT),
+            identity_binding: None,
         };
         let b = bound();
         let upper = "11111111-2222-3333-4444-555555555555".to_uppercase();
@@ -884,6 +1077,7 @@ mod tests {
             first_hops: Default::default(),
             node_identities: Default::default(),
             node_imds: NodeImds::new(reqwest::Client::new(), DEFAULT_IMDS_ENDPOINT),
+            identity_binding: None,
         };
         let req = |scopes: &[&str]| {
             TokenRequest::new(

@@ -381,6 +381,17 @@ impl Bindings {
         }
     }
 
+    /// What the agent will refuse of `cloud`'s bindings before it asks
+    /// anything, whatever the pod: each a sentence saying why and what to
+    /// do. `node_identities` are the identities assigned to the node
+    /// ([`CloudSettings::node_identities`]).
+    pub fn known_refusals(&self, cloud: Cloud, node_identities: &[String]) -> Vec<String> {
+        match cloud {
+            Cloud::Azure => azure::known_refusals(&self.azure, node_identities),
+            Cloud::Gcp | Cloud::Aws => Vec::new(),
+        }
+    }
+
     /// Whether no cloud is bound at all.
     pub fn is_empty(&self) -> bool {
         !Cloud::ALL.into_iter().any(|c| self.names(c))
@@ -459,6 +470,12 @@ impl CloudSettings<'_> {
         self.aws.check()
     }
 
+    /// The identities assigned to the node, which the node's metadata
+    /// service serves (Azure's `node_identities`).
+    pub fn node_identities(&self) -> Vec<String> {
+        self.azure.node_identities.clone()
+    }
+
     /// The audience of the projected token each cloud's exchange takes;
     /// `None` where the cloud is not configured (Google without a
     /// workload identity provider).
@@ -486,7 +503,7 @@ impl CloudSettings<'_> {
         http: &reqwest::Client,
         registry: &mut impl Registry,
     ) -> Result<(), Invalid> {
-        registry.register(self.azure.exchanger(http.clone()));
+        registry.register(self.azure.exchanger(http.clone())?);
         if let Some(google) = self.gcp.exchanger(http.clone())? {
             registry.register(google);
         }
@@ -977,7 +994,8 @@ mod tests {
             assert!(cloud.accepted_audiences("x").contains(&"x".to_string()));
         }
         let entra = Cloud::Azure.accepted_audiences("api://AzureADTokenExchange");
-        assert_eq!(entra.len(), 5, "{entra:?}");
+        assert_eq!(entra.len(), 6, "{entra:?}");
+        assert!(entra.contains(&"api://AKSIdentityBinding".to_string()));
         let google = Cloud::Gcp.accepted_audiences("//iam.googleapis.com/p");
         assert_eq!(
             google,

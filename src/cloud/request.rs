@@ -187,14 +187,21 @@ pub enum Source {
     /// set), from the node's IMDS (Azure): nothing of the pod's is sent
     /// upstream; Lanyard's proof of the caller and the policy decide.
     Node,
+    /// The pod's projected token, exchanged by the cluster's AKS
+    /// identity-binding proxy, which checks the ServiceAccount against
+    /// Kubernetes RBAC and presents its own assertion to Entra (Azure).
+    #[serde(rename = "identity-binding")]
+    IdentityBinding,
 }
 
 impl Source {
-    /// The name policy and audit use: `federation` or `node`.
+    /// The name policy and audit use: `federation`, `node` or
+    /// `identity-binding`.
     pub fn as_str(self) -> &'static str {
         match self {
             Source::Federation => "federation",
             Source::Node => "node",
+            Source::IdentityBinding => "identity-binding",
         }
     }
 

@@ -288,21 +288,7 @@ impl Config {
                 &d.node_name,
             ));
         }
-        d.check_identity()?;
-        if let Some(app) = &d.azure_app_client_id {
-            let on_node = self
-                .azure
-                .node_identities
-                .iter()
-                .any(|id| id.eq_ignore_ascii_case(&d.azure_client_id));
-            if !on_node {
-                return Err(invalid(
-                    "dev.azure_app_client_id",
-                    "an app reached through a node identity: add dev.azure_client_id to azure.node_identities (Entra refuses an identity's token obtained through its federated credential as the app's: AADSTS700231)",
-                    app,
-                ));
-            }
-        }
+        d.check_identity(self.clouds())?;
         if !(60..=86_400).contains(&d.token_lifetime) {
             return Err(invalid(
                 "dev.token_lifetime",

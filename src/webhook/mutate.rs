@@ -147,10 +147,11 @@ pub struct InjectionConfig {
     pub sdk: SdkDefaults,
     /// The sidecar's resource requests and limits.
     pub resources: SidecarResources,
-    /// The managed identities assigned to the node pool
-    /// (`azure.node_identities`): an app hop through any other is warned
-    /// of at admission, as the agent will refuse it (AADSTS700231).
-    pub azure_node_identities: Vec<String>,
+    /// The identities assigned to the node (Azure's
+    /// `node_identities`): what decides which bindings the agent will
+    /// refuse ([`crate::cloud::Bindings::known_refusals`]), warned of at
+    /// admission.
+    pub node_identities: Vec<String>,
 }
 
 impl Default for InjectionConfig {
@@ -178,7 +179,7 @@ impl InjectionConfig {
                 cpu_limit: w.sidecar_cpu_limit.clone(),
                 memory_limit: w.sidecar_memory_limit.clone(),
             },
-            azure_node_identities: config.azure.node_identities.clone(),
+            node_identities: config.clouds().node_identities(),
         }
     }
 }
@@ -344,19 +345,10 @@ fn mutate_with(
                 cloud.binding_annotation(),
             ));
         }
-        if cloud == Cloud::Azure {
-            for binding in bindings.azure.iter().filter(|b| b.app.is_some()) {
-                let on_node = config
-                    .azure_node_identities
-                    .iter()
-                    .any(|id| id.eq_ignore_ascii_case(&binding.client_id));
-                if let (false, Some(app)) = (on_node, &binding.app) {
-                    warnings.push(format!(
-                        "lanyard: service account {namespace}/{sa}: {}; the pod's requests for that app will be refused",
-                        crate::cloud::azure::chained_federation(&binding.client_id, &app.client_id)
-                    ));
-                }
-            }
+        for refusal in bindings.known_refusals(cloud, &config.node_identities) {
+            warnings.push(format!(
+                "lanyard: service account {namespace}/{sa}: {refusal}; the pod's requests for that identity will be refused"
+            ));
         }
         // A cloud whose identity needs no annotation applies to a pod
         // bound to any cloud at all.
@@ -1250,7 +1242,7 @@ mod tests {
             "{:?}",
             m.warnings
         );
-        config.azure_node_identities = vec!["CLIENT".into()];
+        config.node_identities = vec!["CLIENT".into()];
         let m = mutate_with(&pod(raw), "ns", &bindings, &config, || "h".into()).unwrap();
         assert!(m.warnings.is_empty(), "{:?}", m.warnings);
     }

@@ -60,6 +60,8 @@ VALUE_SETS = {
     "token-review-issuer": {"cluster": {"issuer": "https://oidc.prod-aks.azure.com/tenant/uuid/", "tokenReview": True}},
     "guard": {"cluster": {"name": "multi"}, "azure": AZURE, "gcp": GCP, "aws": AWS,
               "guard": {"enabled": True, "admissionPolicy": True, "extraAudiences": ["lanyard-data-lake"]}},
+    "guard-identity-binding": {"cluster": {"name": "aks-weu-1"}, "azure": {**AZURE, "identityBinding": {"sniName": "a7q3k1m0x9.ests.aks"}},
+                         "guard": {"enabled": True, "admissionPolicy": True}},
     "guard-cert-manager-host-port": {"agent": {"reachVia": "hostPort"}, "webhook": {"certManager": {"enabled": True}},
                                      "guard": {"enabled": True, "admissionPolicy": True, "namespaceLabel": "platform.example/governed",
                                                "namespaceLabelValue": "yes"}},
@@ -174,6 +176,25 @@ def test_gkes_pool_reaches_the_agent_the_webhook_and_the_guard():
     assert '"ml-data-1.svc.id.goog"' in audiences, audiences
 
 
+def test_identity_bindings_reach_the_agent_the_webhook_and_the_guard():
+    """With azure.identityBinding.sniName, both roles ask for the proxy's
+    audience and name the proxy, and the guard refuses that audience
+    outside the sidecar."""
+    objects = render(VALUE_SETS["guard-identity-binding"])
+    for role in ("agent", "webhook"):
+        config = yaml.safe_load(find(objects, "ConfigMap", "lanyard-config")["data"][f"{role}.yaml"])
+        assert config["azure"]["audience"] == "api://AKSIdentityBinding", role
+        assert config["azure"]["identity_binding_sni"] == "a7q3k1m0x9.ests.aks", role
+    policy = find(objects, "ValidatingAdmissionPolicy")
+    (audiences,) = [v["expression"] for v in policy["spec"]["variables"] if v["name"] == "audiences"]
+    assert '"api://aksidentitybinding"' in audiences, audiences
+    # Without it, the pods' token is Entra's and the guard still refuses
+    # the proxy's audience outside the sidecar.
+    config = yaml.safe_load(find(render(VALUE_SETS["azure"]), "ConfigMap", "lanyard-config")["data"]["agent.yaml"])
+    assert config["azure"]["audience"] == "api://AzureADTokenExchange"
+    assert "identity_binding_sni" not in config["azure"]
+
+
 def test_the_agent_is_reached_on_its_own_node():
     objects = render({})
     service = find(objects, "Service", "lanyard-agent")
@@ -243,7 +264,8 @@ def test_the_guard_is_off_by_default_and_fails_closed_in_governed_namespaces(ren
     assert policy["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == ["pods", "pods/ephemeralcontainers"]
     # The agent reached at the node's IP leaves no host name to redirect.
     rules = [v.get("messageExpression", v.get("message", "")) for v in policy["spec"]["validations"]]
-    assert any("agent-address" in r for r in rules) == (name == "guard"), rules
+    by_service = VALUE_SETS[name].get("agent", {}).get("reachVia") != "hostPort"
+    assert any("agent-address" in r for r in rules) == by_service, rules
     if "cert-manager" in name:
         meta = find(objects, "ValidatingWebhookConfiguration")["metadata"]
         assert meta["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/lanyard-webhook"

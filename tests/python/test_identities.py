@@ -14,7 +14,9 @@ import json
 import os
 import re
 import subprocess
+import time
 import urllib.request
+from pathlib import Path
 
 import boto3
 import pytest
@@ -73,8 +75,20 @@ def jobs_dev(tmp_path, clean_env):
     stop(dev)  # exits cleanly; no token or credential in its log
 
 
-def audited_identities(dev, cloud: str) -> list[tuple[str, str]]:
-    """(verdict, identity) of each audit record of `cloud`, in order."""
+def audited_identities(dev, cloud: str, *wanted: tuple[str, str]) -> list[tuple[str, str]]:
+    """(verdict, identity) of each audit record of `cloud`, in order; with
+    `wanted`, once they are all there (the log is written after the answer
+    is sent), or after 10 s."""
+    deadline = time.monotonic() + 10
+    while True:
+        records = audit_records(dev, cloud)
+        if all(w in records for w in wanted) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.05)
+
+
+def audit_records(dev, cloud: str) -> list[tuple[str, str]]:
+    """(verdict, identity) of each audit record of `cloud` logged so far."""
     out = []
     for line in dev.read_log().splitlines():
         if "lanyard::audit" not in line or f'cloud="{cloud}"' not in line:
@@ -105,7 +119,7 @@ def test_azure_identity_selects_by_client_id_and_the_policy_decides(jobs_dev, mo
         ManagedIdentityCredential(client_id=UNLISTED_CLIENT).get_token(STORAGE)
     assert "Denied by Lanyard policy" not in str(missing.value)
     assert re.search(r"not found|not bound|unknown", str(missing.value), re.I), str(missing.value)
-    records = audited_identities(jobs_dev, "azure")
+    records = audited_identities(jobs_dev, "azure", ("allow", AZURE["etl"]), ("deny", AZURE["train"]))
     assert ("allow", AZURE["etl"]) in records and ("deny", AZURE["train"]) in records, records
     assert not any(ident == AZURE["shared"] and verdict == "allow" for verdict, ident in records), records
 
@@ -142,7 +156,7 @@ def test_boto3_gets_the_jobs_role_from_the_container_endpoint_and_imds_lists_it(
     jobs_dev.issued.append(json.loads(body)["SecretAccessKey"])
     assert get(roles + "job-train")[0] == 403
     assert get(roles + "not-listed")[0] == 404
-    records = audited_identities(jobs_dev, "aws")
+    records = audited_identities(jobs_dev, "aws", ("allow", AWS["etl"]), ("deny", AWS["train"]))
     assert ("allow", AWS["etl"]) in records and ("deny", AWS["train"]) in records, records
 
 
@@ -164,7 +178,7 @@ def test_gcloud_sees_the_allowed_accounts_and_selects_one(jobs_dev, tmp_path):
     token = out.stdout.strip()
     jobs_dev.issued.append(token)
     assert jwt_check.payload(token)["email"] == GCP["etl"]
-    records = audited_identities(jobs_dev, "gcp")
+    records = audited_identities(jobs_dev, "gcp", ("allow", GCP["etl"]))
     assert records and all(r == ("allow", GCP["etl"]) for r in records), records
 
 
@@ -204,7 +218,7 @@ def test_node_sdks_select_by_their_own_options(jobs_dev, tmp_path):
     out = node("google.mjs", "compute-select", "nobody@lanyard-dev.iam.gserviceaccount.com",
                "https://svc.example.com", env=env)
     assert out.returncode == 1 and "404" in out.stderr, out.stderr
-    records = audited_identities(jobs_dev, "gcp")
+    records = audited_identities(jobs_dev, "gcp", ("allow", GCP["etl"]), ("deny", GCP["train"]))
     assert ("allow", GCP["etl"]) in records and ("deny", GCP["train"]) in records, records
 
 
@@ -352,3 +366,63 @@ def test_a_node_identitys_own_tokens_are_decided_per_pod_and_audited(tmp_path, c
     denied = [r for r in denied if r.get("type") == "credential"]
     assert denied and all(r["decision"]["verdict"] == "deny" and r["request"]["source"] == "node"
                           for r in denied), denied
+
+
+# AKS identity bindings: every federated identity's token comes through the
+# cluster's identity-binding proxy (emulated by `lanyard dev` on a TLS
+# listener of its own, with a cluster CA of its own), which checks the
+# ServiceAccount's RBAC grant and presents the identity's one
+# `aks-identity-binding` credential to Entra: the pod's token, for
+# api://AKSIdentityBinding, never reaches Entra.
+IB_SNI = "a7q3k1m0x9.ests.aks"
+
+
+def test_azure_sdks_get_the_identitys_token_through_the_identity_binding_proxy(tmp_path, clean_env, monkeypatch):
+    config = tmp_path / "ib.yaml"
+    config.write_text(json.dumps({"azure": {"identity_binding_sni": IB_SNI, "audience": "api://AKSIdentityBinding"},
+                                  "audit": {"file": str(tmp_path / "ib-audit.jsonl")}}))
+    dev = Dev(["--config", str(config)], tmp_path / "ib.log")
+    try:
+        # The pod's Azure token is for the proxy's audience (the file
+        # appears as the kubelet would write it, shortly after start).
+        token_file = Path(dev.token_dir) / "azure"
+        deadline = time.monotonic() + 10
+        while not token_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pod_token = token_file.read_text()
+        assert jwt_check.payload(pod_token)["aud"] in ("api://AKSIdentityBinding", ["api://AKSIdentityBinding"])
+        for name in ("AZURE_POD_IDENTITY_AUTHORITY_HOST", "IDENTITY_ENDPOINT", "IDENTITY_HEADER", "AZURE_CLIENT_ID"):
+            monkeypatch.setenv(name, dev.exports[name])
+        token = ManagedIdentityCredential(client_id=os.environ["AZURE_CLIENT_ID"]).get_token(STORAGE)
+        dev.issued.append(token.token)
+        claims = jwt_check.entra_access_token(token.token)
+        assert claims["appid"] == AZURE["shared"], claims
+        out = node("azure.mjs", "managed-identity-client-id", env=node_env(dev, tmp_path))
+        assert out.returncode == 0, out.stderr
+        token = json.loads(out.stdout.splitlines()[-1])["token"]
+        dev.issued.append(token)
+        assert jwt_check.entra_access_token(token)["appid"] == AZURE["shared"]
+        rust = rust_azure(dev, tmp_path)
+        if rust is not None:
+            dev.issued.append(rust["token"])
+            assert jwt_check.entra_access_token(rust["token"])["appid"] == AZURE["shared"]
+    finally:
+        stop(dev)
+    records = [json.loads(line) for line in (tmp_path / "ib-audit.jsonl").read_text().splitlines()]
+    issued = [r for r in records if r.get("type") == "credential" and r["decision"]["verdict"] == "allow"]
+    assert issued, records
+    assert all(r["request"]["source"] == "identity-binding" for r in issued), issued
+
+
+def test_dev_refuses_identity_bindings_for_another_audience(tmp_path, clean_env):
+    """The proxy takes tokens for api://AKSIdentityBinding only: a
+    configuration that would send it another is refused at start."""
+    from conftest import lanyard_binary
+
+    config = tmp_path / "lanyard.yaml"
+    config.write_text(json.dumps({"azure": {"identity_binding_sni": IB_SNI}}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LANYARD_")}
+    out = subprocess.run([lanyard_binary(), "dev", "--config", str(config)], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode != 0
+    assert "azure.audience" in out.stderr and "api://AKSIdentityBinding" in out.stderr, out.stderr

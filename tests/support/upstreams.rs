@@ -90,12 +90,15 @@ pub async fn upstreams(subject: &str, lifetime: Duration) -> Upstreams {
                 aws_target: None,
                 azure_app: None,
             }],
+            azure_identity_binding: false,
             azure_node_identities: vec![],
         },
         lanyard::http::client(),
     )
     .expect("emulators");
-    let EmulatorSet { entra, gcp, aws } = set;
+    let EmulatorSet {
+        entra, gcp, aws, ..
+    } = set;
     let entra_url = format!("http://{}", serve(entra.router(), &shutdown).await);
     let gcp_url = format!("http://{}", serve(gcp.router(), &shutdown).await);
     let aws_url = format!("http://{}", serve(aws.router(), &shutdown).await);

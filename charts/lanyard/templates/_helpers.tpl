@@ -80,6 +80,9 @@ at Lanyard's defaults.
 {{- with $v.azure.tenantId }}{{ $_ := set $azure "tenant_id" . }}{{ end -}}
 {{- with $v.azure.authorityHost }}{{ $_ := set $azure "authority_host" . }}{{ end -}}
 {{- with $v.azure.nodeIdentities }}{{ $_ := set $azure "node_identities" . }}{{ end -}}
+{{- $binding := $v.azure.identityBinding | default dict -}}
+{{- with $binding.sniName }}{{ $_ := set $azure "identity_binding_sni" . }}{{ $_ := set $azure "audience" "api://AKSIdentityBinding" }}{{ end -}}
+{{- with $binding.proxy }}{{ $_ := set $azure "identity_binding_proxy" . }}{{ end -}}
 {{- $gcp := dict "token_lifetime" $v.gcp.tokenLifetime -}}
 {{- with $v.gcp.workloadIdentityProvider }}{{ $_ := set $gcp "workload_identity_provider" . }}{{ end -}}
 {{- with $v.gcp.projectId }}{{ $_ := set $gcp "project_id" . }}{{ end -}}
@@ -143,7 +146,7 @@ what lanyard webhook's Guard::new computes from the same configuration.
 */}}
 {{- define "lanyard.guardAudiences" -}}
 {{- $v := .Values -}}
-{{- $list := list "api://AzureADTokenExchange" "api://AzureADTokenExchangeUSGov" "api://AzureADTokenExchangeChina" "api://AzureADTokenExchangeUSNat" "api://AzureADTokenExchangeUSSec" $v.azure.audience $v.aws.audience -}}
+{{- $list := list "api://AzureADTokenExchange" "api://AzureADTokenExchangeUSGov" "api://AzureADTokenExchangeChina" "api://AzureADTokenExchangeUSNat" "api://AzureADTokenExchangeUSSec" "api://AKSIdentityBinding" $v.azure.audience $v.aws.audience -}}
 {{- if $v.gcp.workloadIdentityProvider -}}
 {{- $google := $v.gcp.audience | default $v.gcp.workloadIdentityProvider -}}
 {{- $list = append $list $google -}}

@@ -349,6 +349,7 @@ fn broker() -> lanyard::broker::Broker {
             http.clone(),
             lanyard::cloud::azure::DEFAULT_IMDS_ENDPOINT,
         ),
+        identity_binding: None,
     }))
     .with_cloud(Offline(GcpCloud {
         exchanger: GcpExchanger::new(

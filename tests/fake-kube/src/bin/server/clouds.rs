@@ -68,36 +68,7 @@ pub struct TlsServing {
     pub aws: std::net::SocketAddr,
 }
 
-/// A CA (written out as PEM for trust stores) and the serving
-/// certificate it signs.
-pub struct Pki {
-    pub ca_pem: String,
-    pub cert_pem: String,
-    pub key_pem: String,
-}
-
-impl Pki {
-    /// A new CA named `ca_name` and a certificate it signs for `names`
-    /// (DNS names or IP addresses).
-    pub fn generate(ca_name: &str, names: Vec<String>) -> anyhow::Result<Pki> {
-        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
-        let ca_key = KeyPair::generate()?;
-        let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
-        ca_params
-            .distinguished_name
-            .push(DnType::CommonName, ca_name);
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let ca_cert = ca_params.self_signed(&ca_key)?;
-        let issuer = Issuer::new(ca_params, ca_key);
-        let key = KeyPair::generate()?;
-        let cert = CertificateParams::new(names)?.signed_by(&key, &issuer)?;
-        Ok(Pki {
-            ca_pem: ca_cert.pem(),
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
-        })
-    }
-}
+pub use lanyard_emulators::pki::Pki;
 
 impl TlsServing {
     pub fn pki(&self) -> anyhow::Result<Pki> {
@@ -221,6 +192,7 @@ impl Clouds {
                         }),
                     })
                     .collect(),
+                azure_identity_binding: false,
                 azure_node_identities: config
                     .azure_node_identities
                     .iter()
