@@ -28,7 +28,7 @@ use lanyard_emulators::{
     AzureApp, Binding, CloudsConfig, EmulatorSet, Issuer, Lifetimes, NodeIdentity, PodIdentity,
     SigningKey,
 };
-use support::export;
+use support::{export, rejected};
 
 /// The identities' tenant, where the app is registered.
 const HOME: &str = "3b8e4f60-1c2d-4e5f-8a9b-7c6d5e4f3a2b";
@@ -163,13 +163,6 @@ fn claims(token: &lanyard::cloud::AccessToken) -> serde_json::Value {
         token.token.expose_secret(),
     )
     .unwrap()
-}
-
-fn rejected(result: Result<lanyard::cloud::AccessToken, CloudError>) -> (String, String) {
-    match result {
-        Err(CloudError::Rejected { code, message, .. }) => (code, message),
-        other => panic!("expected a rejection, got {other:?}"),
-    }
 }
 
 #[tokio::test]

@@ -6,6 +6,8 @@
 //! identity's `aks-identity-binding` credential.
 #![cfg(feature = "dev")]
 
+mod support;
+
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +15,7 @@ use std::time::Duration;
 use lanyard::cloud::azure::identity_binding::{self, IdentityBindingProxy};
 use lanyard::cloud::azure::{AzureExchanger, AzureRequest};
 use lanyard::cloud::CloudError;
-use lanyard::http::{bind, spawn_server, Shutdown, ShutdownTrigger};
+use lanyard::http::{Shutdown, ShutdownTrigger};
 use lanyard::secret::{ExposeSecret, SecretString};
 use lanyard_emulators::entra::Entra;
 use lanyard_emulators::identity_binding::{Proxy, ProxyConfig, ISSUER_ORIGIN};
@@ -21,6 +23,8 @@ use lanyard_emulators::pki::Pki;
 use lanyard_emulators::{
     Binding, CloudsConfig, EmulatorSet, Issuer, Lifetimes, PodIdentity, SigningKey,
 };
+
+use support::{loopback, loopback_issuer, rejected};
 
 const TENANT: &str = "72f988bf-86f1-41af-91ab-2d7cd011db47";
 const IDENTITY: &str = "5f2c9e1a-8d4b-4c7e-9a13-0d6e2b7f4c21";
@@ -41,12 +45,8 @@ struct Env {
 
 async fn start() -> Env {
     let (stop, shutdown) = Shutdown::new();
-    let listener = bind("127.0.0.1:0".parse().unwrap(), "issuer")
-        .await
-        .unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let issuer = Arc::new(Issuer::new(&url, SigningKey::generate_rs256().unwrap()));
-    spawn_server(listener, issuer.router(), shutdown.clone());
+    let issuer = loopback_issuer(&shutdown).await;
+    let url = issuer.url().to_string();
     let set = EmulatorSet::new(
         &CloudsConfig {
             issuer: url.clone(),
@@ -69,9 +69,7 @@ async fn start() -> Env {
         lanyard::http::client(),
     )
     .unwrap();
-    let listener = bind("127.0.0.1:0".parse().unwrap(), "entra").await.unwrap();
-    let entra_url = format!("http://{}", listener.local_addr().unwrap());
-    spawn_server(listener, set.entra.router(), shutdown.clone());
+    let entra_url = loopback(set.entra.router(), &shutdown).await;
     let proxy = Arc::new(
         Proxy::new(
             ProxyConfig {
@@ -84,14 +82,10 @@ async fn start() -> Env {
         )
         .unwrap(),
     );
-    let listener = bind("127.0.0.1:0".parse().unwrap(), "ib issuer")
-        .await
-        .unwrap();
-    set.entra.stand_in(
-        ISSUER_ORIGIN,
-        &format!("http://{}", listener.local_addr().unwrap()),
-    );
-    spawn_server(listener, proxy.issuer_router(), shutdown.clone());
+    // Entra fetches the identities' issuer (ib.oic.prod-aks.azure.com)
+    // from the proxy's stand-in for it.
+    let ib_issuer = loopback(proxy.issuer_router(), &shutdown).await;
+    set.entra.stand_in(ISSUER_ORIGIN, &ib_issuer);
 
     let pki = Pki::generate("test cluster CA", vec![SNI.into()]).unwrap();
     let ca_file = tempfile::NamedTempFile::new().unwrap();
@@ -139,13 +133,6 @@ fn request<'a>(assertion: &'a SecretString) -> AzureRequest<'a> {
         client_id: IDENTITY,
         scope: SCOPE,
         assertion,
-    }
-}
-
-fn rejected(result: Result<impl std::fmt::Debug, CloudError>) -> (String, String) {
-    match result {
-        Err(CloudError::Rejected { code, message, .. }) => (code, message),
-        other => panic!("expected a refusal, got {other:?}"),
     }
 }
 

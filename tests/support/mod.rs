@@ -32,6 +32,18 @@ pub const IMDS_TOKEN_FIELDS: [&str; 8] = [
     "token_type",
 ];
 
+/// The code and message of a cloud's refusal; anything else fails the
+/// test.
+#[track_caller]
+pub fn rejected<T: std::fmt::Debug>(
+    result: Result<T, lanyard::cloud::CloudError>,
+) -> (String, String) {
+    match result {
+        Err(lanyard::cloud::CloudError::Rejected { code, message, .. }) => (code, message),
+        other => panic!("expected CloudError::Rejected, got {other:?}"),
+    }
+}
+
 /// An AdmissionReview from `tests/fixtures/admission`.
 pub fn fixture(name: &str) -> Vec<u8> {
     let path = format!(

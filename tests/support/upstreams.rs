@@ -54,6 +54,22 @@ async fn serve(router: impl lanyard::http::Respond, shutdown: &Shutdown) -> Sock
     addr
 }
 
+/// A service-account issuer on loopback, served until `shutdown` fires.
+pub async fn loopback_issuer(shutdown: &Shutdown) -> Arc<Issuer> {
+    let listener = bind("127.0.0.1:0".parse().unwrap(), "issuer")
+        .await
+        .unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let issuer = Arc::new(Issuer::new(&url, SigningKey::generate_rs256().unwrap()));
+    spawn_server(listener, issuer.router(), shutdown.clone());
+    issuer
+}
+
+/// `router` on a new loopback listener until `shutdown` fires: its URL.
+pub async fn loopback(router: impl lanyard::http::Respond, shutdown: &Shutdown) -> String {
+    format!("http://{}", serve(router, shutdown).await)
+}
+
 /// The dev pod identity used throughout the tests.
 pub fn pod() -> PodIdentity {
     PodIdentity::new("default", "ray-worker", "ray-worker-0", "node-a")
