@@ -21,7 +21,7 @@ use lanyard::secret::{ExposeSecret, SecretString};
 use lanyard_emulators::aws::{
     AwsEmulatorConfig, AwsRole, AwsSts, OidcProvider, SessionAction, DEFAULT_AUDIENCE,
 };
-use lanyard_emulators::{Issuer, PodIdentity, SigningKey};
+use lanyard_emulators::{Issuer, PodIdentity};
 use support::export;
 
 const SOURCE: &str = "arn:aws:iam::111122223333:role/ray-worker";
@@ -40,12 +40,8 @@ struct Env {
 
 async fn start() -> Env {
     let (stop, shutdown) = Shutdown::new();
-    let listener = bind("127.0.0.1:0".parse().unwrap(), "issuer")
-        .await
-        .unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let issuer = Arc::new(Issuer::new(&url, SigningKey::generate_rs256().unwrap()));
-    spawn_server(listener, issuer.router(), shutdown.clone());
+    let issuer = support::loopback_issuer(&shutdown).await;
+    let url = issuer.url().to_string();
     let role = |arn: &str, trusted_roles: Vec<String>, allow_tag_session: bool| AwsRole {
         arn: arn.into(),
         trusted_subjects: if trusted_roles.is_empty() {

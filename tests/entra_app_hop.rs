@@ -63,12 +63,8 @@ async fn start() -> Env {
 /// The emulators of a cloud whose token-exchange audience is `audience`.
 async fn start_in(audience: &'static str) -> Env {
     let (stop, shutdown) = Shutdown::new();
-    let listener = bind("127.0.0.1:0".parse().unwrap(), "issuer")
-        .await
-        .unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let issuer = Arc::new(Issuer::new(&url, SigningKey::generate_rs256().unwrap()));
-    spawn_server(listener, issuer.router(), shutdown.clone());
+    let issuer = support::loopback_issuer(&shutdown).await;
+    let url = issuer.url().to_string();
     let binding = |sa: &str, client: &str, app: Option<AzureApp>| Binding {
         subject: format!("system:serviceaccount:ml:{sa}"),
         azure_client_id: Some(client.into()),

@@ -7,6 +7,8 @@
 // Needs the `dev` feature (built-in issuer, emulators).
 #![cfg(feature = "dev")]
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +17,7 @@ use lanyard::cloud::CloudError;
 use lanyard::http::{bind, spawn_server, Shutdown, ShutdownTrigger};
 use lanyard::secret::{ExposeSecret, SecretString};
 use lanyard_emulators::gcp::{Gcp, GcpEmulatorConfig, GcpServiceAccount, GkeCluster};
-use lanyard_emulators::{Issuer, PodIdentity, SigningKey};
+use lanyard_emulators::{Issuer, PodIdentity};
 
 const PROJECT: &str = "ray-prod-4821";
 const PROJECT_NUMBER: &str = "310987654321";
@@ -35,21 +37,11 @@ struct Env {
     _stop: ShutdownTrigger,
 }
 
-async fn serve_issuer(shutdown: &Shutdown) -> Arc<Issuer> {
-    let listener = bind("127.0.0.1:0".parse().unwrap(), "issuer")
-        .await
-        .unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let issuer = Arc::new(Issuer::new(&url, SigningKey::generate_rs256().unwrap()));
-    spawn_server(listener, issuer.router(), shutdown.clone());
-    issuer
-}
-
 async fn start() -> Env {
     let (stop, shutdown) = Shutdown::new();
-    let issuer = serve_issuer(&shutdown).await;
+    let issuer = support::loopback_issuer(&shutdown).await;
     // Another cluster's issuer, which this pool does not trust.
-    let stranger = serve_issuer(&shutdown).await;
+    let stranger = support::loopback_issuer(&shutdown).await;
     let cluster = GkeCluster::named(CLUSTER, PROJECT_NUMBER, issuer.url()).unwrap();
     let principal_set = format!(
         "principalSet://iam.googleapis.com/projects/{PROJECT_NUMBER}/locations/global/workloadIdentityPools/{POOL}/namespace/team"
