@@ -22,9 +22,11 @@
 //!   expired (what a TokenReview of that audience checks).
 //! - The ServiceAccount may use the identity: Microsoft Learn's "Identity
 //!   bindings" ClusterRole grants verb `use-managed-identity` in API group
-//!   `cid.wi.aks.azure.com` on the identity's client id; here, the
-//!   binding's `service_accounts` stand for the subjects such a role is
-//!   bound to.
+//!   `cid.wi.aks.azure.com` on the identity's client id. The proxy asks
+//!   [`Grants`]: the fake API server's answers from the RBAC objects it
+//!   holds (the pod harness), or, by default, the binding's
+//!   `service_accounts`, standing for the subjects such a role is bound to
+//!   (`lanyard dev`).
 //! - Upstream, the proxy presents an assertion of its own, issued by
 //!   `https://ib.oic.prod-aks.azure.com/TENANT/CLIENT_ID` with keys of
 //!   that issuer, to Entra under the identity's federated credential
@@ -115,6 +117,20 @@ pub struct ProxyConfig {
     pub bindings: Vec<IdentityBinding>,
 }
 
+/// Who may use which identity: Kubernetes RBAC's answer to "may
+/// `system:serviceaccount:NAMESPACE:NAME` `use-managed-identity` the
+/// resource CLIENT_ID in API group `cid.wi.aks.azure.com`?".
+pub trait Grants: Send + Sync {
+    /// Whether the ServiceAccount `namespace`/`name` may use the managed
+    /// identity `client_id`.
+    fn may_use(&self, namespace: &str, name: &str, client_id: &str) -> bool;
+}
+
+/// The verb Learn's identity-binding ClusterRole grants.
+pub const VERB: &str = "use-managed-identity";
+/// The API group it grants the verb in.
+pub const API_GROUP: &str = "cid.wi.aks.azure.com";
+
 /// Counters tests read.
 #[derive(Debug, Default)]
 pub struct ProxyStats {
@@ -131,6 +147,9 @@ pub struct Proxy {
     /// One signing key per identity's issuer.
     issuer_keys: HashMap<String, SigningKey>,
     http: reqwest::Client,
+    /// RBAC's grants, when something other than the bindings' own lists
+    /// answers.
+    grants: Option<Arc<dyn Grants>>,
     /// What it has been asked and has sent on.
     pub stats: ProxyStats,
 }
@@ -184,8 +203,28 @@ impl Proxy {
             config,
             issuer_keys,
             http,
+            grants: None,
             stats: ProxyStats::default(),
         })
+    }
+
+    /// The proxy, asking `grants` who may use an identity instead of the
+    /// bindings' `service_accounts`.
+    pub fn with_grants(mut self, grants: Arc<dyn Grants>) -> Self {
+        self.grants = Some(grants);
+        self
+    }
+
+    /// Whether the ServiceAccount `ksa` (`NAMESPACE:NAME`) may use
+    /// `binding`'s identity.
+    fn may_use(&self, binding: &IdentityBinding, ksa: &str) -> bool {
+        match (&self.grants, ksa.split_once(':')) {
+            (Some(grants), Some((namespace, name))) => {
+                grants.may_use(namespace, name, &binding.client_id)
+            }
+            (Some(_), None) => false,
+            (None, _) => binding.service_accounts.iter().any(|s| s == ksa),
+        }
     }
 
     /// The TLS server name it answers to.
@@ -376,12 +415,12 @@ async fn token(
             format!("managed identity {client_id} has no identity binding in this cluster"),
         );
     };
-    if !binding.service_accounts.contains(&ksa) {
+    if !proxy.may_use(binding, &ksa) {
         let (namespace, name) = ksa.split_once(':').unwrap_or((&ksa, ""));
         return refuse(
             StatusCode::FORBIDDEN,
             "unauthorized_client",
-            format!("service account {namespace}/{name} cannot use-managed-identity {client_id} in API group cid.wi.aks.azure.com"),
+            format!("service account {namespace}/{name} cannot {VERB} {client_id} in API group {API_GROUP}"),
         );
     }
     let own = match proxy.assertion(binding) {

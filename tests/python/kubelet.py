@@ -368,6 +368,22 @@ def with_trust_store(bundle: Path) -> list[str]:
     return ["sh", "-c", 'mount --bind "$0" /etc/ssl/certs/ca-certificates.crt && exec "$@"', str(bundle)]
 
 
+def with_service_account(directory: Path, ca_pem: str, namespace: str) -> list[str]:
+    """A command prefix that mounts what the ServiceAccount admission
+    plugin's `kube-api-access-*` volume gives a container at
+    /var/run/secrets/kubernetes.io/serviceaccount (`ca.crt`, the cluster
+    CA; `namespace`), read-only, on a /run of the process's own (the
+    role's API token stays in its kubeconfig)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    directory.chmod(0o755)
+    (directory / "ca.crt").write_text(ca_pem)
+    (directory / "namespace").write_text(namespace)
+    target = "/run/secrets/kubernetes.io/serviceaccount"
+    script = "\n".join(["set -e", "mount -t tmpfs -o mode=0755 tmpfs /run", f"mkdir -p {target}",
+                        f'mount --bind "$0" {target}', f"mount -o remount,bind,ro {target}", 'exec "$@"'])
+    return ["sh", "-c", script, str(directory)]
+
+
 class FakeKubeProcess:
     """`lanyard-fake-kube` with the clouds, in the api namespace."""
 

@@ -3,6 +3,7 @@ each cloud's real SDK for a credential, as docs/examples/ray_job.py's tasks
 do, with nothing but the environment the pod was given.
 
     pod_sdk.py [--clouds azure,gcp,aws,gcloud] [--count N] [--interval S] [--stop-file F]
+               [--azure-scope SCOPE]
 
 Each attempt builds a fresh credential object, so that the SDKs' own caches
 do not hide a failing call, and prints one JSON line: the cloud, whether it
@@ -18,10 +19,13 @@ import sys
 import time
 
 
+AZURE_SCOPE = ["https://storage.azure.com/.default"]
+
+
 def azure() -> str:
     from azure.identity import ManagedIdentityCredential
 
-    return ManagedIdentityCredential().get_token("https://storage.azure.com/.default").token
+    return ManagedIdentityCredential().get_token(AZURE_SCOPE[0]).token
 
 
 def gcp() -> str:
@@ -73,7 +77,9 @@ def main() -> int:
     parser.add_argument("--count", type=int, default=1)
     parser.add_argument("--interval", type=float, default=0.0)
     parser.add_argument("--stop-file")
+    parser.add_argument("--azure-scope", default=AZURE_SCOPE[0])
     args = parser.parse_args()
+    AZURE_SCOPE[0] = args.azure_scope
     clouds = args.clouds.split(",")
     done = 0
     while done < args.count and not (args.stop_file and os.path.exists(args.stop_file)):

@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -28,7 +29,7 @@ import yaml
 from chart import Container, find, render, wait_for
 from conftest import ROOT, lanyard_binary
 from kubelet import (API_IP, Cluster, FakeKubeProcess, Pod, Refused, can_create_namespaces, install_admission,
-                     mesh_configuration, request, results, trust_bundle, with_trust_store)
+                     mesh_configuration, request, results, trust_bundle, with_service_account, with_trust_store)
 
 REASON = can_create_namespaces()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"pods end to end: {REASON}")
@@ -109,10 +110,15 @@ def fake_kube_binary() -> Path:
 class E2E:
     """The running cluster: API server with clouds, webhook, two nodes."""
 
-    def __init__(self, workdir: Path, gke_cluster: str | None = None):
+    def __init__(self, workdir: Path, gke_cluster: str | None = None, identity_binding: str | None = None):
         """`gke_cluster`: Google through GKE's own pool for that cluster
         (`projects/P/locations/L/clusters/C`), its grants written as GKE
-        Workload Identity's, instead of through a provider."""
+        Workload Identity's, instead of through a provider.
+        `identity_binding`: Azure through AKS identity bindings, the proxy
+        answering to that server name on the API server's address, each
+        identity's use granted to its ServiceAccount by Learn's ClusterRole
+        and ClusterRoleBinding, instead of a federated credential per
+        ServiceAccount."""
         self.started = time.monotonic()
         self.workdir = workdir
         self.cluster = Cluster(workdir)
@@ -128,11 +134,15 @@ class E2E:
         if gke_cluster:
             clouds.update(gcp_gke_cluster=gke_cluster, gcp_project_number="123456789012")
             gcp = {"gkeCluster": gke_cluster, "projectNumber": "123456789012"}
+        azure = {"tenantId": TENANT, "nodeIdentities": [i["azure_client_id"] for i in NODE_IDENTITIES]}
+        if identity_binding:
+            clouds["azure_identity_binding"] = identity_binding
+            azure["identityBinding"] = {"sniName": identity_binding}
         self.kube = FakeKubeProcess(self.cluster, fake_kube_binary(), clouds)
         self.bundle = trust_bundle(workdir, self.kube.clouds_ca)
         self.values = {
             "cluster": {"name": "e2e"},
-            "azure": {"tenantId": TENANT, "nodeIdentities": [i["azure_client_id"] for i in NODE_IDENTITIES]},
+            "azure": azure,
             "policy": {"enabled": True, "policies": {"e2e.cedar": POLICY}},
             "gcp": gcp,
             "aws": {"region": "us-east-1", "clusterArn": CLUSTER_ARN},
@@ -170,6 +180,11 @@ class E2E:
                     "azure.workload.identity/client-id": ident["azure_client_id"],
                     "iam.gke.io/gcp-service-account": ident["gcp_service_account"],
                     "eks.amazonaws.com/role-arn": ident["aws_role_arn"], **chain}}})
+        if identity_binding:
+            for ident in IDENTITIES:
+                for obj in use_managed_identity(ident["azure_client_id"], ident["namespace"],
+                                                ident["service_account"]):
+                    self.kube.apply(obj)
         self.webhook = Container(self.objects, "Deployment", lanyard_binary(), workdir / "webhook",
                                  {"spec.nodeName": "control-plane", "status.hostIP": API_IP},
                                  self.kube.kubeconfig, prefix=["ip", "netns", "exec", self.cluster.api])
@@ -186,9 +201,17 @@ class E2E:
         # debug a failing run.
         debug = {"RUST_LOG": os.environ["LANYARD_E2E_AGENT_LOG"]} if os.environ.get("LANYARD_E2E_AGENT_LOG") else {}
         workdir = self.workdir / (f"agent-{node.name}" + (f"-{generation}" if generation else ""))
+        # As the kubelet runs every container: the API server's Service in
+        # KUBERNETES_SERVICE_HOST/_PORT, and the ServiceAccount plugin's
+        # kube-api-access volume (the cluster CA, the namespace) at its path.
+        api = urlsplit(self.kube.api_https)
+        in_cluster = {"KUBERNETES_SERVICE_HOST": api.hostname, "KUBERNETES_SERVICE_PORT": str(api.port)}
         agent = Container(self.objects, "DaemonSet", binary or lanyard_binary(), workdir,
                           {"spec.nodeName": node.name, "status.hostIP": node.address}, self.kube.kubeconfig,
-                          prefix=["ip", "netns", "exec", node.ns, *with_trust_store(self.bundle)], extra_env=debug)
+                          prefix=["ip", "netns", "exec", node.ns, *with_trust_store(self.bundle),
+                                  *with_service_account(workdir / "kube-api-access", self.kube.ca_pem,
+                                                        "lanyard-system")],
+                          extra_env={**in_cluster, **debug})
         self.roles.append(agent)
         wait_for(lambda: agent.proc.poll() is None and request(
             node.ns, "GET", f"http://127.0.0.1:{AGENT_ADMIN}/readyz").status == 200,
@@ -298,14 +321,28 @@ class E2E:
         return found if issued else ["no credential was issued at all"]
 
 
-def running_e2e(gke_cluster: str | None = None, figures_name: str = "pods-e2e-figures.json"):
+def use_managed_identity(client_id: str, namespace: str, name: str) -> list[dict]:
+    """Microsoft Learn's grant ("Identity bindings" how-to): a ClusterRole
+    allowing `use-managed-identity` on the identity's client id in API
+    group `cid.wi.aks.azure.com`, bound to the ServiceAccount."""
+    role = f"use-mi-{client_id}-{namespace}-{name}"
+    return [{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": role},
+             "rules": [{"verbs": ["use-managed-identity"], "apiGroups": ["cid.wi.aks.azure.com"],
+                        "resources": [client_id]}]},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": role},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+             "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]}]
+
+
+def running_e2e(gke_cluster: str | None = None, figures_name: str = "pods-e2e-figures.json",
+                identity_binding: str | None = None):
     """The cluster for a module's tests; on the way out, no namespace,
     process problem or leaked token may be left, and its figures are
     written to the target directory."""
     workdir = Path(tempfile.mkdtemp(prefix="lanyard-pods-"))
     env = None
     try:
-        env = E2E(workdir, gke_cluster)
+        env = E2E(workdir, gke_cluster, identity_binding)
         yield env
     finally:
         problems = env.close() if env else []
@@ -389,6 +426,22 @@ def test_a_target_role_in_another_account_serves_boto3_with_ekss_session_tags(e2
 def test_an_app_trusting_the_node_identity_serves_azure_identity_in_its_tenant(e2e):
     operator = next(i for i in IDENTITIES if "azure_app_client_id" in i)
     pod = e2e.run_pod(e2e.nodes[0], plain_template("operator"), "operator-0", "anyscale")
+    rust = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "debug" / "lanyard-rust-clients"
+    image = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp"}
+    if rust.exists():
+        # A herd of a thousand credentials at once, the operator's first
+        # calls on this node: one exchange of each hop, the identity's
+        # token from IMDS and the app's from Entra.
+        before = e2e.kube.counts()["azure"]
+        out = pod.exec(pod.app_containers()[0], [str(rust), "azure-herd", "1000",
+                                                 "https://storage.azure.com/.default"], image_env=image)
+        assert out.returncode == 0, out.stdout + out.stderr
+        herd = json.loads(out.stdout.splitlines()[-1])
+        assert (herd["requests"], herd["distinct"]) == (1000, 1), herd
+        after = e2e.kube.counts()["azure"]
+        issued = {p: n - before.get(p, 0) for p, n in after.items() if n != before.get(p, 0)}
+        assert issued == {f"{TENANT}/{operator['azure_client_id']}": 1, expected(operator)["azure"]: 1}, issued
+        e2e.figures["app_hop_herd"] = {"requests": 1000, "exchanges": issued}
     (line,) = run_app(e2e, pod, "--clouds", "azure")
     # Owned by the app in the resource tenant, as Entra's ledger says.
     assert_all_ok_and_owned(e2e, [line], operator)
@@ -403,10 +456,8 @@ def test_an_app_trusting_the_node_identity_serves_azure_identity_in_its_tenant(e
         token = json.loads(out.stdout.splitlines()[-1])["token"]
         assert e2e.kube.whois(token)["principal"] == expected(operator)["azure"]
     # The Rust SDK's ManagedIdentityCredential, likewise.
-    rust = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "debug" / "lanyard-rust-clients"
     if rust.exists():
-        out = pod.exec(pod.app_containers()[0], [str(rust), "azure"],
-                       image_env={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp"})
+        out = pod.exec(pod.app_containers()[0], [str(rust), "azure"], image_env=image)
         assert out.returncode == 0, out.stdout + out.stderr
         token = json.loads(out.stdout.splitlines()[-1])["token"]
         assert e2e.kube.whois(token)["principal"] == expected(operator)["azure"]

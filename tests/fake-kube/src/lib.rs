@@ -63,6 +63,7 @@ mod admission;
 mod api;
 mod events;
 pub mod mesh_injector;
+pub mod rbac;
 mod request;
 mod responses;
 mod selectors;
@@ -307,6 +308,8 @@ pub struct FakeKube {
     admin_token: std::sync::RwLock<Option<SecretString>>,
     /// The registered admission configurations and webhook endpoints.
     admission: Mutex<admission::Registry>,
+    /// ClusterRoles and ClusterRoleBindings, for access reviews.
+    rbac: Mutex<rbac::Rbac>,
     /// What clients have asked, for tests to assert on.
     pub stats: KubeStats,
 }
@@ -340,6 +343,7 @@ impl FakeKube {
             recorded_events: Mutex::new(BTreeMap::new()),
             admin_token: std::sync::RwLock::new(None),
             admission: Mutex::new(admission::Registry::default()),
+            rbac: Mutex::new(rbac::Rbac::default()),
             stats: KubeStats::default(),
         })
     }
@@ -570,6 +574,43 @@ impl FakeKube {
     pub fn request_log(&self) -> Vec<String> {
         let log = self.log.lock().unwrap_or_else(|p| p.into_inner());
         log.iter().cloned().collect()
+    }
+
+    /// Stores a ClusterRole (replacing one of the same name).
+    pub fn apply_cluster_role(
+        &self,
+        role: k8s_openapi::api::rbac::v1::ClusterRole,
+    ) -> Result<k8s_openapi::api::rbac::v1::ClusterRole, String> {
+        self.rbac_lock().apply_role(role)
+    }
+
+    /// Stores a ClusterRoleBinding, refused as the API server refuses one
+    /// whose `roleRef` is not a ClusterRole.
+    pub fn apply_cluster_role_binding(
+        &self,
+        binding: k8s_openapi::api::rbac::v1::ClusterRoleBinding,
+    ) -> Result<k8s_openapi::api::rbac::v1::ClusterRoleBinding, String> {
+        self.rbac_lock().apply_binding(binding)
+    }
+
+    /// Removes a ClusterRole; `false` if there was none.
+    pub fn delete_cluster_role(&self, name: &str) -> bool {
+        self.rbac_lock().delete_role(name)
+    }
+
+    /// Removes a ClusterRoleBinding; `false` if there was none.
+    pub fn delete_cluster_role_binding(&self, name: &str) -> bool {
+        self.rbac_lock().delete_binding(name)
+    }
+
+    /// RBAC's answer to an access review at the cluster scope: whether the
+    /// stored ClusterRoleBindings grant `user` what `attrs` asks.
+    pub fn authorize(&self, user: &admission::User, attrs: &rbac::Attributes<'_>) -> bool {
+        self.rbac_lock().allows(user, attrs)
+    }
+
+    fn rbac_lock(&self) -> std::sync::MutexGuard<'_, rbac::Rbac> {
+        self.rbac.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Store> {

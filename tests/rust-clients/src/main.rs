@@ -9,6 +9,10 @@
 //!     lanyard-rust-clients aws      aws-config's default provider chain
 //!     lanyard-rust-clients google   google-cloud-auth's default credentials
 //!     lanyard-rust-clients azure    azure_identity's ManagedIdentityCredential, for Storage
+//!     lanyard-rust-clients azure-herd N SCOPE
+//!                                   N ManagedIdentityCredentials at once (each with
+//!                                   its own cache, as N processes would), for SCOPE;
+//!                                   prints how many distinct tokens came back
 
 use aws_credential_types::provider::ProvideCredentials;
 use serde_json::json;
@@ -20,7 +24,10 @@ async fn main() -> std::process::ExitCode {
         "aws" => aws().await,
         "google" => google().await,
         "azure" => azure().await,
-        other => Err(format!("unknown client {other:?}: aws, google or azure")),
+        "azure-herd" => azure_herd().await,
+        other => Err(format!(
+            "unknown client {other:?}: aws, google, azure or azure-herd"
+        )),
     };
     match result {
         Ok(value) => {
@@ -77,16 +84,51 @@ async fn google() -> Result<serde_json::Value, String> {
     Ok(json!({ "ok": true, "token": token }))
 }
 
-async fn azure() -> Result<serde_json::Value, String> {
-    use azure_core::credentials::TokenCredential;
+fn managed_identity() -> Result<std::sync::Arc<azure_identity::ManagedIdentityCredential>, String> {
     let options = azure_identity::ManagedIdentityCredentialOptions {
         user_assigned_id: std::env::var("AZURE_CLIENT_ID")
             .ok()
             .map(azure_identity::UserAssignedId::ClientId),
         ..Default::default()
     };
-    let credential = azure_identity::ManagedIdentityCredential::new(Some(options))
-        .map_err(|e| format!("{e}"))?;
+    azure_identity::ManagedIdentityCredential::new(Some(options)).map_err(|e| format!("{e}"))
+}
+
+async fn azure_herd() -> Result<serde_json::Value, String> {
+    use azure_core::credentials::TokenCredential;
+    let mut args = std::env::args().skip(2);
+    let n: usize = args
+        .next()
+        .and_then(|n| n.parse().ok())
+        .ok_or("azure-herd N SCOPE: N must be a number")?;
+    let scope = args.next().ok_or("azure-herd N SCOPE: no scope")?;
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let credential = managed_identity()?;
+        let scope = scope.clone();
+        tasks.spawn(async move {
+            credential
+                .get_token(&[scope.as_str()], None)
+                .await
+                .map(|t| t.token.secret().to_string())
+                .map_err(|e| format!("{e}"))
+        });
+    }
+    let mut tokens = std::collections::BTreeSet::new();
+    while let Some(joined) = tasks.join_next().await {
+        tokens.insert(joined.map_err(|e| format!("{e}"))??);
+    }
+    Ok(json!({
+        "ok": true,
+        "requests": n,
+        "distinct": tokens.len(),
+        "token": tokens.first(),
+    }))
+}
+
+async fn azure() -> Result<serde_json::Value, String> {
+    use azure_core::credentials::TokenCredential;
+    let credential = managed_identity()?;
     let token = credential
         .get_token(&["https://storage.azure.com/.default"], None)
         .await

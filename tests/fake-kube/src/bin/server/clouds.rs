@@ -49,6 +49,14 @@ pub struct CloudsConfig {
     /// The managed identities assigned to the node pool.
     #[serde(default)]
     pub azure_node_identities: Vec<NodeIdentityConfig>,
+    /// AKS identity bindings: the proxy's TLS server name
+    /// (`<label>.ests.aks`). Every identity's Azure client id is then bound
+    /// to the cluster (the one `aks-identity-binding` credential AKS
+    /// creates, no per-ServiceAccount credential), and who may use it is
+    /// what the ClusterRoles and ClusterRoleBindings applied to the API
+    /// server grant.
+    #[serde(default)]
+    pub azure_identity_binding: Option<String>,
     /// Serve the clouds over TLS at these addresses, under their real
     /// names; without it each is plain HTTP on any free port of `--host`.
     pub tls: Option<TlsServing>,
@@ -192,7 +200,7 @@ impl Clouds {
                         }),
                     })
                     .collect(),
-                azure_identity_binding: false,
+                azure_identity_binding: config.azure_identity_binding.is_some(),
                 azure_node_identities: config
                     .azure_node_identities
                     .iter()
@@ -219,6 +227,16 @@ impl Clouds {
     /// Credentials (one host), AWS STS.
     pub fn routers(&self) -> [(&'static str, Router); 3] {
         self.0.routers()
+    }
+
+    /// The identities bound to the cluster through AKS identity bindings.
+    pub fn identity_bindings(&self) -> &[lanyard_emulators::identity_binding::IdentityBinding] {
+        &self.0.identity_bindings
+    }
+
+    /// Entra's emulator.
+    pub fn entra(&self) -> &Arc<lanyard_emulators::entra::Entra> {
+        &self.0.entra
     }
 
     /// The node's IMDS, serving the managed identities assigned to the

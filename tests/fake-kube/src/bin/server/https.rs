@@ -6,6 +6,13 @@
 //!
 //! One CA signs both certificates; it is the cluster's CA that pods find
 //! as `ca.crt` in their `kube-api-access-*` volume (`kube-root-ca.crt`).
+//!
+//! With AKS identity bindings, the API's listener also answers to the
+//! identity-binding proxy's server name, and a connection whose TLS
+//! handshake named it reaches the proxy: at AKS the proxy shares the API
+//! server's address and is told apart by that name alone
+//! (`AZURE_KUBERNETES_SNI_NAME`, cloud-provider-azure pull request #9907).
+//! Any other name, or none, reaches the API server.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
@@ -30,13 +37,26 @@ pub struct Https {
 
 /// Starts both listeners on `host`; writes `ca.crt` and
 /// `admin.kubeconfig` into `dir`.
-pub async fn start(kube: Arc<FakeKube>, host: IpAddr, dir: &Path) -> anyhow::Result<Https> {
-    let names = vec![
+/// `proxy`: the identity-binding proxy's server name and router.
+pub async fn start(
+    kube: Arc<FakeKube>,
+    host: IpAddr,
+    dir: &Path,
+    proxy: Option<(String, axum::Router)>,
+) -> anyhow::Result<Https> {
+    let mut names = vec![
         host.to_string(),
         "localhost".to_string(),
         "kubernetes.default.svc".to_string(),
         "kubernetes.default.svc.cluster.local".to_string(),
     ];
+    let api = match proxy {
+        Some((sni, proxy)) => {
+            names.push(sni.clone());
+            by_server_name(kube.router(), sni, proxy)
+        }
+        None => kube.router(),
+    };
     let pki = crate::clouds::Pki::generate("lanyard-fake-kube cluster CA", names)?;
     let rustls = axum_server::tls_rustls::RustlsConfig::from_pem(
         pki.cert_pem.into_bytes(),
@@ -44,7 +64,7 @@ pub async fn start(kube: Arc<FakeKube>, host: IpAddr, dir: &Path) -> anyhow::Res
     )
     .await?;
 
-    let api = serve(kube.router(), SocketAddr::new(host, 0), rustls.clone())?;
+    let api = serve(api, SocketAddr::new(host, 0), rustls.clone())?;
     let (mesh, _calls) = lanyard_fake_kube::mesh_injector::mesh_injector();
     let mesh = serve(mesh, SocketAddr::new(host, 0), rustls)?;
 
@@ -59,6 +79,26 @@ pub async fn start(kube: Arc<FakeKube>, host: IpAddr, dir: &Path) -> anyhow::Res
         admin_kubeconfig,
         ca,
         mesh_injector: format!("https://{mesh}/inject"),
+    })
+}
+
+/// `api`, except for connections whose handshake named `name`, which
+/// reach `proxy`.
+fn by_server_name(api: axum::Router, name: String, proxy: axum::Router) -> axum::Router {
+    use tower::ServiceExt;
+    axum::Router::new().fallback(move |req: axum::extract::Request| {
+        let named = req
+            .extensions()
+            .get::<Arc<axum_server::tls::TlsInfo>>()
+            .and_then(|info| info.server_name.as_deref())
+            .is_some_and(|n| n.eq_ignore_ascii_case(&name));
+        let to = if named { proxy.clone() } else { api.clone() };
+        async move {
+            match to.oneshot(req).await {
+                Ok(resp) => resp,
+                Err(never) => match never {},
+            }
+        }
     })
 }
 

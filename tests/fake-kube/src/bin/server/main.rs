@@ -24,8 +24,10 @@
 //!   registered ValidatingAdmissionPolicies decide on an AdmissionReview
 //!   (`{"allowed", "code", "message", "warnings"}`), for tests that hold
 //!   the fake's CEL runtime to another;
-//! - `DELETE /objects/{serviceaccounts|pods|namespaces}/{namespace}/{name}`
-//!   (the namespace segment is `-` for namespaces);
+//! - `POST /apply` also takes a ClusterRole or ClusterRoleBinding, which
+//!   access reviews are answered from (`lanyard_fake_kube::rbac`);
+//! - `DELETE /objects/{serviceaccounts|pods|namespaces|clusterroles|clusterrolebindings}/{namespace}/{name}`
+//!   (the namespace segment is `-` for cluster-scoped kinds);
 //! - `POST /token`: mints a projected token for a stored pod, as the kubelet
 //!   requests one: `{"namespace", "pod", "audiences": [..],
 //!   "expiration_seconds"}`; the ServiceAccount, the node and the uids come
@@ -66,6 +68,12 @@
 //! identities the clouds file assigns to the node pool
 //! (`azure_node_identities`).
 //!
+//! With `azure_identity_binding` in the clouds file (the proxy's server
+//! name, `<label>.ests.aks`), AKS's identity-binding proxy answers on the
+//! API server's HTTPS address to that server name, as at AKS, and lets a
+//! ServiceAccount use an identity when a ClusterRoleBinding grants it
+//! `use-managed-identity` on the identity's client id.
+//!
 //! `--host IP` binds every listener on IP (any free port) instead of
 //! 127.0.0.1, for a process run in a network namespace of its own.
 //!
@@ -97,7 +105,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use lanyard_emulators::{Issuer, PodIdentity, SigningKey};
+use lanyard_emulators::{identity_binding, Issuer, PodIdentity, SigningKey};
 use lanyard_fake_kube::FakeKube;
 
 /// The issuer URL real clusters commonly use; the agent reads it from the
@@ -267,7 +275,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
     info.insert("control".into(), Value::from(control_url));
     info.insert("kubeconfig".into(), json!(kubeconfig));
     info.insert("issuer".into(), Value::from(issuer.url()));
-    let served = https::start(kube.clone(), args.host, &args.dir).await?;
+    let proxy = match (
+        &clouds,
+        clouds_config
+            .as_ref()
+            .and_then(|c| c.azure_identity_binding.clone()),
+    ) {
+        (Some(clouds), Some(sni)) => {
+            Some(identity_binding_proxy(clouds, &kube, issuer.url(), sni, args.host).await?)
+        }
+        _ => None,
+    };
+    let served = https::start(kube.clone(), args.host, &args.dir, proxy).await?;
     info.insert("api_https".into(), Value::from(served.api));
     info.insert("admin_kubeconfig".into(), json!(served.admin_kubeconfig));
     info.insert("ca".into(), json!(served.ca));
@@ -305,12 +324,75 @@ async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// RBAC's answers from the ClusterRoles and ClusterRoleBindings applied
+/// to the fake API server, for the identity-binding proxy.
+struct KubeGrants(Arc<FakeKube>);
+
+impl identity_binding::Grants for KubeGrants {
+    fn may_use(&self, namespace: &str, name: &str, client_id: &str) -> bool {
+        self.0.authorize(
+            &lanyard_fake_kube::rbac::service_account_user(namespace, name),
+            &lanyard_fake_kube::rbac::Attributes {
+                verb: identity_binding::VERB,
+                api_group: identity_binding::API_GROUP,
+                resource: client_id,
+                name: None,
+            },
+        )
+    }
+}
+
+/// AKS's identity-binding proxy for this cluster, answering on the API
+/// server's HTTPS address to the server name `sni` (see `https.rs`):
+/// RBAC from `kube`, Entra reached on a plain listener of its own (the
+/// proxy runs in AKS's network, not the nodes'), and its identities'
+/// issuer (`ib.oic.prod-aks.azure.com`) stood in for on another.
+async fn identity_binding_proxy(
+    clouds: &clouds::Clouds,
+    kube: &Arc<FakeKube>,
+    cluster_issuer: &str,
+    sni: String,
+    host: std::net::IpAddr,
+) -> anyhow::Result<(String, Router)> {
+    let entra = clouds.entra().router();
+    let entra_listener = tokio::net::TcpListener::bind((host, 0)).await?;
+    let entra_url = format!("http://{}", entra_listener.local_addr()?);
+    tokio::spawn(async move { axum::serve(entra_listener, entra).await });
+    let proxy = Arc::new(
+        identity_binding::Proxy::new(
+            identity_binding::ProxyConfig {
+                sni_name: sni.clone(),
+                cluster_issuer: cluster_issuer.to_string(),
+                entra: entra_url,
+                bindings: clouds.identity_bindings().to_vec(),
+            },
+            lanyard::http::client(),
+        )?
+        .with_grants(Arc::new(KubeGrants(kube.clone()))),
+    );
+    let issuers = tokio::net::TcpListener::bind((host, 0)).await?;
+    clouds.entra().stand_in(
+        identity_binding::ISSUER_ORIGIN,
+        &format!("http://{}", issuers.local_addr()?),
+    );
+    let router = proxy.issuer_router();
+    tokio::spawn(async move { axum::serve(issuers, router).await });
+    Ok((sni, proxy.router()))
+}
+
 fn bad(message: impl std::fmt::Display) -> Response {
     (
         StatusCode::BAD_REQUEST,
         Json(json!({"error": message.to_string()})),
     )
         .into_response()
+}
+
+fn respond<T: serde::Serialize>(result: Result<T, String>) -> Response {
+    match result {
+        Ok(stored) => Json(stored).into_response(),
+        Err(e) => bad(e),
+    }
 }
 
 fn with_uid(mut object: Value) -> Value {
@@ -332,6 +414,20 @@ async fn apply(State(ctl): State<Ctl>, Json(object): Json<Value>) -> Response {
             .map(|o| serde_json::to_value(ctl.kube.apply_pod(o))),
         Some("Namespace") => serde_json::from_value::<Namespace>(object)
             .map(|o| serde_json::to_value(ctl.kube.apply_namespace(o))),
+        Some("ClusterRole") => {
+            return respond(
+                serde_json::from_value(object)
+                    .map_err(|e| e.to_string())
+                    .and_then(|o| ctl.kube.apply_cluster_role(o)),
+            )
+        }
+        Some("ClusterRoleBinding") => {
+            return respond(
+                serde_json::from_value(object)
+                    .map_err(|e| e.to_string())
+                    .and_then(|o| ctl.kube.apply_cluster_role_binding(o)),
+            )
+        }
         Some(
             "MutatingWebhookConfiguration"
             | "ValidatingWebhookConfiguration"
@@ -359,6 +455,8 @@ async fn remove(
         "serviceaccounts" => ctl.kube.delete_service_account(&namespace, &name),
         "pods" => ctl.kube.delete_pod(&namespace, &name),
         "namespaces" => ctl.kube.delete_namespace(&name),
+        "clusterroles" => ctl.kube.delete_cluster_role(&name),
+        "clusterrolebindings" => ctl.kube.delete_cluster_role_binding(&name),
         _ => return StatusCode::BAD_REQUEST,
     };
     if found {
