@@ -109,6 +109,42 @@ async fn subject_without_federated_credential_is_aadsts700213() {
     assert_eq!(up.entra.stats.issued.load(Ordering::Relaxed), 0);
 }
 
+/// A federated credential added just now is not honoured until it has
+/// propagated (Learn: "may fail … because the cache is populated in the
+/// directory with old data"): the same assertion is refused as matching
+/// no record, then accepted.
+#[tokio::test]
+async fn a_new_federated_credential_is_refused_until_it_has_propagated() {
+    let p = pod();
+    let up = upstreams("system:serviceaccount:other:sa", Duration::from_secs(1800)).await;
+    let credential = lanyard_emulators::entra::FederatedCredential {
+        issuer: up.issuer.url().to_string(),
+        subject: p.subject(),
+        audience: FEDERATION_AUDIENCE.to_string(),
+    };
+    let propagation = Duration::from_millis(1500);
+    assert!(up
+        .entra
+        .add_federated_credential(CLIENT, credential.clone(), propagation));
+    assert!(!up
+        .entra
+        .add_federated_credential("no-such-app", credential, propagation));
+    let assertion = up
+        .issuer
+        .mint(&p, &[FEDERATION_AUDIENCE], Duration::from_secs(3600))
+        .unwrap();
+    let err = exchange(&up, TENANT, CLIENT, SCOPE, &assertion)
+        .await
+        .unwrap_err();
+    assert!(!err.is_retryable());
+    assert_eq!(code(err), "AADSTS700213");
+    tokio::time::sleep(propagation + Duration::from_millis(100)).await;
+    exchange(&up, TENANT, CLIENT, SCOPE, &assertion)
+        .await
+        .expect("honoured once propagated");
+    assert_eq!(up.entra.stats.issued.load(Ordering::Relaxed), 1);
+}
+
 /// A subject that differs only in case: Entra has matched subjects
 /// case-sensitively since September 2024, and says so (AADSTS7002138).
 #[tokio::test]

@@ -142,6 +142,16 @@ pub struct Entra {
     /// The `uti` of every token obtained through a federated credential
     /// (bounded, oldest forgotten first).
     federation_obtained: std::sync::Mutex<Utis>,
+    /// Federated credentials added while running
+    /// ([`Entra::add_federated_credential`]).
+    added: std::sync::Mutex<Vec<Added>>,
+}
+
+/// A federated credential added while running, honoured from `visible_at`.
+struct Added {
+    client_id: String,
+    credential: FederatedCredential,
+    visible_at: std::time::Instant,
 }
 
 /// A bounded set of token ids.
@@ -201,7 +211,58 @@ impl Entra {
             ledger: super::Ledger::default(),
             faults: Default::default(),
             federation_obtained: Default::default(),
+            added: Default::default(),
         })
+    }
+
+    /// Adds a federated credential to the app `client_id`, as an
+    /// administrator creates one, which Entra honours only `propagation`
+    /// later: until then an assertion it would match is refused as one
+    /// matching no record. Microsoft Learn, "Workload identity federation
+    /// considerations" ("Time for federated credential changes to
+    /// propagate": a token request several minutes after configuring the
+    /// credential "may fail because the cache is populated in the directory
+    /// with old data"); azure-workload-identity's FAQ ("a couple of
+    /// minutes"); Azure/azure-workload-identity#1200 (intermittent
+    /// `AADSTS700211`/`700213` that clear by waiting). Learn quotes the
+    /// refusal as `AADSTS70021`, the code these refusals had before Entra
+    /// split it; the emulator answers today's split codes. `false` if no
+    /// such app exists.
+    pub fn add_federated_credential(
+        &self,
+        client_id: &str,
+        credential: FederatedCredential,
+        propagation: Duration,
+    ) -> bool {
+        if !self.apps.iter().any(|a| a.client_id == client_id) {
+            return false;
+        }
+        self.added
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Added {
+                client_id: client_id.to_string(),
+                credential,
+                visible_at: std::time::Instant::now() + propagation,
+            });
+        true
+    }
+
+    /// `app`'s federated credentials for `issuer` that Entra honours now.
+    fn credentials_of(&self, app: &App, issuer: &str) -> Vec<FederatedCredential> {
+        let now = std::time::Instant::now();
+        let added = self.added.lock().unwrap_or_else(|p| p.into_inner());
+        app.federated
+            .iter()
+            .chain(
+                added
+                    .iter()
+                    .filter(|a| a.client_id == app.client_id && a.visible_at <= now)
+                    .map(|a| &a.credential),
+            )
+            .filter(|f| f.issuer == issuer)
+            .cloned()
+            .collect()
     }
 
     /// The managed identities assigned to the node (`App::on_node`), in
@@ -502,7 +563,10 @@ async fn issue(entra: &Entra, tenant: &str, body: &[u8]) -> Result<Response, Aad
     }
 
     let audiences: Vec<&str> = aud.iter().collect();
-    if !app.federated.iter().any(|f| f.issuer == iss) {
+    // The credentials of this issuer Entra sees now: the configured ones
+    // and those added since whose propagation is over.
+    let records = entra.credentials_of(app, &iss);
+    if records.is_empty() {
         return Err(aad(
             StatusCode::UNAUTHORIZED,
             "invalid_client",
@@ -592,9 +656,7 @@ async fn issue(entra: &Entra, tenant: &str, body: &[u8]) -> Result<Response, Aad
 
     // The credentials of this issuer: the subject must match one exactly
     // (case-sensitively since September 2024), then its audience.
-    let records: Vec<&FederatedCredential> =
-        app.federated.iter().filter(|f| f.issuer == iss).collect();
-    let subject: Vec<&&FederatedCredential> = records.iter().filter(|f| f.subject == sub).collect();
+    let subject: Vec<&FederatedCredential> = records.iter().filter(|f| f.subject == sub).collect();
     if subject.is_empty() {
         if records.iter().any(|f| f.subject.eq_ignore_ascii_case(&sub)) {
             return Err(aad(
