@@ -126,6 +126,56 @@ async fn oversized_headers_get_431_and_normal_ones_pass() {
     assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
 }
 
+/// A head far past the bound still reaches the client as a `431`: the
+/// server stops writing, then drains what the client is still sending
+/// before it closes, so no reset overtakes the answer (nginx's lingering
+/// close). A client that writes its whole request before it reads (Python's
+/// `http.client`, most blocking clients) shows it: with more than the
+/// sockets' buffers hold still to send when the server closes (48 MB here,
+/// past loopback's default maximum buffers; a 270 kB token does it on a
+/// real network's smaller windows), its write fails with a broken pipe
+/// unless the server drains.
+#[tokio::test]
+async fn a_huge_head_gets_its_431_and_not_a_reset() {
+    let s = server(limits(64)).await;
+    let mut request = b"GET / HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer ".to_vec();
+    request.resize(request.len() + 48 * 1024 * 1024, b'a');
+    request.extend_from_slice(b"\r\n\r\n");
+    for attempt in 0..3 {
+        let mut stream = TcpStream::connect(s.addr).await.unwrap();
+        stream
+            .write_all(&request)
+            .await
+            .unwrap_or_else(|e| panic!("attempt {attempt}: the write failed: {e}"));
+        let answer = read_for(&mut stream, Duration::from_secs(5)).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 431"),
+            "attempt {attempt}: {answer:?}"
+        );
+    }
+    // A real client with a 270 kB bearer token, as the agent API gets one.
+    let client = reqwest::Client::new();
+    let token = "a".repeat(270_000);
+    for attempt in 0..10 {
+        let answer = client
+            .get(format!("http://{}/", s.addr))
+            .bearer_auth(&token)
+            .send()
+            .await;
+        match answer {
+            Ok(resp) => assert_eq!(resp.status(), 431, "attempt {attempt}"),
+            Err(e) => panic!("attempt {attempt}: no answer but {e:?}"),
+        }
+    }
+    // The server still serves.
+    let ok = client
+        .get(format!("http://{}/", s.addr))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+}
+
 #[tokio::test]
 async fn a_half_sent_request_and_an_idle_connection_are_closed() {
     let s = server(limits(16)).await;

@@ -19,6 +19,17 @@
 //!   flight, the new connection is closed at once. One client holding
 //!   connections open cannot lock others out, and no request in flight is
 //!   cut.
+//!
+//! A connection ends with a lingering close, as nginx's does
+//! (`lingering_close`): the server stops writing (FIN), then reads and
+//! discards what the client is still sending until it closes its side, for
+//! at most [`LINGER_TIME`] and [`LINGER_BYTES`], each read waiting at most
+//! [`LINGER_IDLE`]. Closing a socket that still holds unread bytes makes
+//! the kernel send a reset, and a client still writing a long request (an
+//! oversized head answered `431` after its first 16 KiB) then loses the
+//! answer: its write fails with a broken pipe before it reads. At most
+//! [`LINGERING`] connections per listener linger at once, outside the
+//! connection bound; beyond that, a connection closes at once, as before.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -64,6 +75,15 @@ impl Respond for axum::Router {
         }
     }
 }
+
+/// The longest a closing connection drains what its client still sends.
+pub const LINGER_TIME: Duration = Duration::from_secs(5);
+/// The longest one read of a lingering close waits for the client.
+pub const LINGER_IDLE: Duration = Duration::from_secs(1);
+/// The most bytes a lingering close reads and discards.
+pub const LINGER_BYTES: u64 = 64 * 1024 * 1024;
+/// Connections of one listener lingering at once.
+pub const LINGERING: usize = 256;
 
 /// Bounds applied to every connection of one listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -209,6 +229,7 @@ pub async fn serve(
     limits: Limits,
 ) -> std::io::Result<()> {
     let tracker = Tracker::new(limits.max_connections);
+    let lingering = Arc::new(tokio::sync::Semaphore::new(LINGERING));
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
@@ -254,9 +275,12 @@ pub async fn serve(
                 Ok::<_, Infallible>(response)
             }
         });
-        let conn = http.serve_connection(TokioIo::new(stream), service);
+        let http = http.clone();
         let shutdown = shutdown.clone();
+        let lingering = lingering.clone();
         tokio::spawn(async move {
+            let mut io = TokioIo::new(stream);
+            let conn = http.serve_connection(&mut io, service);
             tokio::pin!(conn);
             let stopping = shutdown.wait();
             tokio::pin!(stopping);
@@ -280,8 +304,43 @@ pub async fn serve(
                 }
             }
             drop(slot);
+            if let Ok(_permit) = lingering.try_acquire() {
+                linger(io.into_inner()).await;
+            }
         });
     }
     tracker.wait_empty().await;
     Ok(())
+}
+
+/// Stops writing to `stream`, then reads and discards what its client
+/// still sends, within [`LINGER_TIME`], [`LINGER_IDLE`] per read and
+/// [`LINGER_BYTES`], before the socket is closed.
+async fn linger(mut stream: tokio::net::TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // Already shut down when hyper ended the connection cleanly; an error
+    // here (the peer is gone) ends the linger at the first read.
+    let _ = stream.shutdown().await;
+    let deadline = tokio::time::Instant::now() + LINGER_TIME;
+    // Most clients have closed already: one small read sees their EOF.
+    // The larger buffer is allocated only for a client still sending; the
+    // connection's task keeps no large buffer for its whole life.
+    let mut first = [0u8; 64];
+    let mut drained = match tokio::time::timeout_at(
+        deadline.min(tokio::time::Instant::now() + LINGER_IDLE),
+        stream.read(&mut first),
+    )
+    .await
+    {
+        Ok(Ok(n)) if n > 0 => n as u64,
+        _ => return,
+    };
+    let mut buf = vec![0u8; 16 * 1024];
+    while drained < LINGER_BYTES {
+        let wait = deadline.min(tokio::time::Instant::now() + LINGER_IDLE);
+        match tokio::time::timeout_at(wait, stream.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => drained += n as u64,
+            _ => break,
+        }
+    }
 }
