@@ -127,7 +127,7 @@ struct Core {
 /// The in-process broker: the agent's core.
 pub struct Broker {
     core: Core,
-    clouds: PerCloud<Option<Arc<dyn Route>>>,
+    clouds: PerCloud<Option<Arc<dyn CloudPipeline>>>,
 }
 
 /// A decision's context: what each step learned, for the audit record.
@@ -251,7 +251,7 @@ impl TokenBroker for Broker {
 /// A cloud as the broker holds it: the pipeline, typed by the cloud's
 /// binding, behind one object-safe method.
 #[async_trait::async_trait]
-trait Route: Send + Sync {
+trait CloudPipeline: Send + Sync {
     async fn decide(
         &self,
         core: &Core,
@@ -261,7 +261,7 @@ trait Route: Send + Sync {
 }
 
 #[async_trait::async_trait]
-impl<E: CloudExchanger> Route for E {
+impl<E: CloudExchanger> CloudPipeline for E {
     async fn decide(
         &self,
         core: &Core,

@@ -42,7 +42,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 
 use super::{BrokerError, Grant, TokenBroker};
-use crate::cloud::TokenRequest;
+use crate::cloud::{now_unix, TokenRequest};
 use crate::secret::{ExposeSecret, SecretString};
 // tokio's clock, so that tests on paused time can move the window.
 use tokio::time::Instant;
@@ -111,13 +111,6 @@ fn fresh(grant: &Grant, request: &TokenRequest, now_unix: u64) -> bool {
             c.expires_at() > now_unix.saturating_add(request.cloud.min_remaining().as_secs())
         }
     }
-}
-
-fn now_unix() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
 }
 
 #[async_trait::async_trait]

@@ -20,6 +20,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::limits::Gcra;
+
 /// The bounds, per ServiceAccount (`cache.caller_*`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CallerLimits {
@@ -49,19 +51,23 @@ impl Default for CallerLimits {
 
 pub use crate::cloud::CallerLimit;
 
-/// Per-caller token buckets for new keys, by (namespace, ServiceAccount).
+/// Per-caller token buckets for new keys, by (namespace, ServiceAccount):
+/// each an arrival time on the upstream buckets' schedule ([`Gcra`]),
+/// taken from without waiting, since a caller over its bound is answered
+/// at once rather than queued.
 pub struct NewKeyBuckets {
-    buckets: HashMap<(String, String), (f64, Instant)>,
+    buckets: HashMap<(String, String), Instant>,
     /// Bucket count at which refilled buckets are next forgotten.
     prune_at: usize,
 }
 
 /// Buckets kept before the first pruning. A bucket that has refilled (its
-/// caller idle for `burst / rate` seconds, 10 s by default) means nothing
-/// and is forgotten; pruning when the count has doubled since the last
-/// keeps memory proportional to the callers actually being limited (a node
-/// with 10,000 ServiceAccounts would otherwise keep 10,000 buckets) at an
-/// amortized constant cost per new key.
+/// arrival time past: the caller idle for `burst / rate` seconds, 10 s by
+/// default) means nothing and is forgotten; pruning when the count has
+/// doubled since the last keeps memory proportional to the callers
+/// actually being limited (a node with 10,000 ServiceAccounts would
+/// otherwise keep 10,000 buckets) at an amortized constant cost per new
+/// key.
 const PRUNE_FLOOR: usize = 256;
 
 impl NewKeyBuckets {
@@ -81,25 +87,16 @@ impl NewKeyBuckets {
         limits: &CallerLimits,
         now: Instant,
     ) -> Result<(), Duration> {
-        let rate = limits.new_keys_per_second.max(0.001);
-        let burst = limits.new_keys_burst.max(1.0);
+        let schedule = Gcra::new(limits.new_keys_per_second, limits.new_keys_burst);
         if self.buckets.len() >= self.prune_at {
-            self.buckets.retain(|_, (tokens, at)| {
-                *tokens + now.duration_since(*at).as_secs_f64() * rate < burst
-            });
+            self.buckets.retain(|_, next| *next > now);
             self.buckets.shrink_to_fit();
             self.prune_at = (self.buckets.len() * 2).max(PRUNE_FLOOR);
         }
         let key = (namespace.to_string(), service_account.to_string());
-        let bucket = self.buckets.entry(key).or_insert((burst, now));
-        bucket.0 = (bucket.0 + now.duration_since(bucket.1).as_secs_f64() * rate).min(burst);
-        bucket.1 = now;
-        if bucket.0 >= 1.0 {
-            bucket.0 -= 1.0;
-            Ok(())
-        } else {
-            Err(Duration::from_secs_f64((1.0 - bucket.0) / rate))
-        }
+        // A caller not seen (or forgotten) has a full bucket.
+        let next = self.buckets.entry(key).or_insert(now);
+        schedule.try_take(next, now)
     }
 }
 

@@ -24,27 +24,73 @@ use crate::cloud::{Cloud, PerCloud};
 /// are made)"), which is that same unordered wait; the order is the reason
 /// for these forty lines, not speed.
 pub struct TokenBucket {
-    /// Seconds between tokens.
-    interval: Duration,
-    /// How far ahead of `next` a caller may go: `burst - 1` intervals.
-    tolerance: Duration,
+    schedule: Gcra,
     /// When the bucket would next be empty if no burst were allowed.
     next: std::sync::Mutex<Instant>,
 }
 
-impl TokenBucket {
-    /// A full bucket. `rate_per_second` is raised to at least 0.001 and `burst`
-    /// to at least one token, so that it always admits eventually.
+/// The schedule of a token bucket kept as its "theoretical arrival time"
+/// (GCRA): `rate` tokens a second, `burst` at once. Both of Lanyard's
+/// buckets use it: [`TokenBucket`], which queues its callers, and the
+/// per-caller buckets of `fairness.rs`, which refuse at once.
+#[derive(Debug, Clone, Copy)]
+pub struct Gcra {
+    /// Seconds between tokens.
+    interval: Duration,
+    /// How far ahead of the arrival time a caller may go: `burst - 1`
+    /// intervals.
+    tolerance: Duration,
+}
+
+impl Gcra {
+    /// `rate_per_second` is raised to at least 0.001 and `burst` to at
+    /// least one token, so that the bucket always admits eventually.
     pub fn new(rate_per_second: f64, burst: f64) -> Self {
         let rate = rate_per_second.max(0.001);
         let interval = Duration::from_secs_f64(1.0 / rate);
         let burst = burst.max(1.0);
-        let tolerance = interval.mul_f64(burst - 1.0);
+        Gcra {
+            interval,
+            tolerance: interval.mul_f64(burst - 1.0),
+        }
+    }
+
+    /// The earliest a caller asking `now` may go, given the arrival time
+    /// `next`: the burst lets it run ahead of the steady schedule by the
+    /// tolerance, never before now.
+    fn slot(&self, next: Instant, now: Instant) -> (Instant, Instant) {
+        let base = next.max(now);
+        let slot = base.checked_sub(self.tolerance).unwrap_or(now).max(now);
+        (slot, base + self.interval)
+    }
+
+    /// Reserves the next slot, however far off: the instant this caller
+    /// may go.
+    pub fn reserve(&self, next: &mut Instant, now: Instant) -> Instant {
+        let (slot, after) = self.slot(*next, now);
+        *next = after;
+        slot
+    }
+
+    /// Takes a token now, or says how long until one is there and takes
+    /// nothing.
+    pub fn try_take(&self, next: &mut Instant, now: Instant) -> Result<(), Duration> {
+        let (slot, after) = self.slot(*next, now);
+        if slot > now {
+            return Err(slot - now);
+        }
+        *next = after;
+        Ok(())
+    }
+}
+
+impl TokenBucket {
+    /// A full bucket (see [`Gcra::new`] for the bounds on its arguments).
+    pub fn new(rate_per_second: f64, burst: f64) -> Self {
         // INVARIANT: `next` starts at or before now, so the first `burst`
         // callers pass at once.
         TokenBucket {
-            interval,
-            tolerance,
+            schedule: Gcra::new(rate_per_second, burst),
             next: std::sync::Mutex::new(Instant::now()),
         }
     }
@@ -52,13 +98,7 @@ impl TokenBucket {
     /// Reserves the next slot: the instant this caller may go.
     fn reserve(&self) -> Instant {
         let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
-        let base = (*next).max(now);
-        // The earliest this caller may go: the burst lets it run ahead of
-        // the steady schedule by `tolerance`, never before now.
-        let slot = base.checked_sub(self.tolerance).unwrap_or(now).max(now);
-        *next = base + self.interval;
-        slot
+        self.schedule.reserve(&mut next, Instant::now())
     }
 
     /// Waits until a token is available and takes it. Callers are admitted

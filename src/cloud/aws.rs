@@ -18,8 +18,8 @@ use sha2::{Digest, Sha256};
 
 use super::{check_endpoint, invalid, Bindings, Invalid};
 use super::{
-    fetcher, now_unix, retry_after, scrub_message, Cloud, CloudError, CloudExchanger, Credential,
-    Fetcher, Identity, Kind, RequestError, Selector, TokenRequest,
+    fetcher, scrub_message, Cloud, CloudError, CloudExchanger, Credential, Fetcher, Identity, Kind,
+    RequestError, Selector, TokenRequest,
 };
 use crate::names::{is_dns_label, is_dns_subdomain};
 use crate::secret::{ExposeSecret, SecretString};
@@ -256,17 +256,8 @@ fn parse_role(role_arn: &str) -> Result<RoleArn, CloudError> {
 async fn send(
     request: reqwest::RequestBuilder,
 ) -> Result<(reqwest::StatusCode, Option<Duration>, bytes::Bytes, u64), CloudError> {
-    let unavailable = |e: reqwest::Error| CloudError::Unavailable {
-        cloud: Cloud::Aws,
-        reason: e.without_url().to_string(),
-    };
-    let issued_at = now_unix();
-    let resp = request.send().await.map_err(unavailable)?;
-    let status = resp.status();
-    super::note_request_id(resp.headers(), "x-amzn-requestid");
-    let retry = retry_after(resp.headers());
-    let body = resp.bytes().await.map_err(unavailable)?;
-    Ok((status, retry, body, issued_at))
+    let a = super::send::send(Cloud::Aws, request, Some("x-amzn-requestid")).await?;
+    Ok((a.status, a.retry_after, a.body, a.sent_at))
 }
 
 /// The credentials of `action`'s success answer for `role`.

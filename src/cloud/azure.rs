@@ -15,9 +15,8 @@ use super::{
     annotation, check_endpoint, distinct, invalid, listed, Annotations, Bindings, Invalid,
 };
 use super::{
-    encode_path_segment, fetcher, now_unix, retry_after, scrub_message, AccessToken, Cloud,
-    CloudError, CloudExchanger, Credential, Fetcher, Identity, Kind, RequestError, Selector,
-    TokenRequest,
+    encode_path_segment, fetcher, scrub_message, AccessToken, Cloud, CloudError, CloudExchanger,
+    Credential, Fetcher, Identity, Kind, RequestError, Selector, TokenRequest,
 };
 use crate::secret::{ExposeSecret, SecretString};
 use crate::token::Caller;
@@ -286,23 +285,17 @@ async fn post_token(
         ),
         ("client_assertion", req.assertion.expose_secret()),
     ];
-    let issued_at = now_unix();
-    let resp = http
-        .post(&url)
-        .form(&form)
-        .send()
-        .await
-        .map_err(|e| CloudError::Unavailable {
-            cloud: Cloud::Azure,
-            reason: e.without_url().to_string(),
-        })?;
-    let status = resp.status();
-    super::note_request_id(resp.headers(), "x-ms-request-id");
-    let retry = retry_after(resp.headers());
-    let body = resp.bytes().await.map_err(|e| CloudError::Unavailable {
-        cloud: Cloud::Azure,
-        reason: e.without_url().to_string(),
-    })?;
+    let super::send::Answer {
+        status,
+        retry_after: retry,
+        body,
+        sent_at: issued_at,
+    } = super::send::send(
+        Cloud::Azure,
+        http.post(&url).form(&form),
+        Some("x-ms-request-id"),
+    )
+    .await?;
 
     if status.is_success() {
         let ok: Success = serde_json::from_slice(&body).map_err(|e| CloudError::Protocol {

@@ -32,9 +32,8 @@ use super::{
     annotation, check_endpoint, distinct, invalid, listed, Annotations, Bindings, Invalid,
 };
 use super::{
-    encode_path_segment, fetcher, now_unix, retry_after, scrub_message, AccessToken, Cloud,
-    CloudError, CloudExchanger, Credential, Fetcher, Identity, Kind, RequestError, Selector,
-    TokenRequest,
+    encode_path_segment, fetcher, now_unix, scrub_message, AccessToken, Cloud, CloudError,
+    CloudExchanger, Credential, Fetcher, Identity, Kind, RequestError, Selector, TokenRequest,
 };
 use crate::secret::{ExposeSecret, SecretString};
 use crate::token::Caller;
@@ -497,20 +496,16 @@ async fn federate(
 /// error. `secret` is the credential the request carried, scrubbed from any
 /// upstream message that might echo it.
 async fn send(request: reqwest::RequestBuilder, secret: &str) -> Result<Vec<u8>, CloudError> {
-    let resp = request.send().await.map_err(|e| CloudError::Unavailable {
-        cloud: Cloud::Gcp,
-        reason: e.without_url().to_string(),
-    })?;
-    let status = resp.status();
-    let retry = retry_after(resp.headers());
-    let body = resp.bytes().await.map_err(|e| CloudError::Unavailable {
-        cloud: Cloud::Gcp,
-        reason: e.without_url().to_string(),
-    })?;
-    if status.is_success() {
-        return Ok(body.to_vec());
+    let answer = super::send::send(Cloud::Gcp, request, None).await?;
+    if answer.status.is_success() {
+        return Ok(answer.body.to_vec());
     }
-    Err(classify(status, retry, &body, secret))
+    Err(classify(
+        answer.status,
+        answer.retry_after,
+        &answer.body,
+        secret,
+    ))
 }
 
 /// Google's two error shapes: OAuth `{error, error_description}` (STS) and

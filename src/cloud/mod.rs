@@ -19,6 +19,7 @@ mod exchanger;
 pub mod gcp;
 mod rendered;
 mod request;
+pub(crate) mod send;
 
 use std::fmt;
 use std::future::Future;

@@ -2,8 +2,8 @@
 //! the outbound client every exchanger and JWKS fetch uses, binding and
 //! serving an axum router with graceful shutdown, the process's stop signal
 //! and the bounded drain of server tasks. It lives here rather than in any
-//! one role so that each role can be built without the others (`dev`, for
-//! one, is meant to become an optional feature).
+//! one role so that each role can be built without the others (`lanyard
+//! dev` is the optional `dev` feature).
 
 pub mod per_thread;
 pub mod server;

@@ -32,7 +32,7 @@ pub(crate) fn error(status: StatusCode, code: &str, message: impl Into<String>) 
 }
 
 /// RFC 3339 in UTC with a `Z`, as STS and the SDKs write expirations.
-pub(crate) fn rfc3339(unix: u64) -> String {
+pub(crate) fn rfc3339_seconds(unix: u64) -> String {
     time::OffsetDateTime::from_unix_timestamp(unix as i64)
         .ok()
         .and_then(|t| {
@@ -111,7 +111,7 @@ fn body(c: &AwsCredentials) -> Result<Response, BrokerError> {
             secret_access_key: c.secret_access_key.expose_secret(),
             token: c.session_token.expose_secret(),
             account_id: &c.account_id,
-            expiration: rfc3339(c.expires_at),
+            expiration: rfc3339_seconds(c.expires_at),
         })
     })?;
     Ok(json_ok(body))

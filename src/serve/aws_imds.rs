@@ -17,7 +17,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use serde_json::json;
 
-use super::aws_container::{aws_credentials, rfc3339};
+use super::aws_container::{aws_credentials, rfc3339_seconds};
 use super::paths;
 use super::{is_forwarded, json_ok, subject, to_json, with_retry_after, Surfaces};
 use crate::broker::{BrokerError, ErrorClass, Grant};
@@ -145,7 +145,7 @@ pub(crate) fn render_error(err: &BrokerError) -> Response {
                 Json(json!({
                     "Code": code,
                     "Message": message,
-                    "LastUpdated": rfc3339(now_unix()),
+                    "LastUpdated": rfc3339_seconds(now_unix()),
                 })),
             )
                 .into_response(),
@@ -197,12 +197,12 @@ pub async fn role_credentials(surfaces: &Surfaces, role: String, request: &Parts
         let body = c.rendered.get_or_render(key, || {
             to_json(&CredentialsBody {
                 code: "Success",
-                last_updated: rfc3339(c.issued_at),
+                last_updated: rfc3339_seconds(c.issued_at),
                 r#type: "AWS-HMAC",
                 access_key_id: &c.access_key_id,
                 secret_access_key: c.secret_access_key.expose_secret(),
                 token: c.session_token.expose_secret(),
-                expiration: rfc3339(c.expires_at),
+                expiration: rfc3339_seconds(c.expires_at),
             })
         })?;
         Ok::<_, BrokerError>(json_ok(body))

@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::cloud::{now_unix, retry_after, scrub_message, AccessToken, Cloud, CloudError};
+use crate::cloud::{scrub_message, AccessToken, Cloud, CloudError};
 use crate::secret::SecretString;
 
 /// Where IMDS answers on every Azure VM.
@@ -105,8 +105,7 @@ impl NodeImds {
             cloud: Cloud::Azure,
             reason: format!("the node's IMDS: {reason}"),
         };
-        let issued_at = now_unix();
-        let resp = self
+        let request = self
             .http
             .get(&url)
             .query(&[
@@ -114,16 +113,18 @@ impl NodeImds {
                 ("resource", resource),
                 ("client_id", client_id),
             ])
-            .header("Metadata", "true")
-            .send()
+            .header("Metadata", "true");
+        let super::super::send::Answer {
+            status,
+            retry_after: retry,
+            body,
+            sent_at: issued_at,
+        } = super::super::send::send(Cloud::Azure, request, None)
             .await
-            .map_err(|e| unavailable(e.without_url().to_string()))?;
-        let status = resp.status();
-        let retry = retry_after(resp.headers());
-        let body = resp
-            .bytes()
-            .await
-            .map_err(|e| unavailable(e.without_url().to_string()))?;
+            .map_err(|e| match e {
+                CloudError::Unavailable { reason, .. } => unavailable(reason),
+                other => other,
+            })?;
         if status.is_success() {
             let ok: Success = serde_json::from_slice(&body).map_err(|e| CloudError::Protocol {
                 cloud: Cloud::Azure,
