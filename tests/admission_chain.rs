@@ -28,10 +28,10 @@ use base64::Engine;
 use lanyard::directory::file::{ServiceAccountEntry, StaticDirectory};
 use lanyard::http::ShutdownTrigger;
 use lanyard::webhook::guard::{self, Guard};
-use lanyard::webhook::mutate::{
+use lanyard::webhook::server::{TlsFiles, WebhookServer};
+use lanyard::webhook::vocabulary::{
     API_TOKEN_DIR, API_TOKEN_SHIELD_VOLUME, SIDECAR_NAME, TOKENS_VOLUME,
 };
-use lanyard::webhook::server::{TlsFiles, WebhookServer};
 use lanyard::webhook::{mutate, InjectionConfig};
 use lanyard_fake_kube::mesh_injector::{mesh_injector, MESH_CONTAINER, MESH_LABEL};
 use lanyard_fake_kube::FakeKube;

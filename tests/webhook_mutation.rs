@@ -13,11 +13,11 @@ use serde_json::{json, Value};
 
 use lanyard::cloud::{azure, Bindings, Cloud};
 use lanyard::serve::sdk_env::SdkDefaults;
-use lanyard::webhook::mutate::{
+use lanyard::webhook::review::{self, Action, ReviewError, MAX_BODY_BYTES};
+use lanyard::webhook::vocabulary::{
     API_TOKEN_DIR, API_TOKEN_SHIELD_VOLUME, APP_TOKEN_DIR, APP_TOKEN_FILE, APP_TOKEN_VOLUME,
     REDIRECT_NAME, SIDECAR_NAME, TOKENS_VOLUME, TOKEN_DIR, TRANSPARENT_ANNOTATION,
 };
-use lanyard::webhook::review::{self, Action, ReviewError, MAX_BODY_BYTES};
 use lanyard::webhook::{mutate, respond, Answer, InjectionConfig, Mutation};
 use support::fixture;
 

@@ -51,7 +51,7 @@ use k8s_openapi::api::core::v1::{
     Container, Lifecycle, Pod, PodSpec, Probe, SecurityContext, VolumeMount,
 };
 
-use super::mutate::{
+use super::vocabulary::{
     InjectionConfig, API_TOKEN_DIR, API_TOKEN_SHIELD_VOLUME, APP_TOKEN_DIR, APP_TOKEN_VOLUME,
     SIDECAR_NAME, TOKENS_VOLUME, TOKEN_DIR,
 };

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::mutate::*;
+use super::vocabulary::*;
 use crate::cloud::Cloud;
 
 pub(super) fn plain_env(name: &str, value: &str) -> EnvVar {

@@ -23,13 +23,13 @@
 //! `restartPolicy: Always`) serving every SDK surface on
 //! `127.0.0.1:PORT` and probes on `0.0.0.0:PROBE_PORT`; a projected volume
 //! of one token per bound cloud, for the sidecar only; for AWS, an app-facing
-//! token mounted at [`mutate::APP_TOKEN_DIR`] in the sidecar
+//! token mounted at [`vocabulary::APP_TOKEN_DIR`] in the sidecar
 //! (`LANYARD_APP_TOKEN_FILE`) and the apps
 //! (`AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE`); and in every other container
 //! the variables that point each SDK at the sidecar, plus `NO_PROXY` /
 //! `no_proxy` extended with 127.0.0.1. Pods annotated
 //! `lanyard.dev/transparent: "true"` also get transparent mode: an init
-//! container before the sidecar, [`mutate::REDIRECT_NAME`], that redirects
+//! container before the sidecar, [`vocabulary::REDIRECT_NAME`], that redirects
 //! `169.254.169.254:80` to the sidecar in the pod's network namespace
 //! ([`crate::transparent`]), and a `hostAliases` entry for
 //! `metadata.google.internal` and `metadata`.
@@ -49,9 +49,11 @@ mod own;
 pub mod patch;
 pub mod review;
 pub mod server;
+pub mod vocabulary;
 
-pub use mutate::{mutate, Denial, InjectedSummary, InjectionConfig, Mutation, SidecarResources};
+pub use mutate::{mutate, InjectedSummary, Mutation};
 pub use review::{parse, Action, Answer, Review, ReviewError};
+pub use vocabulary::{Denial, InjectionConfig, SidecarResources};
 
 /// The review answer for a mutation outcome.
 pub fn respond(uid: &str, outcome: &Result<Mutation, Denial>) -> review::Answer {

@@ -16,7 +16,7 @@
 use k8s_openapi::api::core::v1::{Container, PodSpec, Probe, Volume};
 use serde_json::Value;
 
-use super::mutate::{
+use super::vocabulary::{
     Denial, API_TOKEN_SHIELD_VOLUME, APP_TOKEN_VOLUME, REDIRECT_NAME, SIDECAR_NAME, TOKENS_VOLUME,
 };
 

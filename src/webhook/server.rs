@@ -343,7 +343,7 @@ async fn decide(webhook: &Webhook, body: &[u8]) -> (&'static str, Json<Answer>) 
         .metadata
         .labels
         .as_ref()
-        .and_then(|l| l.get(mutate::INJECT_LABEL))
+        .and_then(|l| l.get(super::vocabulary::INJECT_LABEL))
         .is_some_and(|v| v == "true");
     if !opted_in {
         tracing::info!(
