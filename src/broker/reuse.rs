@@ -13,11 +13,15 @@
 //! request made with the *same* projected token from it, without asking
 //! the agent again. What that means, decided deliberately:
 //!
-//! - **Same caller, same question.** The key is the SHA-256 of the
-//!   projected token together with the whole request (cloud, kind,
-//!   selector, scopes, audience, lifetime, surface). A rotated token or a
-//!   different question goes to the agent. The sidecar serves one pod on
-//!   loopback, so nothing crosses between pods.
+//! - **Same caller, same question.** Grants are kept per projected token
+//!   (compared byte for byte) and, under it, per whole request (cloud,
+//!   kind, selector, scopes, audience, lifetime, surface). A rotated token
+//!   or a different question goes to the agent. The sidecar serves one pod
+//!   on loopback, so nothing crosses between pods. The key is the request
+//!   itself and the token a plain comparison: no encoding and no digest on
+//!   the path every reused answer takes (they were a JSON encoding and a
+//!   SHA-256 of the token on every request, hit or miss; a pod has one
+//!   token per cloud, so the comparison runs once or twice).
 //! - **Decisions, policy and revocation.** The agent decides and audits
 //!   every grant it issues; a reuse is not a new decision, as an SDK's own
 //!   token cache is not. A policy change, a deleted pod or ServiceAccount,
@@ -39,8 +43,6 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use sha2::{Digest, Sha256};
-
 use super::{BrokerError, Grant, TokenBroker};
 use crate::cloud::{now_unix, TokenRequest};
 use crate::secret::{ExposeSecret, SecretString};
@@ -55,12 +57,20 @@ struct Kept {
     until: Instant,
 }
 
+/// The grants kept for one projected token, by request.
+struct ForToken {
+    token: SecretString,
+    kept: HashMap<TokenRequest, Kept>,
+}
+
 /// A broker that reuses `inner`'s grants for a short window (see the
 /// module documentation).
 pub struct ReusingBroker<B> {
     inner: B,
     window: Duration,
-    kept: Mutex<HashMap<[u8; 32], Kept>>,
+    /// One entry per projected token seen within the window: a pod has
+    /// one per cloud (two while the kubelet rotates one).
+    tokens: Mutex<Vec<ForToken>>,
 }
 
 impl<B> ReusingBroker<B> {
@@ -69,7 +79,7 @@ impl<B> ReusingBroker<B> {
         ReusingBroker {
             inner,
             window,
-            kept: Mutex::new(HashMap::new()),
+            tokens: Mutex::new(Vec::new()),
         }
     }
 
@@ -80,26 +90,74 @@ impl<B> ReusingBroker<B> {
 
     /// How many grants are kept now (expired ones included until pruned).
     pub fn len(&self) -> usize {
-        self.kept.lock().map(|k| k.len()).unwrap_or(0)
+        self.tokens
+            .lock()
+            .map(|t| t.iter().map(|f| f.kept.len()).sum())
+            .unwrap_or(0)
     }
 
     /// Whether no grant is kept.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-}
 
-/// The key: the projected token and the whole request, hashed together.
-/// `None` if the request cannot be encoded (then it is never reused).
-fn key(subject: &SecretString, request: &TokenRequest) -> Option<[u8; 32]> {
-    let encoded = serde_json::to_vec(request).ok()?;
-    let mut h = Sha256::new();
-    let token = subject.expose_secret().as_bytes();
-    // Length-prefixed, so no token/request split can collide with another.
-    h.update((token.len() as u64).to_be_bytes());
-    h.update(token);
-    h.update(&encoded);
-    Some(h.finalize().into())
+    /// Keeps `grant` for `subject`'s `request` until `until`, within
+    /// [`MAX_ENTRIES`] (expired grants, and tokens left with none, are
+    /// dropped when the bound is reached; if it is still reached, the
+    /// grant is not kept).
+    fn keep(&self, subject: &SecretString, request: &TokenRequest, grant: &Grant, now: Instant) {
+        let Ok(mut tokens) = self.tokens.lock() else {
+            return;
+        };
+        let total: usize = tokens.iter().map(|f| f.kept.len()).sum();
+        let index = tokens
+            .iter()
+            .position(|f| f.token.expose_secret() == subject.expose_secret());
+        let replacing = index.is_some_and(|i| tokens[i].kept.contains_key(request));
+        if total >= MAX_ENTRIES && !replacing {
+            for f in tokens.iter_mut() {
+                f.kept.retain(|_, v| now < v.until);
+            }
+            tokens.retain(|f| !f.kept.is_empty());
+            let total: usize = tokens.iter().map(|f| f.kept.len()).sum();
+            if total >= MAX_ENTRIES {
+                return;
+            }
+        }
+        let index = match tokens
+            .iter()
+            .position(|f| f.token.expose_secret() == subject.expose_secret())
+        {
+            Some(i) => i,
+            None => {
+                tokens.push(ForToken {
+                    token: subject.clone(),
+                    kept: HashMap::new(),
+                });
+                tokens.len() - 1
+            }
+        };
+        tokens[index].kept.insert(
+            request.clone(),
+            Kept {
+                grant: grant.clone(),
+                until: now + self.window,
+            },
+        );
+    }
+
+    /// The grant kept for `subject`'s `request`, while its window lasts and
+    /// its credential is fresh.
+    fn kept(&self, subject: &SecretString, request: &TokenRequest) -> Option<Grant> {
+        let now = Instant::now();
+        let tokens = self.tokens.lock().ok()?;
+        let hit = tokens
+            .iter()
+            .find(|f| f.token.expose_secret() == subject.expose_secret())?
+            .kept
+            .get(request)?;
+        (now < hit.until && fresh(&hit.grant, request, now_unix())).then(|| hit.grant.clone())
+    }
 }
 
 /// Whether `grant` may still be served: its credential (if any) keeps more
@@ -123,36 +181,12 @@ impl<B: TokenBroker> TokenBroker for ReusingBroker<B> {
         if self.window.is_zero() {
             return self.inner.request(subject, request).await;
         }
-        let key = key(subject, request);
-        if let Some(k) = &key {
-            let now = Instant::now();
-            if let Ok(kept) = self.kept.lock() {
-                if let Some(hit) = kept.get(k) {
-                    if now < hit.until && fresh(&hit.grant, request, now_unix()) {
-                        return Ok(hit.grant.clone());
-                    }
-                }
-            }
+        if let Some(grant) = self.kept(subject, request) {
+            return Ok(grant);
         }
         let grant = self.inner.request(subject, request).await?;
-        if let Some(k) = key {
-            if fresh(&grant, request, now_unix()) {
-                let now = Instant::now();
-                if let Ok(mut kept) = self.kept.lock() {
-                    if kept.len() >= MAX_ENTRIES && !kept.contains_key(&k) {
-                        kept.retain(|_, v| now < v.until);
-                    }
-                    if kept.len() < MAX_ENTRIES || kept.contains_key(&k) {
-                        kept.insert(
-                            k,
-                            Kept {
-                                grant: grant.clone(),
-                                until: now + self.window,
-                            },
-                        );
-                    }
-                }
-            }
+        if fresh(&grant, request, now_unix()) {
+            self.keep(subject, request, &grant, Instant::now());
         }
         Ok(grant)
     }
@@ -312,6 +346,28 @@ mod tests {
         off.request(&s, &imds("r")).await.unwrap();
         off.request(&s, &imds("r")).await.unwrap();
         assert_eq!(off.inner().calls.load(Ordering::SeqCst), 2);
+    }
+
+    /// After a rotation, the old token's grants stay only until the bound
+    /// is reached and they have expired; then they and the token go.
+    #[tokio::test(start_paused = true)]
+    async fn a_rotated_tokens_expired_grants_make_room() {
+        let b = ReusingBroker::new(counting(3600), Duration::from_secs(10));
+        let old = SecretString::from("old-token".to_string());
+        for i in 0..MAX_ENTRIES {
+            b.request(&old, &imds(&format!("https://r{i}")))
+                .await
+                .unwrap();
+        }
+        assert_eq!(b.len(), MAX_ENTRIES);
+        tokio::time::advance(Duration::from_secs(11)).await;
+        let new = SecretString::from("new-token".to_string());
+        b.request(&new, &imds("https://r0")).await.unwrap();
+        assert_eq!(b.len(), 1);
+        assert_eq!(b.tokens.lock().unwrap().len(), 1, "the old token is gone");
+        // And the new token's grant is reused.
+        b.request(&new, &imds("https://r0")).await.unwrap();
+        assert_eq!(b.inner().calls.load(Ordering::SeqCst), MAX_ENTRIES + 1);
     }
 
     #[tokio::test]

@@ -43,7 +43,7 @@ impl Kind {
 /// How a caller names the identity it wants. A selector never chooses
 /// among identities: it only has to name the one bound to the caller's
 /// service account, or the request is refused as "not found".
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Selector {
     /// Azure: the managed identity's client (application) id.
@@ -72,7 +72,7 @@ impl Selector {
 }
 
 /// One request, as every surface makes it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct TokenRequest {
     /// The cloud asked for.
     pub cloud: Cloud,
