@@ -31,7 +31,7 @@ use crate::secret::SecretString;
 
 pub use aws::AwsCredentials;
 pub use exchanger::CloudExchanger;
-pub use rendered::{BodyKey, RenderedBody};
+pub use rendered::{BodyKey, Form, RenderedBody};
 pub use request::{Identity, Kind, RequestError, Selector, Source, TokenRequest, Via};
 
 /// The clouds Lanyard brokers for.

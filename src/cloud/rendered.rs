@@ -12,10 +12,13 @@
 //! The slot lives on the credential, not in a table of its own: it needs no
 //! lookup, it is dropped with the credential the cache drops, and a body
 //! can only ever be served for the credential it was rendered from. It
-//! holds one body: the whole key (surface, the surface's variant, the
+//! holds one body: the whole key (its form, the form's variant, the
 //! strings the body echoes back, the second) is compared before a body is
-//! reused, and a request with another key renders and replaces it. A copy
-//! of a credential starts with an empty slot.
+//! reused, and a request with another key renders and replaces it. The
+//! agent API's body is one form whatever surface the sidecar was asked on
+//! ([`Form::Wire`]), so a pod's surfaces asking for one credential share
+//! it rather than evict each other. A copy of a credential starts with an
+//! empty slot.
 //!
 //! Only a credential asked for again keeps a body: the first body is
 //! rendered and not kept, the second is kept. A node agent may hold tens
@@ -38,11 +41,21 @@ use zeroize::Zeroize;
 
 use super::Surface;
 
+/// What a body is rendered as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Form {
+    /// An SDK surface's answer.
+    Surface(Surface),
+    /// The agent API's answer to a sidecar, which is the same whichever
+    /// surface the sidecar was asked on: one body serves them all.
+    Wire,
+}
+
 /// What a rendered body depends on besides the credential.
 #[derive(Clone, Copy, Debug)]
 pub struct BodyKey<'a> {
-    /// The surface it is rendered for.
-    pub surface: Surface,
+    /// What it is rendered as.
+    pub form: Form,
     /// The surface's variant (a protocol version that sends other fields).
     pub variant: u8,
     /// The Unix second it was rendered in, for a body that counts down
@@ -52,12 +65,25 @@ pub struct BodyKey<'a> {
     pub echo: &'a [&'a str],
 }
 
+impl<'a> BodyKey<'a> {
+    /// The key of the agent API's body, which carries absolute times only
+    /// (it never changes) and repeats `echo` of the identity.
+    pub const fn wire(echo: &'a [&'a str]) -> Self {
+        BodyKey {
+            form: Form::Wire,
+            variant: 0,
+            second: 0,
+            echo,
+        }
+    }
+}
+
 impl BodyKey<'static> {
     /// The key of a body that never changes and repeats nothing of the
     /// request (the whole document comes from the credential).
     pub const fn fixed(surface: Surface, variant: u8) -> Self {
         BodyKey {
-            surface,
+            form: Form::Surface(surface),
             variant,
             second: 0,
             echo: &[],
@@ -74,7 +100,7 @@ pub struct RenderedBody {
 }
 
 struct Memo {
-    surface: Surface,
+    form: Form,
     variant: u8,
     second: u64,
     echo: Box<[Box<str>]>,
@@ -83,7 +109,7 @@ struct Memo {
 
 impl Memo {
     fn matches(&self, key: &BodyKey<'_>) -> bool {
-        self.surface == key.surface
+        self.form == key.form
             && self.variant == key.variant
             && self.second == key.second
             && self.echo.len() == key.echo.len()
@@ -117,7 +143,7 @@ impl RenderedBody {
             return Ok(body);
         }
         self.last.store(Some(Arc::new(Memo {
-            surface: key.surface,
+            form: key.form,
             variant: key.variant,
             second: key.second,
             echo: key.echo.iter().map(|s| Box::from(*s)).collect(),
@@ -150,7 +176,7 @@ mod tests {
 
     fn key<'a>(surface: Surface, second: u64, echo: &'a [&'a str]) -> BodyKey<'a> {
         BodyKey {
-            surface,
+            form: Form::Surface(surface),
             variant: 0,
             second,
             echo,

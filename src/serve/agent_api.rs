@@ -67,7 +67,7 @@ async fn token(
         }
     };
     match broker.request(&subject, &request).await {
-        Ok(grant) => match grant_body(&grant, &request) {
+        Ok(grant) => match grant_body(&grant) {
             Ok(body) => json_ok(body),
             Err(e) => error(&e),
         },
@@ -75,23 +75,17 @@ async fn token(
     }
 }
 
-/// The [`BodyKey`] variant of a grant rendered for the agent API (the
-/// surfaces' own variants are small numbers).
-const WIRE_BODY: u8 = 0x80;
-
 /// `grant` as the agent API sends it, rendered once per credential: it
-/// carries absolute times only, so it never changes.
-fn grant_body(grant: &Grant, request: &TokenRequest) -> Result<Bytes, BrokerError> {
+/// carries absolute times only, so it never changes, and it is the same
+/// whichever surface the sidecar was asked on.
+fn grant_body(grant: &Grant) -> Result<Bytes, BrokerError> {
     let render = || to_json(&WireGrant::from(grant));
     match grant.credential.as_deref() {
         Some(credential) => {
-            let key = BodyKey {
-                surface: request.surface,
-                variant: WIRE_BODY,
-                second: 0,
-                echo: &[&grant.identity.id, &grant.identity.account],
-            };
-            credential.rendered().get_or_render(key, render)
+            let echo = [grant.identity.id.as_str(), grant.identity.account.as_str()];
+            credential
+                .rendered()
+                .get_or_render(BodyKey::wire(&echo), render)
         }
         None => render().map(Bytes::from),
     }

@@ -16,7 +16,7 @@ use super::{
 };
 use crate::broker::{BrokerError, ErrorClass};
 use crate::cloud::{
-    now_unix, AccessToken, BodyKey, Cloud, Credential, Kind, Selector, Surface, TokenRequest,
+    now_unix, AccessToken, BodyKey, Cloud, Credential, Form, Kind, Selector, Surface, TokenRequest,
 };
 use crate::secret::ExposeSecret;
 
@@ -203,7 +203,7 @@ pub(crate) async fn issue(
         let client_id = grant.identity.id.as_str();
         let now = now_unix();
         let key = BodyKey {
-            surface: request.surface,
+            form: Form::Surface(request.surface),
             variant: fields.variant(),
             second: now,
             echo: &[resource, client_id],

@@ -19,7 +19,7 @@ use super::{
 use crate::broker::{BrokerError, ErrorClass, Grant};
 use crate::cloud::gcp::DEFAULT_UNIVERSE_DOMAIN;
 use crate::cloud::{
-    now_unix, AccessToken, BodyKey, Cloud, Credential, Identity, Kind, Selector, Surface,
+    now_unix, AccessToken, BodyKey, Cloud, Credential, Form, Identity, Kind, Selector, Surface,
     TokenRequest,
 };
 use crate::secret::ExposeSecret;
@@ -316,7 +316,7 @@ async fn service_account(
             let rendered = with_bearer(surfaces, request, |token| {
                 let now = now_unix();
                 let key = BodyKey {
-                    surface: Surface::Gce,
+                    form: Form::Surface(Surface::Gce),
                     variant: TOKEN_BODY,
                     second: now,
                     echo: &[],
