@@ -34,6 +34,23 @@ async fn exchange(
     .await
 }
 
+/// The pod's token for Entra's federation audience, valid an hour.
+fn federation_token(up: &Upstreams, p: &lanyard_emulators::PodIdentity) -> String {
+    up.issuer
+        .mint(p, &[FEDERATION_AUDIENCE], Duration::from_secs(3600))
+        .unwrap()
+}
+
+/// The code of `assertion`'s refusal, which must be final (not worth a
+/// retry).
+async fn refusal(up: &Upstreams, assertion: &str) -> String {
+    let err = exchange(up, TENANT, CLIENT, SCOPE, assertion)
+        .await
+        .unwrap_err();
+    assert!(!err.is_retryable());
+    code(err)
+}
+
 fn code(err: CloudError) -> String {
     match err {
         CloudError::Rejected { code, .. } => code,
@@ -45,10 +62,7 @@ fn code(err: CloudError) -> String {
 async fn valid_assertion_gets_a_token() {
     let p = pod();
     let up = upstreams(&p.subject(), Duration::from_secs(1800)).await;
-    let assertion = up
-        .issuer
-        .mint(&p, &[FEDERATION_AUDIENCE], Duration::from_secs(3600))
-        .unwrap();
+    let assertion = federation_token(&up, &p);
     let token = exchange(&up, TENANT, CLIENT, SCOPE, &assertion)
         .await
         .unwrap();
@@ -97,15 +111,8 @@ async fn valid_assertion_gets_a_token() {
 async fn subject_without_federated_credential_is_aadsts700213() {
     let p = pod();
     let up = upstreams("system:serviceaccount:other:sa", Duration::from_secs(1800)).await;
-    let assertion = up
-        .issuer
-        .mint(&p, &[FEDERATION_AUDIENCE], Duration::from_secs(3600))
-        .unwrap();
-    let err = exchange(&up, TENANT, CLIENT, SCOPE, &assertion)
-        .await
-        .unwrap_err();
-    assert!(!err.is_retryable());
-    assert_eq!(code(err), "AADSTS700213");
+    let assertion = federation_token(&up, &p);
+    assert_eq!(refusal(&up, &assertion).await, "AADSTS700213");
     assert_eq!(up.entra.stats.issued.load(Ordering::Relaxed), 0);
 }
 
@@ -129,15 +136,8 @@ async fn a_new_federated_credential_is_refused_until_it_has_propagated() {
     assert!(!up
         .entra
         .add_federated_credential("no-such-app", credential, propagation));
-    let assertion = up
-        .issuer
-        .mint(&p, &[FEDERATION_AUDIENCE], Duration::from_secs(3600))
-        .unwrap();
-    let err = exchange(&up, TENANT, CLIENT, SCOPE, &assertion)
-        .await
-        .unwrap_err();
-    assert!(!err.is_retryable());
-    assert_eq!(code(err), "AADSTS700213");
+    let assertion = federation_token(&up, &p);
+    assert_eq!(refusal(&up, &assertion).await, "AADSTS700213");
     tokio::time::sleep(propagation + Duration::from_millis(100)).await;
     exchange(&up, TENANT, CLIENT, SCOPE, &assertion)
         .await
@@ -151,10 +151,7 @@ async fn a_new_federated_credential_is_refused_until_it_has_propagated() {
 async fn a_subject_differing_in_case_is_aadsts7002138() {
     let p = pod();
     let up = upstreams(&p.subject().to_uppercase(), Duration::from_secs(1800)).await;
-    let assertion = up
-        .issuer
-        .mint(&p, &[FEDERATION_AUDIENCE], Duration::from_secs(3600))
-        .unwrap();
+    let assertion = federation_token(&up, &p);
     let err = exchange(&up, TENANT, CLIENT, SCOPE, &assertion)
         .await
         .unwrap_err();
@@ -236,10 +233,7 @@ async fn malformed_assertion_is_aadsts50027() {
 async fn unknown_client_is_aadsts700016_and_unknown_tenant_aadsts90002() {
     let p = pod();
     let up = upstreams(&p.subject(), Duration::from_secs(1800)).await;
-    let assertion = up
-        .issuer
-        .mint(&p, &[FEDERATION_AUDIENCE], Duration::from_secs(3600))
-        .unwrap();
+    let assertion = federation_token(&up, &p);
     let err = exchange(
         &up,
         TENANT,
@@ -260,10 +254,7 @@ async fn unknown_client_is_aadsts700016_and_unknown_tenant_aadsts90002() {
 async fn scope_without_default_suffix_is_refused() {
     let p = pod();
     let up = upstreams(&p.subject(), Duration::from_secs(1800)).await;
-    let assertion = up
-        .issuer
-        .mint(&p, &[FEDERATION_AUDIENCE], Duration::from_secs(3600))
-        .unwrap();
+    let assertion = federation_token(&up, &p);
     let err = exchange(
         &up,
         TENANT,

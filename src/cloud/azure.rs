@@ -261,6 +261,16 @@ impl AzureExchanger {
     }
 }
 
+/// Seconds as Entra and IMDS write them: a JSON number, or the same
+/// number as a string (IMDS, older endpoints and some proxies).
+fn seconds(value: Option<&serde_json::Value>) -> Option<u64> {
+    match value? {
+        serde_json::Value::String(s) => s.trim().parse().ok(),
+        serde_json::Value::Number(n) => n.as_u64(),
+        _ => None,
+    }
+}
+
 /// `POST {base}/{tenant}/oauth2/v2.0/token` with the client-credentials
 /// grant and `req`'s assertion, as Entra (or a proxy speaking its protocol)
 /// takes it; the answer classified as [`AzureExchanger::exchange`] says.
@@ -303,12 +313,7 @@ async fn post_token(
             reason: format!("token response: {e}"),
         })?;
         // Entra sends an integer; some proxies and older endpoints a string.
-        let expires_in = match &ok.expires_in {
-            serde_json::Value::Number(n) => n.as_u64(),
-            serde_json::Value::String(s) => s.parse().ok(),
-            _ => None,
-        }
-        .ok_or_else(|| CloudError::Protocol {
+        let expires_in = seconds(Some(&ok.expires_in)).ok_or_else(|| CloudError::Protocol {
             cloud: Cloud::Azure,
             reason: "token response has no valid expires_in".into(),
         })?;

@@ -297,17 +297,24 @@ def test_azure_sdks_get_the_apps_token_in_its_tenant_through_the_node_identity(a
         assert f'identity="{APP}"' in line, line
 
 
+def dev_refusing(tmp_path, config: dict) -> subprocess.CompletedProcess:
+    """`lanyard dev` with `config` (and no LANYARD_ variable), which must
+    refuse to start: its output."""
+    from conftest import lanyard_binary
+
+    path = tmp_path / "lanyard.yaml"
+    path.write_text(json.dumps(config))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LANYARD_")}
+    out = subprocess.run([lanyard_binary(), "dev", "--config", str(path)], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode != 0, out.stdout
+    return out
+
+
 def test_dev_refuses_an_app_reached_through_a_federated_identity(tmp_path, clean_env):
     """Without the identity on the node, Entra would refuse the hop
     (AADSTS700231): `lanyard dev` says so and does not start."""
-    from conftest import lanyard_binary
-
-    config = tmp_path / "lanyard.yaml"
-    config.write_text(json.dumps({"dev": {"azure_app_client_id": APP}}))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LANYARD_")}
-    out = subprocess.run([lanyard_binary(), "dev", "--config", str(config)], env=env, capture_output=True,
-                         text=True, timeout=60)
-    assert out.returncode != 0
+    out = dev_refusing(tmp_path, {"dev": {"azure_app_client_id": APP}})
     assert "dev.azure_app_client_id" in out.stderr and "AADSTS700231" in out.stderr, out.stderr
     assert "azure.node_identities" in out.stderr, out.stderr
 
@@ -417,12 +424,5 @@ def test_azure_sdks_get_the_identitys_token_through_the_identity_binding_proxy(t
 def test_dev_refuses_identity_bindings_for_another_audience(tmp_path, clean_env):
     """The proxy takes tokens for api://AKSIdentityBinding only: a
     configuration that would send it another is refused at start."""
-    from conftest import lanyard_binary
-
-    config = tmp_path / "lanyard.yaml"
-    config.write_text(json.dumps({"azure": {"identity_binding_sni": IB_SNI}}))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LANYARD_")}
-    out = subprocess.run([lanyard_binary(), "dev", "--config", str(config)], env=env, capture_output=True,
-                         text=True, timeout=60)
-    assert out.returncode != 0
+    out = dev_refusing(tmp_path, {"azure": {"identity_binding_sni": IB_SNI}})
     assert "azure.audience" in out.stderr and "api://AKSIdentityBinding" in out.stderr, out.stderr

@@ -79,14 +79,6 @@ struct Failure {
     error_description: Option<String>,
 }
 
-fn seconds(value: &Option<serde_json::Value>) -> Option<u64> {
-    match value.as_ref()? {
-        serde_json::Value::String(s) => s.trim().parse().ok(),
-        serde_json::Value::Number(n) => n.as_u64(),
-        _ => None,
-    }
-}
-
 impl NodeImds {
     /// A client of the IMDS at `endpoint` ([`DEFAULT_ENDPOINT`] on a node;
     /// an emulator's in `lanyard dev`).
@@ -130,8 +122,8 @@ impl NodeImds {
                 cloud: Cloud::Azure,
                 reason: format!("the node's IMDS token response: {e}"),
             })?;
-            let expires_at = seconds(&ok.expires_on)
-                .or_else(|| seconds(&ok.expires_in).map(|s| issued_at + s))
+            let expires_at = super::seconds(ok.expires_on.as_ref())
+                .or_else(|| super::seconds(ok.expires_in.as_ref()).map(|s| issued_at + s))
                 .ok_or_else(|| CloudError::Protocol {
                     cloud: Cloud::Azure,
                     reason: "the node's IMDS token response has no expires_on".into(),
