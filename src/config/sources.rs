@@ -22,9 +22,10 @@ impl figment::Provider for Flags {
     }
 }
 
-/// Sections whose environment variables are `LANYARD_<SECTION>_<KEY>`.
-const SECTIONS: [&str; 10] = [
-    "azure", "gcp", "aws", "cache", "cluster", "policy", "audit", "sidecar", "webhook", "dev",
+/// Sections whose environment variables are `LANYARD_<SECTION>_<KEY>`,
+/// besides the clouds' own (named after each cloud, from its table row).
+const SECTIONS: [&str; 7] = [
+    "cache", "cluster", "policy", "audit", "sidecar", "webhook", "dev",
 ];
 /// Environment names kept short for the sidecar, as the webhook sets them.
 const ALIASES: [(&str, &str); 2] = [
@@ -177,7 +178,10 @@ fn env_provider() -> Env {
         if let Some((_, target)) = ALIASES.iter().find(|(alias, _)| *alias == key) {
             return Some(target.to_string());
         }
-        SECTIONS.iter().find_map(|section| {
+        // Each cloud's section is named after the cloud, from its table
+        // row: a new cloud's variables map without a list to join.
+        let clouds = crate::cloud::Cloud::ALL.map(crate::cloud::Cloud::name);
+        clouds.iter().chain(SECTIONS.iter()).find_map(|section| {
             key.strip_prefix(section)
                 .and_then(|r| r.strip_prefix('_'))
                 .filter(|r| !r.is_empty())

@@ -339,3 +339,27 @@ fn sidecar_resources_take_kubernetes_quantities() {
         Ok(())
     });
 }
+
+/// Every cloud's section maps from `LANYARD_<CLOUD>_<KEY>`, from the cloud
+/// table alone: no list of sections for a new cloud to join.
+#[test]
+fn each_clouds_section_maps_from_its_environment_variables() {
+    Jail::expect_with(|jail| {
+        for cloud in crate::cloud::Cloud::ALL {
+            jail.set_env(
+                format!("LANYARD_{}_AUDIENCE", cloud.name().to_ascii_uppercase()),
+                format!("api://from-env-{}", cloud.name()),
+            );
+        }
+        let c = load(None, json!({})).unwrap();
+        let as_json = serde_json::to_value(&c).unwrap();
+        for cloud in crate::cloud::Cloud::ALL {
+            assert_eq!(
+                as_json[cloud.name()]["audience"],
+                format!("api://from-env-{}", cloud.name()),
+                "{cloud:?}"
+            );
+        }
+        Ok(())
+    });
+}
