@@ -66,6 +66,16 @@ pub enum Surface {
 }
 
 impl Surface {
+    /// Every surface, in a fixed order: the one list of them (the serving
+    /// layer's answer to an unknown path names each from here).
+    pub const ALL: [Surface; 5] = [
+        Surface::AzureImds,
+        Surface::AppService,
+        Surface::Gce,
+        Surface::AwsContainer,
+        Surface::AwsImds,
+    ];
+
     /// The name used in audit records, metrics and policy context.
     pub fn name(self) -> &'static str {
         match self {

@@ -24,7 +24,7 @@ use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 
 use crate::broker::{BrokerError, TokenBroker};
-use crate::cloud::Cloud;
+use crate::cloud::{Cloud, Surface};
 use crate::secret::SecretString;
 
 pub use query::Query;
@@ -50,14 +50,28 @@ pub(crate) enum Route {
     Unknown,
 }
 
-/// What every surface serves, for the answer to a path of none.
-const SERVED: [&str; 5] = [
-    azure_imds::SERVES,
-    app_service::SERVES,
-    gce::SERVES,
-    aws_container::SERVES,
-    aws_imds::SERVES,
-];
+/// What `surface` serves, as the answer to a path of none names it.
+const fn serves(surface: Surface) -> &'static str {
+    match surface {
+        Surface::AzureImds => azure_imds::SERVES,
+        Surface::AppService => app_service::SERVES,
+        Surface::Gce => gce::SERVES,
+        Surface::AwsContainer => aws_container::SERVES,
+        Surface::AwsImds => aws_imds::SERVES,
+    }
+}
+
+/// What every surface serves ([`Surface::ALL`]), for the answer to a path
+/// of none.
+const SERVED: [&str; Surface::ALL.len()] = {
+    let mut out = [""; Surface::ALL.len()];
+    let mut i = 0;
+    while i < out.len() {
+        out[i] = serves(Surface::ALL[i]);
+        i += 1;
+    }
+    out
+};
 
 /// Where `path` belongs. Each surface places its own paths; theirs do not
 /// overlap, so the order is only the cost of reaching the last.
@@ -81,6 +95,18 @@ pub(crate) fn classify(path: &str) -> Route {
 
 #[cfg(test)]
 impl Route {
+    /// The surface a route belongs to; `None` for probes and unknown paths.
+    pub(crate) fn surface(self) -> Option<Surface> {
+        match self {
+            Route::AzureImds(_) => Some(Surface::AzureImds),
+            Route::AppService(_) => Some(Surface::AppService),
+            Route::Gce => Some(Surface::Gce),
+            Route::AwsContainer => Some(Surface::AwsContainer),
+            Route::AwsImds(_) => Some(Surface::AwsImds),
+            Route::Probe | Route::Unknown => None,
+        }
+    }
+
     /// The methods the route answers; `None` for a path nothing serves.
     pub(crate) fn allowed(self) -> Option<&'static str> {
         match self {
@@ -298,6 +324,16 @@ mod tests {
 
     use super::*;
     use crate::broker::ErrorClass;
+
+    /// Every surface of the one list is served: the path its answer to an
+    /// unknown path names is routed to it.
+    #[test]
+    fn every_surface_is_routed_where_it_says_it_serves() {
+        for surface in Surface::ALL {
+            let path = serves(surface).split(' ').next().unwrap_or_default();
+            assert_eq!(classify(path).surface(), Some(surface), "{path}");
+        }
+    }
     use crate::cloud::CloudError;
 
     type Render = fn(&BrokerError) -> Response;
