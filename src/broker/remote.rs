@@ -13,6 +13,15 @@
 //! the burst (bursts of 200 grew a sidecar from 15 to 31 MiB, against a
 //! 64 MiB limit), and one pod could hold thousands of the agent's
 //! connections, which every pod on the node shares.
+//!
+//! The grants last decoded are kept with the bytes they came from
+//! ([`DECODED_KEPT`]): an answer byte for byte the same as one of them (the
+//! agent serves one credential's grant as the same bytes until it changes)
+//! is that grant again, without decoding it, and its credential's rendered
+//! body ([`crate::cloud::RenderedBody`]) with it, so the SDK surface does
+//! not render the same body again either. Without it every answer became a
+//! new credential with an empty body slot: decoded, then rendered, every
+//! time.
 
 use std::time::Duration;
 
@@ -28,6 +37,10 @@ use crate::secret::{ExposeSecret, SecretString};
 /// connections it keeps open to it. A cached answer takes the agent well
 /// under a millisecond, so a queue of hundreds drains in milliseconds.
 pub const AGENT_CONCURRENCY: usize = 16;
+
+/// Grants kept with the answer they were decoded from: a pod asks for a
+/// handful of distinct things.
+pub const DECODED_KEPT: usize = 16;
 
 /// The longest a request to the agent takes, its wait for a turn included.
 /// Longer than the agent's own upstream timeout would be pointless: the
@@ -57,6 +70,9 @@ pub struct RemoteBroker {
     health_url: String,
     /// [`AGENT_CONCURRENCY`] permits, one per request in flight.
     turns: Semaphore,
+    /// The grants last decoded and their answers' bytes, most recent
+    /// first, at most [`DECODED_KEPT`].
+    decoded: std::sync::Mutex<Vec<(bytes::Bytes, Grant)>>,
 }
 
 impl RemoteBroker {
@@ -89,6 +105,7 @@ impl RemoteBroker {
             token_url: format!("{base}{TOKEN_PATH}"),
             health_url: format!("{base}/healthz"),
             turns: Semaphore::new(AGENT_CONCURRENCY),
+            decoded: std::sync::Mutex::new(Vec::new()),
         }
     }
 
@@ -149,6 +166,31 @@ impl RemoteBroker {
     }
 }
 
+impl RemoteBroker {
+    /// The grant an answer's `body` holds: a kept one when the bytes are
+    /// the same, else decoded and kept.
+    fn grant_of(&self, body: bytes::Bytes) -> Result<Grant, BrokerError> {
+        if let Ok(mut kept) = self.decoded.lock() {
+            if let Some(i) = kept.iter().position(|(bytes, _)| *bytes == body) {
+                let entry = kept.remove(i);
+                let grant = entry.1.clone();
+                kept.insert(0, entry);
+                return Ok(grant);
+            }
+        }
+        let grant = serde_json::from_slice::<WireGrant>(&body)
+            .map(Grant::from)
+            .map_err(|e| {
+                BrokerError::Unavailable(format!("node agent answered an unreadable grant: {e}"))
+            })?;
+        if let Ok(mut kept) = self.decoded.lock() {
+            kept.truncate(DECODED_KEPT - 1);
+            kept.insert(0, (body, grant.clone()));
+        }
+        Ok(grant)
+    }
+}
+
 #[async_trait::async_trait]
 impl TokenBroker for RemoteBroker {
     async fn request(
@@ -175,13 +217,7 @@ impl TokenBroker for RemoteBroker {
             BrokerError::Unavailable(format!("node agent response: {}", e.without_url()))
         })?;
         if status.is_success() {
-            return serde_json::from_slice::<WireGrant>(&body)
-                .map(Grant::from)
-                .map_err(|e| {
-                    BrokerError::Unavailable(format!(
-                        "node agent answered an unreadable grant: {e}"
-                    ))
-                });
+            return self.grant_of(body);
         }
         match serde_json::from_slice::<ErrorBody>(&body) {
             Ok(err) => Err(err.error.into()),
@@ -284,6 +320,36 @@ mod tests {
             connections <= AGENT_CONCURRENCY,
             "{connections} connections for a burst of {burst}"
         );
+    }
+
+    /// An answer byte for byte the same as a kept one is its grant again:
+    /// the same credential, rendered body and all; another answer is
+    /// decoded; the kept ones are bounded.
+    #[test]
+    fn the_same_answer_is_the_same_grant_without_decoding_it_again() {
+        let broker = RemoteBroker::new("http://127.0.0.1:9");
+        let body = |token: &str| {
+            bytes::Bytes::from(
+                serde_json::json!({
+                    "identity": {"cloud": "azure", "id": "client", "account": "tenant"},
+                    "credential": {"type": "token", "access_token": token,
+                                   "issued_at": 1, "expires_at": 4_000_000_000u64}})
+                .to_string(),
+            )
+        };
+        let credential = |g: Grant| g.credential.expect("a credential");
+        let first = credential(broker.grant_of(body("a")).unwrap());
+        let again = credential(broker.grant_of(body("a")).unwrap());
+        assert!(Arc::ptr_eq(&first, &again), "decoded again");
+        let other = credential(broker.grant_of(body("b")).unwrap());
+        assert!(!Arc::ptr_eq(&first, &other));
+        for i in 0..DECODED_KEPT {
+            broker.grant_of(body(&format!("t{i}"))).unwrap();
+        }
+        assert_eq!(broker.decoded.lock().unwrap().len(), DECODED_KEPT);
+        let evicted = credential(broker.grant_of(body("a")).unwrap());
+        assert!(!Arc::ptr_eq(&first, &evicted), "kept beyond the bound");
+        assert!(broker.grant_of(bytes::Bytes::from_static(b"{")).is_err());
     }
 
     /// An agent on a raw socket: each connection reads one request head and
