@@ -210,6 +210,13 @@ pub(crate) fn sdk_vars(env: &SdkEnv, base: &str, vars: &mut Vec<(&'static str, S
     }
 }
 
+/// Variables holding the secret the surface checks, with the endpoint that
+/// refuses a container whose own value differs from the sidecar's.
+pub(crate) const SECRETS: &[(&str, &str)] = &[
+    ("IDENTITY_HEADER", "App Service"),
+    ("MSI_SECRET", "App Service"),
+];
+
 /// Variables that make this cloud's SDKs take another credential source
 /// before they reach the sidecar: left alone (the user may mean them) and
 /// reported by the webhook.

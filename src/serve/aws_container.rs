@@ -207,6 +207,15 @@ pub(crate) fn sdk_vars(env: &SdkEnv, base: &str, vars: &mut Vec<(&'static str, S
     }
 }
 
+/// Variables that name the same setting for different SDKs: a container
+/// that chose its value in one gets that choice in the other too (the
+/// region: `AWS_REGION`, read by most SDKs, and `AWS_DEFAULT_REGION`,
+/// botocore's), so its SDKs never disagree.
+pub(crate) const LINKED: &[(&str, &str)] = &[
+    ("AWS_REGION", "AWS_DEFAULT_REGION"),
+    ("AWS_DEFAULT_REGION", "AWS_REGION"),
+];
+
 /// Variables that make this cloud's SDKs take another credential source
 /// before they reach the sidecar: left alone (the user may mean them) and
 /// reported by the webhook.

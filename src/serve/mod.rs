@@ -172,6 +172,25 @@ pub fn conflicts(cloud: Cloud) -> &'static [(&'static str, &'static str)] {
     }
 }
 
+/// Variables of `cloud`'s SDKs that name one setting twice: a container's
+/// own value in the first is given to the second (see
+/// `aws_container::LINKED`).
+pub fn linked(cloud: Cloud) -> &'static [(&'static str, &'static str)] {
+    match cloud {
+        Cloud::Azure | Cloud::Gcp => &[],
+        Cloud::Aws => aws_container::LINKED,
+    }
+}
+
+/// Variables holding a secret `cloud`'s surfaces check, each with the
+/// endpoint that refuses a container whose own value differs.
+pub fn secrets(cloud: Cloud) -> &'static [(&'static str, &'static str)] {
+    match cloud {
+        Cloud::Azure => app_service::SECRETS,
+        Cloud::Gcp | Cloud::Aws => &[],
+    }
+}
+
 /// Whether `request` reads (`GET` or `HEAD`), what every token path answers.
 pub(crate) fn is_read(request: &Parts) -> bool {
     request.method == axum::http::Method::GET || request.method == axum::http::Method::HEAD

@@ -23,13 +23,6 @@ use super::own;
 use super::patch::{Op, Operation, Patch};
 use super::vocabulary::*;
 
-/// The two variables that name the AWS region: `AWS_REGION` (read by
-/// most SDKs) and `AWS_DEFAULT_REGION` (botocore), each with the other.
-const REGION_PAIR: [(&str, &str); 2] = [
-    ("AWS_REGION", "AWS_DEFAULT_REGION"),
-    ("AWS_DEFAULT_REGION", "AWS_REGION"),
-];
-
 /// What a mutation did, for logs and tests.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct InjectedSummary {
@@ -381,26 +374,30 @@ fn patch_container(
         if names.contains_key(name) {
             continue;
         }
-        // A container that chose its region in one of the two region
-        // variables gets that choice in the other too (a dependent
-        // variable, expanded by the kubelet from the earlier entry), so
-        // botocore and the other SDKs never disagree on the region.
-        let chosen = REGION_PAIR
+        // A container that chose a value in one of two variables naming
+        // the same setting (a cloud's `linked` pair, the AWS region) gets
+        // that choice in the other too (a dependent variable, expanded by
+        // the kubelet from the earlier entry), so its SDKs never disagree.
+        let chosen = Cloud::ALL
             .iter()
+            .flat_map(|&cloud| crate::serve::linked(cloud))
             .find(|(this, other)| this == name && names.contains_key(other));
         match chosen {
             Some((_, other)) => additions.push(plain_env(name, &format!("$({other})"))),
             None => additions.push(plain_env(name, value)),
         }
     }
-    for secret in ["IDENTITY_HEADER", "MSI_SECRET"] {
+    let secrets = Cloud::ALL
+        .iter()
+        .flat_map(|&cloud| crate::serve::secrets(cloud));
+    for &(secret, endpoint) in secrets {
         let wanted = plan.wanted.iter().any(|(name, _)| *name == secret);
         let Some((_, var)) = names.get(secret).filter(|_| wanted) else {
             continue;
         };
         if var.value_from.is_some() || var.value.as_deref() != Some(plan.identity_header) {
             warnings.push(format!(
-                "lanyard: container {:?} sets its own {secret}, which differs from the sidecar's; its App Service credential requests will be refused",
+                "lanyard: container {:?} sets its own {secret}, which differs from the sidecar's; its {endpoint} credential requests will be refused",
                 container.name
             ));
         }
@@ -824,6 +821,28 @@ mod tests {
         .unwrap();
         assert!(again.is_empty(), "{:?}", again.patch);
         assert!(again.summary.already_injected);
+    }
+
+    /// A container whose own `IDENTITY_HEADER` (Azure's `secrets`) differs
+    /// from the sidecar's (the first container's value, which the sidecar
+    /// adopts) is left alone and warned of, naming the endpoint that will
+    /// refuse it.
+    #[test]
+    fn a_containers_own_secret_is_warned_of_by_the_endpoint_that_refuses_it() {
+        let raw = json!({"metadata": {"name": "p", "labels": {INJECT_LABEL: "true"}},
+               "spec": {"containers": [
+                   {"name": "first", "env": [{"name": "IDENTITY_HEADER", "value": "mine"}]},
+                   {"name": "second", "env": [{"name": "IDENTITY_HEADER", "value": "other"}]}]}});
+        let (m, out) = run(&raw);
+        assert_eq!(m.warnings.len(), 1, "{:?}", m.warnings);
+        assert!(
+            m.warnings[0].contains("\"second\" sets its own IDENTITY_HEADER")
+                && m.warnings[0].contains("App Service credential requests will be refused"),
+            "{:?}",
+            m.warnings
+        );
+        let env = out["spec"]["containers"][1]["env"].as_array().unwrap();
+        assert!(env.contains(&json!({"name": "IDENTITY_HEADER", "value": "other"})));
     }
 
     fn transparent_pod(extra_spec: Value) -> Value {
