@@ -173,3 +173,17 @@ bench_abba() {
     done
     awk -v b="${sum[$3]}" -v a="${sum[$1]}" -v nb="$3" -v na="$1" 'BEGIN {printf "ratio %s / %s: %.2f\n", nb, na, b / a}'
 }
+
+# reported_port FILE PID WHAT: the port of the "listening for the WHAT
+# addr=127.0.0.1:PORT" line in FILE, once PID logged it (empty if PID
+# exits first or 10 s pass).
+reported_port() {
+    local file=$1 pid=$2 what=$3 port
+    for _ in $(seq 100); do
+        port=$(sed 's/\x1b\[[0-9;]*[A-Za-z]//g' "$file" 2>/dev/null \
+            | sed -n "s/.*listening for the $what addr=127\.0\.0\.1:\([0-9]*\).*/\1/p" | head -n 1 || true)
+        if [ -n "$port" ]; then echo "$port"; return 0; fi
+        kill -0 "$pid" 2>/dev/null || return 0
+        sleep 0.1
+    done
+}

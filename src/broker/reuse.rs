@@ -109,34 +109,25 @@ impl<B> ReusingBroker<B> {
         let Ok(mut tokens) = self.tokens.lock() else {
             return;
         };
-        let total: usize = tokens.iter().map(|f| f.kept.len()).sum();
-        let index = tokens
-            .iter()
-            .position(|f| f.token.expose_secret() == subject.expose_secret());
-        let replacing = index.is_some_and(|i| tokens[i].kept.contains_key(request));
-        if total >= MAX_ENTRIES && !replacing {
+        let total = |tokens: &Vec<ForToken>| tokens.iter().map(|f| f.kept.len()).sum::<usize>();
+        let replacing =
+            position(&tokens, subject).is_some_and(|i| tokens[i].kept.contains_key(request));
+        if total(&tokens) >= MAX_ENTRIES && !replacing {
             for f in tokens.iter_mut() {
                 f.kept.retain(|_, v| now < v.until);
             }
             tokens.retain(|f| !f.kept.is_empty());
-            let total: usize = tokens.iter().map(|f| f.kept.len()).sum();
-            if total >= MAX_ENTRIES {
+            if total(&tokens) >= MAX_ENTRIES {
                 return;
             }
         }
-        let index = match tokens
-            .iter()
-            .position(|f| f.token.expose_secret() == subject.expose_secret())
-        {
-            Some(i) => i,
-            None => {
-                tokens.push(ForToken {
-                    token: subject.clone(),
-                    kept: HashMap::new(),
-                });
-                tokens.len() - 1
-            }
-        };
+        let index = position(&tokens, subject).unwrap_or_else(|| {
+            tokens.push(ForToken {
+                token: subject.clone(),
+                kept: HashMap::new(),
+            });
+            tokens.len() - 1
+        });
         tokens[index].kept.insert(
             request.clone(),
             Kept {
@@ -151,13 +142,16 @@ impl<B> ReusingBroker<B> {
     fn kept(&self, subject: &SecretString, request: &TokenRequest) -> Option<Grant> {
         let now = Instant::now();
         let tokens = self.tokens.lock().ok()?;
-        let hit = tokens
-            .iter()
-            .find(|f| f.token.expose_secret() == subject.expose_secret())?
-            .kept
-            .get(request)?;
+        let hit = tokens[position(&tokens, subject)?].kept.get(request)?;
         (now < hit.until && fresh(&hit.grant, request, now_unix())).then(|| hit.grant.clone())
     }
+}
+
+/// Where `subject`'s grants are kept in `tokens`, if anywhere.
+fn position(tokens: &[ForToken], subject: &SecretString) -> Option<usize> {
+    tokens
+        .iter()
+        .position(|f| f.token.expose_secret() == subject.expose_secret())
 }
 
 /// Whether `grant` may still be served: its credential (if any) keeps more

@@ -326,21 +326,21 @@ async fn linger(mut stream: tokio::net::TcpStream) {
     // The larger buffer is allocated only for a client still sending; the
     // connection's task keeps no large buffer for its whole life.
     let mut first = [0u8; 64];
-    let mut drained = match tokio::time::timeout_at(
-        deadline.min(tokio::time::Instant::now() + LINGER_IDLE),
-        stream.read(&mut first),
-    )
-    .await
-    {
-        Ok(Ok(n)) if n > 0 => n as u64,
-        _ => return,
-    };
-    let mut buf = vec![0u8; 16 * 1024];
+    let mut rest = Vec::new();
+    let mut drained = 0u64;
     while drained < LINGER_BYTES {
+        let buf: &mut [u8] = if rest.is_empty() {
+            &mut first
+        } else {
+            &mut rest
+        };
         let wait = deadline.min(tokio::time::Instant::now() + LINGER_IDLE);
-        match tokio::time::timeout_at(wait, stream.read(&mut buf)).await {
+        match tokio::time::timeout_at(wait, stream.read(buf)).await {
             Ok(Ok(n)) if n > 0 => drained += n as u64,
             _ => break,
+        }
+        if rest.is_empty() {
+            rest = vec![0u8; 16 * 1024];
         }
     }
 }
