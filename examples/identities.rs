@@ -979,7 +979,7 @@ fn rss(args: &Args) -> Result<Value> {
         // Fill: one credential per ServiceAccount, through the agent API.
         up.calls.restart(Instant::now());
         let started = Instant::now();
-        let remote = Arc::new(RemoteBroker::new(&agent.url));
+        let remote = Arc::new(RemoteBroker::new(&agent.url).expect("a client of the agent"));
         let results: Vec<(Cloud, f64, Result<usize, String>)> =
             futures::stream::iter(idents.iter().zip(tokens.iter()))
                 .map(|(ident, token)| {

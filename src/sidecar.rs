@@ -117,7 +117,7 @@ impl Sidecar {
     /// Checks the configuration, binds and serves.
     pub async fn start(config: &Config) -> anyhow::Result<Sidecar> {
         let remote = match (&config.sidecar.agent_url, config.sidecar.standalone) {
-            (Some(url), false) => Some(Arc::new(RemoteBroker::new(url))),
+            (Some(url), false) => Some(Arc::new(RemoteBroker::new(url)?)),
             (None, false) => anyhow::bail!(
                 "no node agent: set --agent URL or LANYARD_AGENT_URL (or --standalone to exchange directly)"
             ),
