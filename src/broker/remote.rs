@@ -483,6 +483,33 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_answer_over_the_bound_is_refused_not_read_whole() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut buf = vec![0u8; 16 * 1024];
+            let _ = conn.read(&mut buf).await;
+            let size = 4 * MAX_ANSWER;
+            let head = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {size}\r\n\r\n"
+            );
+            conn.write_all(head.as_bytes()).await.unwrap();
+            // The client stops reading at the bound: writing may fail.
+            let _ = conn.write_all(&vec![b' '; size]).await;
+        });
+        let broker = RemoteBroker::new(&format!("http://{addr}")).unwrap();
+        let request = TokenRequest::new(Cloud::Azure, Kind::Identity, Surface::AzureImds);
+        let err = broker
+            .request(&SecretString::from("projected".to_string()), &request)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, BrokerError::Unavailable(_)), "{err}");
+        assert!(err.to_string().contains("length limit exceeded"), "{err}");
+    }
+
+    #[tokio::test]
     async fn a_request_the_agent_dropped_unanswered_is_sent_again_and_an_answer_never_is() {
         let request = TokenRequest::new(Cloud::Azure, Kind::Identity, Surface::AzureImds);
         let subject = SecretString::from("projected".to_string());
