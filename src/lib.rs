@@ -11,6 +11,8 @@
 //! name it (`scripts/module-cycles` fails otherwise); and it does not
 //! depend on this crate.
 
+pub use lanyard_core::{names, secret};
+
 pub mod agent;
 pub mod audit;
 pub mod broker;
@@ -22,10 +24,8 @@ pub mod config;
 pub mod dev;
 pub mod directory;
 pub mod http;
-pub mod names;
 pub mod pod_events;
 pub mod policy;
-pub mod secret;
 pub mod serve;
 pub mod sidecar;
 pub mod telemetry;

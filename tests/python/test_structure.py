@@ -1,5 +1,5 @@
 """The source tree's shape: no module of the workspace's crates (the
-product in src/, the emulators, the fake API server) grows past 1,000
+product in src/ and crates/, the emulators, the fake API server) grows past 1,000
 lines before its tests (issue 42's bound; a longer one is split by
 concern)."""
 
@@ -24,7 +24,7 @@ def lines_before_tests(text: str) -> int:
     return len(lines)
 
 
-CRATES = ["src", "emulators/src", "tests/fake-kube/src"]
+CRATES = ["src", "crates/core/src", "crates/http/src", "emulators/src", "tests/fake-kube/src"]
 
 
 def test_no_module_of_a_crate_is_over_1000_lines_before_its_tests():

@@ -1,0 +1,123 @@
+//! The workspace's layering, as Cargo resolves it: the crates beneath the
+//! product depend on nothing above them, and the core does no I/O. Read
+//! from `cargo metadata`'s resolved graph (normal dependencies only, every
+//! feature of the workspace as it builds), so a dependency that arrives
+//! through another crate counts too.
+
+use std::collections::{BTreeSet, HashMap};
+use std::process::Command;
+
+use serde_json::Value;
+
+/// Every package `name` depends on, directly or not, through normal
+/// (not dev or build) dependencies.
+fn closure(name: &str) -> BTreeSet<String> {
+    let out = Command::new(env!("CARGO"))
+        .args(["metadata", "--format-version", "1", "--locked"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: Value = serde_json::from_slice(&out.stdout).expect("cargo metadata's JSON");
+    let names: HashMap<&str, &str> = meta["packages"]
+        .as_array()
+        .expect("packages")
+        .iter()
+        .map(|p| (p["id"].as_str().unwrap(), p["name"].as_str().unwrap()))
+        .collect();
+    let nodes: HashMap<&str, Vec<&str>> = meta["resolve"]["nodes"]
+        .as_array()
+        .expect("the resolved graph")
+        .iter()
+        .map(|n| {
+            let normal = n["deps"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|d| {
+                    d["dep_kinds"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|k| k["kind"].is_null())
+                })
+                .map(|d| d["pkg"].as_str().unwrap())
+                .collect();
+            (n["id"].as_str().unwrap(), normal)
+        })
+        .collect();
+    let root = names
+        .iter()
+        .find(|(_, n)| **n == name)
+        .map(|(id, _)| *id)
+        .unwrap_or_else(|| panic!("no package {name} in the workspace"));
+    let mut seen = BTreeSet::new();
+    let mut todo = vec![root];
+    while let Some(id) = todo.pop() {
+        for dep in nodes.get(id).into_iter().flatten() {
+            if seen.insert(names[dep].to_string()) {
+                todo.push(dep);
+            }
+        }
+    }
+    seen
+}
+
+fn reached(closure: &BTreeSet<String>, forbidden: &[&str]) -> Vec<String> {
+    closure
+        .iter()
+        .filter(|c| {
+            forbidden
+                .iter()
+                .any(|f| c == f || c.starts_with(&format!("{f}-")))
+        })
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn the_core_does_no_io_and_depends_on_no_other_lanyard_crate() {
+    let deps = closure("lanyard-core");
+    assert!(deps.contains("secrecy"), "{deps:?}");
+    let bad = reached(
+        &deps,
+        &[
+            "tokio",
+            "hyper",
+            "reqwest",
+            "kube",
+            "cedar-policy",
+            "axum",
+            "lanyard",
+        ],
+    );
+    assert!(bad.is_empty(), "lanyard-core reaches {bad:?}");
+}
+
+#[test]
+fn http_serving_knows_no_cloud_kubernetes_or_policy() {
+    let deps = closure("lanyard-http");
+    assert!(deps.contains("hyper"), "{deps:?}");
+    let bad = reached(
+        &deps,
+        &["reqwest", "kube", "k8s-openapi", "cedar-policy", "lanyard"],
+    );
+    assert!(bad.is_empty(), "lanyard-http reaches {bad:?}");
+}
+
+#[test]
+fn the_product_stands_on_both() {
+    let deps = closure("lanyard");
+    assert!(
+        deps.contains("lanyard-core") && deps.contains("lanyard-http"),
+        "{deps:?}"
+    );
+    // The check sees what the layers beneath must not have.
+    for above in ["kube", "cedar-policy", "reqwest"] {
+        assert!(!reached(&deps, &[above]).is_empty(), "{above}");
+    }
+}
