@@ -296,3 +296,54 @@ async fn shutdown_lets_the_request_in_flight_finish_and_closes_idle_ones() {
     // No longer accepting.
     assert!(TcpStream::connect(s.addr).await.is_err());
 }
+
+/// A log writer that keeps what it is given.
+#[derive(Clone, Default)]
+struct Kept(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Kept {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The serving crate logs under the targets its lines had inside the
+/// product (`lanyard::http…`), so operators' filters and the benchmarks'
+/// `warn,lanyard::http=info` still select the line that reports an address.
+#[tokio::test]
+async fn serving_logs_under_the_products_own_targets() {
+    let kept = Kept::default();
+    let writer = kept.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(
+            "warn,lanyard::http=info",
+        ))
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let listener = bind("127.0.0.1:0".parse().unwrap(), "test endpoints")
+        .await
+        .unwrap();
+    let threads =
+        lanyard::http::per_thread::bind("127.0.0.1:0".parse().unwrap(), "threaded endpoints", 1)
+            .await
+            .unwrap();
+    let text = String::from_utf8(kept.0.lock().unwrap().clone()).unwrap();
+    for (what, addr) in [
+        ("test endpoints", listener.local_addr().unwrap()),
+        ("threaded endpoints", threads.local_addr()),
+    ] {
+        assert!(
+            text.lines()
+                .any(|l| l.contains(&format!("listening for the {what}"))
+                    && l.contains("lanyard::http")
+                    && l.contains(&addr.to_string())),
+            "{text}"
+        );
+    }
+}

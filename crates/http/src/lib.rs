@@ -11,6 +11,14 @@
 pub mod per_thread;
 pub mod server;
 
+/// The log target of this crate's lines: the module path they had inside
+/// the `lanyard` crate, so log filters (`lanyard=debug`,
+/// `warn,lanyard::http=info`) select them as they always did.
+// INVARIANT: every tracing event of this crate names one of these targets.
+const TARGET: &str = "lanyard::http";
+const TARGET_PER_THREAD: &str = "lanyard::http::per_thread";
+const TARGET_SERVER: &str = "lanyard::http::server";
+
 use std::time::Duration;
 
 pub use server::{Limits, Respond};
@@ -66,7 +74,7 @@ pub async fn shutdown_delay(signal: StopSignal, delay: Duration, not_ready: impl
     if signal == StopSignal::Interrupt || delay.is_zero() {
         return;
     }
-    tracing::info!(
+    tracing::info!(target: TARGET,
         seconds = delay.as_secs(),
         "SIGTERM: still serving while endpoints stop routing here (another signal stops at once)"
     );
@@ -115,7 +123,7 @@ const BACKLOG: u32 = 4096;
 pub async fn bind(addr: std::net::SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
     let fail = |e: std::io::Error| anyhow::anyhow!("cannot listen on {addr} for the {what}: {e}");
     let listener = listen(addr, false).map_err(fail)?;
-    tracing::info!(addr = %listener.local_addr().map_err(fail)?, "listening for the {what}");
+    tracing::info!(target: TARGET, addr = %listener.local_addr().map_err(fail)?, "listening for the {what}");
     Ok(listener)
 }
 
@@ -171,9 +179,13 @@ pub async fn drain(
     for server in servers {
         match tokio::time::timeout(timeout, server).await {
             Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "server ended with an error"),
-            Ok(Err(e)) => tracing::warn!(error = %e, "server task failed"),
-            Err(_) => tracing::warn!("server did not drain within {}s", timeout.as_secs()),
+            Ok(Ok(Err(e))) => {
+                tracing::warn!(target: TARGET, error = %e, "server ended with an error")
+            }
+            Ok(Err(e)) => tracing::warn!(target: TARGET, error = %e, "server task failed"),
+            Err(_) => {
+                tracing::warn!(target: TARGET, "server did not drain within {}s", timeout.as_secs())
+            }
         }
     }
 }

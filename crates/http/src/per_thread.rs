@@ -84,7 +84,7 @@ pub async fn bind(addr: SocketAddr, what: &str, threads: usize) -> anyhow::Resul
         let next = listen(bound, true).with_context(context)?;
         sockets.push(next.into_std().with_context(context)?);
     }
-    tracing::info!(addr = %bound, threads = sockets.len(), "listening for the {what}");
+    tracing::info!(target: crate::TARGET_PER_THREAD, addr = %bound, threads = sockets.len(), "listening for the {what}");
     Ok(Listeners {
         sockets,
         addr: bound,
@@ -130,7 +130,7 @@ pub fn spawn(
             // The listener went with the closure: its connections are
             // refused, and the error ends the server once the others stop.
             Err(e) => {
-                tracing::error!(error = %e, "cannot start a serving thread");
+                tracing::error!(target: crate::TARGET_PER_THREAD, error = %e, "cannot start a serving thread");
                 let (tx, rx) = tokio::sync::oneshot::channel();
                 let _ = tx.send(Err(e));
                 done.push(rx);

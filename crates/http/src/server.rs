@@ -246,14 +246,14 @@ pub async fn serve(
                 Err(e) => {
                     // Out of descriptors or memory: wait rather than spin;
                     // a reset before accept is just the client's.
-                    tracing::warn!(error = %e, "accept failed");
+                    tracing::warn!(target: crate::TARGET_SERVER, error = %e, "accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
             },
         };
         let Some(slot) = tracker.admit() else {
-            tracing::debug!("connection refused: every connection has a request in flight");
+            tracing::debug!(target: crate::TARGET_SERVER, "connection refused: every connection has a request in flight");
             drop(stream);
             continue;
         };
@@ -289,7 +289,7 @@ pub async fn serve(
                 tokio::select! {
                     result = conn.as_mut() => {
                         if let Err(e) = result {
-                            tracing::debug!(error = %e, "connection ended with an error");
+                            tracing::debug!(target: crate::TARGET_SERVER, error = %e, "connection ended with an error");
                         }
                         break;
                     }
