@@ -11,7 +11,7 @@
 //! name it (`scripts/module-cycles` fails otherwise); and it does not
 //! depend on this crate.
 
-pub use lanyard_core::{names, secret};
+pub use lanyard_core::{error_text, names, secret};
 
 pub mod agent;
 pub mod audit;

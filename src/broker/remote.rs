@@ -118,7 +118,8 @@ enum Sent {
     /// No answer came: the connection was refused or closed before one.
     /// Safe to send again.
     Unanswered(String),
-    /// The deadline passed, or the answer could not be read: final.
+    /// The deadline passed, or the answer could not be read: final. The
+    /// text is the whole message.
     Failed(String),
 }
 
@@ -187,19 +188,19 @@ impl RemoteBroker {
     /// Sends `request` and reads the whole answer, all by `deadline`.
     async fn exchange(&self, request: Request<Full<Bytes>>, deadline: Instant) -> Sent {
         let response = match tokio::time::timeout_at(deadline, self.http.request(request)).await {
-            Err(_) => return Sent::Failed("no answer in time".into()),
+            Err(_) => return Sent::Failed("node agent did not answer in time".into()),
             // INVARIANT: the legacy client fails a request only before the
             // answer's head arrived (refused, reset, closed unanswered), so
             // the agent never answered it.
-            Ok(Err(e)) => return Sent::Unanswered(error_chain(&e)),
+            Ok(Err(e)) => return Sent::Unanswered(lanyard_core::error_text::with_causes(&e)),
             Ok(Ok(response)) => response,
         };
         let status = response.status();
         let body = Limited::new(response.into_body(), MAX_ANSWER).collect();
         match tokio::time::timeout_at(deadline, body).await {
             Ok(Ok(body)) => Sent::Answer(status, body.to_bytes()),
-            Ok(Err(e)) => Sent::Failed(format!("reading the answer: {e}")),
-            Err(_) => Sent::Failed("the answer did not arrive in time".into()),
+            Ok(Err(e)) => Sent::Failed(format!("node agent's answer could not be read: {e}")),
+            Err(_) => Sent::Failed("node agent's answer did not arrive in time".into()),
         }
     }
 
@@ -231,11 +232,7 @@ impl RemoteBroker {
                 .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
             let why = match self.exchange(post, deadline).await {
                 Sent::Answer(status, body) => return Ok((status, body)),
-                Sent::Failed(why) => {
-                    return Err(BrokerError::Unavailable(format!(
-                        "node agent unreachable: {why}"
-                    )))
-                }
+                Sent::Failed(why) => return Err(BrokerError::Unavailable(why)),
                 Sent::Unanswered(why) => why,
             };
             match pauses.next() {
@@ -251,19 +248,6 @@ impl RemoteBroker {
             }
         }
     }
-}
-
-/// An error and its causes, one line: hyper's own message ("client
-/// error (Connect)") names only the kind.
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 impl RemoteBroker {

@@ -234,7 +234,7 @@ impl FakeKube {
             .json(&review)
             .send()
             .await
-            .map_err(|e| failed(hook, &url, error_chain(&e)))?;
+            .map_err(|e| failed(hook, &url, lanyard::error_text::with_causes(&e)))?;
         let status = response.status();
         if !status.is_success() {
             return Err(failed(
@@ -398,18 +398,6 @@ fn denied(webhook: &str, status: &Value) -> Rejection {
         message,
         details: Box::new(status.get("details").cloned().unwrap_or_default()),
     }
-}
-
-/// An error with its causes, as Go's `%v` of a wrapped error reads.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]
