@@ -94,7 +94,19 @@ impl WebhookServer {
         injection
             .validate()
             .map_err(|e| anyhow::anyhow!("invalid injection settings: {e}"))?;
-        let rustls = RustlsConfig::from_pem_file(&tls.cert, &tls.key)
+        // INVARIANT: the pair served first and the pair the reload loop
+        // compares against are the same bytes, read once here: a rotation
+        // that lands between start-up and the loop's first look is then a
+        // change, not the baseline.
+        let (seen, pair) = read_pair(&tls);
+        let Some((cert, key)) = pair else {
+            anyhow::bail!(
+                "cannot read the TLS certificate {} or key {}",
+                tls.cert.display(),
+                tls.key.display()
+            );
+        };
+        let rustls = RustlsConfig::from_pem(cert.clone(), key)
             .await
             .map_err(|e| {
                 anyhow::anyhow!(
@@ -103,7 +115,7 @@ impl WebhookServer {
                     tls.key.display()
                 )
             })?;
-        set_expiry(&metrics, &tls.cert);
+        set_expiry(&metrics, &tls.cert, &cert);
         let reload_audit = audit.clone();
         let reload_metrics = metrics.clone();
         let state = Arc::new(Webhook {
@@ -130,7 +142,7 @@ impl WebhookServer {
                 tracing::error!(error = %e, "webhook server failed");
             }
         });
-        let reload = tokio::spawn(reload_loop(rustls, tls, reload_audit, reload_metrics));
+        let reload = tokio::spawn(reload_loop(rustls, tls, seen, reload_audit, reload_metrics));
         let addr = handle
             .listening()
             .await
@@ -177,10 +189,10 @@ impl WebhookServer {
 async fn reload_loop(
     rustls: RustlsConfig,
     tls: TlsFiles,
+    mut seen: PairDigest,
     audit: Arc<dyn AuditSink>,
     metrics: Arc<Metrics>,
 ) {
-    let mut seen = read_pair(&tls).0;
     loop {
         tokio::time::sleep(tls.reload_every).await;
         let (now, pair) = read_pair(&tls);
@@ -202,7 +214,7 @@ async fn reload_loop(
         };
         let outcome = match loaded {
             Ok(cert) => {
-                set_expiry(&metrics, &tls.cert);
+                set_expiry(&metrics, &tls.cert, &cert);
                 let fingerprint = crate::secret::fingerprint_bytes(&cert);
                 tracing::info!(cert = %tls.cert.display(), %fingerprint, "reloaded the webhook certificate");
                 Ok(fingerprint)
@@ -224,17 +236,18 @@ async fn reload_loop(
     }
 }
 
-/// Exports the `notAfter` of the first certificate in `cert` (the serving
-/// one) as `lanyard_webhook_certificate_expiry_timestamp_seconds`. A file
-/// that rustls took but this cannot read leaves the gauge as it was, with a
+/// Exports the `notAfter` of the first certificate in `pem` (the serving
+/// one, the bytes rustls loaded from `path`) as
+/// `lanyard_webhook_certificate_expiry_timestamp_seconds`. A file that
+/// rustls took but this cannot read leaves the gauge as it was, with a
 /// warning.
-fn set_expiry(metrics: &Metrics, cert: &Path) {
-    match certificate_not_after(cert) {
+fn set_expiry(metrics: &Metrics, path: &Path, pem: &[u8]) {
+    match certificate_not_after(pem) {
         Ok(not_after) => {
             metrics.webhook_certificate_expiry.set(not_after);
         }
         Err(e) => {
-            tracing::warn!(cert = %cert.display(), error = %e, "cannot read the webhook certificate's expiry")
+            tracing::warn!(cert = %path.display(), error = %e, "cannot read the webhook certificate's expiry")
         }
     }
 }
@@ -242,19 +255,16 @@ fn set_expiry(metrics: &Metrics, cert: &Path) {
 /// Why a certificate's expiry could not be read.
 #[derive(Debug, thiserror::Error)]
 enum ExpiryError {
-    #[error("cannot read the file: {0}")]
-    Read(#[from] std::io::Error),
     #[error("no PEM certificate in it")]
     NoCertificate,
     #[error("the certificate does not parse")]
     Parse,
 }
 
-/// The `notAfter` (Unix seconds) of the first PEM certificate in `path`.
-fn certificate_not_after(path: &Path) -> Result<i64, ExpiryError> {
-    let pem = std::fs::read(path)?;
+/// The `notAfter` (Unix seconds) of the first PEM certificate in `pem`.
+fn certificate_not_after(pem: &[u8]) -> Result<i64, ExpiryError> {
     let (_, block) =
-        x509_parser::pem::parse_x509_pem(&pem).map_err(|_| ExpiryError::NoCertificate)?;
+        x509_parser::pem::parse_x509_pem(pem).map_err(|_| ExpiryError::NoCertificate)?;
     if block.label != "CERTIFICATE" {
         return Err(ExpiryError::NoCertificate);
     }
