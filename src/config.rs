@@ -11,7 +11,7 @@ use figment::providers::{Format, Serialized};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
-use crate::cloud::{aws, azure, gcp, Cloud, CloudSettings, PerCloud};
+use crate::cloud::{aws, azure, gcp, Cloud, Invalid, PerCloud, Registry, SdkDefaults};
 use crate::directory::file::{NamespaceEntry, ServiceAccountEntry};
 use crate::telemetry::LogFormat;
 
@@ -403,10 +403,7 @@ pub struct DevConfig {
 impl DevConfig {
     /// The dev identity's names, each in the form its cloud takes, and
     /// what `clouds` must hold for them.
-    pub(crate) fn check_identity(
-        &self,
-        clouds: crate::cloud::CloudSettings<'_>,
-    ) -> Result<(), ConfigError> {
+    pub(crate) fn check_identity(&self, clouds: CloudSettings<'_>) -> Result<(), ConfigError> {
         let invalid = |key, expected, got: &str| ConfigError::Invalid {
             key,
             expected,
@@ -699,6 +696,68 @@ mod sources;
 mod validate;
 
 use sources::{describe, Flags, RawEnv};
+
+/// Every cloud's section of the configuration, together
+/// (`Config::clouds`).
+#[derive(Debug, Clone, Copy)]
+pub struct CloudSettings<'a> {
+    /// `azure`.
+    pub azure: &'a azure::Settings,
+    /// `gcp`.
+    pub gcp: &'a gcp::Settings,
+    /// `aws`.
+    pub aws: &'a aws::Settings,
+}
+
+impl CloudSettings<'_> {
+    /// Each section's checks, in [`Cloud::ALL`] order.
+    pub fn check(&self) -> Result<(), Invalid> {
+        self.azure.check()?;
+        self.gcp.check()?;
+        self.aws.check()
+    }
+
+    /// The identities assigned to the node, which the node's metadata
+    /// service serves (Azure's `node_identities`).
+    pub fn node_identities(&self) -> Vec<String> {
+        self.azure.node_identities.clone()
+    }
+
+    /// The audience of the projected token each cloud's exchange takes;
+    /// `None` where the cloud is not configured (Google without a
+    /// workload identity provider).
+    pub fn audiences(&self) -> PerCloud<Option<String>> {
+        PerCloud::from_fn(|cloud| match cloud {
+            Cloud::Azure => Some(self.azure.audience.clone()),
+            Cloud::Gcp => self.gcp.token_audience(),
+            Cloud::Aws => Some(self.aws.audience.clone()),
+        })
+    }
+
+    /// What the SDK environment takes from these sections.
+    pub fn sdk_defaults(&self) -> SdkDefaults {
+        SdkDefaults {
+            azure_tenant_id: self.azure.tenant_id.clone(),
+            aws_region: Some(self.aws.region.clone()),
+            gcp_universe_domain: (self.gcp.universe_domain != gcp::DEFAULT_UNIVERSE_DOMAIN)
+                .then(|| self.gcp.universe_domain.clone()),
+        }
+    }
+
+    /// Registers the exchanger of every configured cloud.
+    pub fn register(
+        &self,
+        http: &reqwest::Client,
+        registry: &mut impl Registry,
+    ) -> Result<(), Invalid> {
+        registry.register(self.azure.exchanger(http.clone())?);
+        if let Some(google) = self.gcp.exchanger(http.clone())? {
+            registry.register(google);
+        }
+        registry.register(self.aws.exchanger(http.clone()));
+        Ok(())
+    }
+}
 
 #[cfg(test)]
 mod tests;

@@ -28,9 +28,7 @@ use reqwest::StatusCode;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{
-    annotation, check_endpoint, distinct, invalid, listed, Annotations, Bindings, Invalid,
-};
+use super::{check_endpoint, invalid, Bindings, Invalid};
 use super::{
     encode_path_segment, fetcher, now_unix, scrub_message, AccessToken, Cloud, CloudError,
     CloudExchanger, Credential, Fetcher, Identity, Kind, RequestError, Selector, TokenRequest,
@@ -38,43 +36,9 @@ use super::{
 use crate::secret::{ExposeSecret, SecretString};
 use crate::token::Caller;
 
-/// The ServiceAccount annotations Google bindings are read from.
-pub mod annotations {
-    /// The Google service account to impersonate (GKE's annotation).
-    pub const SERVICE_ACCOUNT: &str = "iam.gke.io/gcp-service-account";
-    /// Lanyard's own: further service accounts the ServiceAccount may
-    /// impersonate, each selected by its email (GCE's
-    /// `service-accounts/EMAIL/`; comma- or space-separated; after
-    /// `SERVICE_ACCOUNT`'s, or the first is the default).
-    pub const SERVICE_ACCOUNTS: &str = "lanyard.dev/gcp-service-accounts";
-}
-
-/// The Google service account a ServiceAccount impersonates (its email).
-pub type Binding = String;
-
-/// The service accounts `annotations` name, the default first (none: the
-/// federated principal is used directly).
-pub fn bindings(annotations: &Annotations) -> Vec<Binding> {
-    let first = annotation(annotations, annotations::SERVICE_ACCOUNT);
-    let listed = listed(annotations, annotations::SERVICE_ACCOUNTS);
-    distinct(
-        first.into_iter().chain(listed),
-        |a, b| a.eq_ignore_ascii_case(b),
-        annotations::SERVICE_ACCOUNTS,
-    )
-}
-
-/// The audiences Google accepts for a provider's token: the provider's
-/// name with or without `https:`.
-pub fn accepted_audiences(configured: &str) -> Vec<String> {
-    let mut all = vec![configured.to_string()];
-    if let Some(rest) = configured.strip_prefix("//") {
-        all.push(format!("https://{rest}"));
-    } else if let Some(rest) = configured.strip_prefix("https://") {
-        all.push(format!("//{rest}"));
-    }
-    all
-}
+pub use lanyard_core::cloud::gcp::{
+    accepted_audiences, annotations, bindings, Binding, DEFAULT_UNIVERSE_DOMAIN,
+};
 
 /// The scope asked for when the caller names none (what the GCE metadata
 /// server hands out by default).
@@ -748,9 +712,6 @@ fn is_gke_name(s: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && s.starts_with(|c: char| c.is_ascii_lowercase())
 }
-
-/// Google's own universe.
-pub const DEFAULT_UNIVERSE_DOMAIN: &str = "googleapis.com";
 
 impl Settings {
     /// Checks the section: provider or cluster, project, endpoints and

@@ -363,3 +363,22 @@ fn each_clouds_section_maps_from_its_environment_variables() {
         Ok(())
     });
 }
+
+#[test]
+fn sidecars_learn_a_universe_other_than_googles_and_the_region() {
+    let mut gcp = gcp::Settings::default();
+    let (azure, aws) = (azure::Settings::default(), aws::Settings::default());
+    let defaults = |gcp: &gcp::Settings| {
+        CloudSettings {
+            azure: &azure,
+            gcp,
+            aws: &aws,
+        }
+        .sdk_defaults()
+    };
+    let vars = defaults(&gcp).sidecar_vars();
+    assert_eq!(vars, vec![("LANYARD_AWS_REGION", aws.region.clone())]);
+    gcp.universe_domain = "apis-tpczero.goog".into();
+    let vars = defaults(&gcp).sidecar_vars();
+    assert!(vars.contains(&("LANYARD_GCP_UNIVERSE_DOMAIN", "apis-tpczero.goog".into())));
+}

@@ -1,13 +1,14 @@
 //! Lanyard's core: the types every other crate shares, with no I/O, as
-//! kube-core is to kube-rs. For now the Kubernetes names Lanyard checks
+//! kube-core is to kube-rs: the clouds, the request and identity model and
+//! the credentials ([`cloud`]), the Kubernetes names Lanyard checks
 //! ([`names`]), its secrets ([`secret`]) and an error's text with its
-//! causes ([`error_text`]); the request and identity
-//! model, the cloud table and the credentials follow, layer by layer
+//! causes ([`error_text`]). The broker's errors and grants follow
 //! (docs/architecture.md, "Crates").
 //!
 //! INVARIANT: no dependency here does I/O (no tokio, hyper, reqwest, kube):
 //! `tests/crate_layers.rs` fails when one appears.
 
+pub mod cloud;
 pub mod error_text;
 pub mod names;
 pub mod secret;

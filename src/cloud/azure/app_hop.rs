@@ -21,16 +21,6 @@ use std::time::Duration;
 use crate::cloud::{now_unix, AccessToken, CloudError};
 use crate::secret::SecretString;
 
-/// The app a managed identity reaches.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AppHop {
-    /// The app registration's client id (`lanyard.dev/azure-app-client-id`).
-    pub client_id: String,
-    /// The tenant its tokens are asked in (`lanyard.dev/azure-app-tenant-id`);
-    /// `None`: the managed identity's.
-    pub tenant_id: Option<String>,
-}
-
 /// Most first-hop tokens kept: one per ServiceAccount and identity that
 /// uses the hop on this node.
 const MAX_FIRST_HOPS: usize = 4096;

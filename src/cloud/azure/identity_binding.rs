@@ -47,7 +47,7 @@ use super::{post_token, AzureRequest};
 use crate::cloud::{AccessToken, Cloud, CloudError};
 
 /// The audience of the pod's token the identity-binding proxy takes.
-pub const AUDIENCE: &str = "api://AKSIdentityBinding";
+pub use lanyard_core::cloud::azure::IDENTITY_BINDING_AUDIENCE as AUDIENCE;
 
 /// Where the cluster CA is in every pod (the agent's included).
 pub const DEFAULT_CA_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt";
