@@ -26,6 +26,7 @@
 //! of the node agent ([`remote::RemoteBroker`]).
 
 pub mod assemble;
+#[cfg(test)]
 mod error;
 pub mod remote;
 pub mod reuse;
@@ -50,58 +51,7 @@ use prometheus_client::metrics::counter::Counter;
 pub use crate::policy::{AllowBound, Decision, Policy, PolicyInput};
 #[cfg(test)]
 pub(crate) use error::samples as sample_errors;
-pub use error::{BrokerError, ErrorClass};
-
-/// What a granted request yields: the identity, and the credential (none
-/// for [`Kind::Identity`] lookups).
-#[derive(Debug, Clone)]
-pub struct Grant {
-    /// The cloud identity the request was decided for.
-    pub identity: Identity,
-    /// The credential, shared with the cache; `None` only for
-    /// [`Kind::Identity`] lookups.
-    pub credential: Option<Arc<Credential>>,
-    /// For a lookup that selects nothing, where the ServiceAccount lists
-    /// several identities of the cloud: those the policy allows the caller,
-    /// in their order (what GCE's `service-accounts/` lists; `identity` is
-    /// the first of them, or the default where it allows none). `None`:
-    /// only `identity`, undecided.
-    pub listed: Option<Vec<Identity>>,
-}
-
-impl Grant {
-    /// The identities a listing shows: [`Grant::listed`], or else the one
-    /// identity (a single one is listed even where the policy denies it, so
-    /// that asking for it meets the denial, naming the policies).
-    pub fn listed(&self) -> &[Identity] {
-        self.listed
-            .as_deref()
-            .unwrap_or(std::slice::from_ref(&self.identity))
-    }
-}
-
-/// What a protocol surface needs from the broker.
-#[async_trait::async_trait]
-pub trait TokenBroker: Send + Sync {
-    /// Decides `request` for the caller whose projected token is `subject`.
-    async fn request(
-        &self,
-        subject: &SecretString,
-        request: &TokenRequest,
-    ) -> Result<Grant, BrokerError>;
-}
-
-/// A shared broker decides as the broker it shares.
-#[async_trait::async_trait]
-impl<T: TokenBroker + ?Sized> TokenBroker for Arc<T> {
-    async fn request(
-        &self,
-        subject: &SecretString,
-        request: &TokenRequest,
-    ) -> Result<Grant, BrokerError> {
-        (**self).request(subject, request).await
-    }
-}
+pub use lanyard_core::grant::{BrokerError, ErrorClass, Grant, TokenBroker};
 
 /// Longest resource, scope or audience accepted: bounded keys keep the
 /// cache's memory bounded whatever callers send.

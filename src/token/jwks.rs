@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use jsonwebtoken::jwk::{Jwk, JwkSet};
 use jsonwebtoken::DecodingKey;
+use lanyard_core::token::KeysError;
 use serde::Deserialize;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
@@ -52,48 +53,6 @@ impl KeySource {
             KeySource::KubeApi { .. } => "kubernetes API /openid/v1/jwks".into(),
         }
     }
-}
-
-/// Why keys could not be obtained.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum KeysError {
-    /// The document could not be fetched: unreachable, or not a 2xx.
-    #[error("fetching {url} failed: {reason}")]
-    Fetch {
-        /// The document's URL (or `kubernetes API PATH`).
-        url: String,
-        /// What failed: the transport error, or `HTTP STATUS`.
-        reason: String,
-    },
-    /// The document was fetched but is not what it should be.
-    #[error("{url} is not a valid {what} document: {reason}")]
-    Parse {
-        /// The document's URL (or `kubernetes API PATH`).
-        url: String,
-        /// Which document was expected (`JWKS`, `OIDC discovery`).
-        what: &'static str,
-        /// The JSON error.
-        reason: String,
-    },
-    /// The token names a key the keys fetched last do not have, and the
-    /// last attempt to fetch them again failed too recently to try again
-    /// (an attacker inventing `kid`s must not cause a fetch per request);
-    /// it may be a key the issuer has rotated to since, so this is no
-    /// verdict on it.
-    #[error("the token's key is not among the issuer's keys fetched last, and the last attempt to refetch them failed (retried at most every {interval_seconds} s)")]
-    NotRefetched {
-        /// The minimum interval between fetches.
-        interval_seconds: u64,
-    },
-    /// The discovery document names another issuer than the one asked,
-    /// so its keys cannot be trusted for this issuer's tokens.
-    #[error("discovery document of {issuer} names issuer {found}")]
-    IssuerMismatch {
-        /// The issuer whose document was fetched.
-        issuer: String,
-        /// The issuer the document names.
-        found: String,
-    },
 }
 
 /// The parts of an OIDC discovery document Lanyard reads.
