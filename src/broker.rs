@@ -26,11 +26,6 @@
 //! of the node agent ([`remote::RemoteBroker`]).
 
 pub mod assemble;
-#[cfg(test)]
-mod error;
-pub mod remote;
-pub mod reuse;
-pub mod wire;
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
@@ -49,8 +44,9 @@ use crate::token::{Caller, Verifier, VerifyError};
 use prometheus_client::metrics::counter::Counter;
 
 pub use crate::policy::{AllowBound, Decision, Policy, PolicyInput};
+pub use lanyard_agent_api::{remote, reuse, wire};
 #[cfg(test)]
-pub(crate) use error::samples as sample_errors;
+pub(crate) use lanyard_core::grant::samples as sample_errors;
 pub use lanyard_core::grant::{BrokerError, ErrorClass, Grant, TokenBroker};
 
 /// Longest resource, scope or audience accepted: bounded keys keep the

@@ -110,14 +110,44 @@ fn http_serving_knows_no_cloud_kubernetes_or_policy() {
 }
 
 #[test]
+fn the_agent_api_links_no_pipeline_policy_kubernetes_or_exchanger() {
+    let deps = closure("lanyard-agent-api");
+    assert!(
+        deps.contains("hyper") && deps.contains("lanyard-core"),
+        "{deps:?}"
+    );
+    let mut bad = reached(
+        &deps,
+        &[
+            "reqwest",
+            "kube",
+            "k8s-openapi",
+            "cedar-policy",
+            "axum",
+            "aws-sigv4",
+        ],
+    );
+    // Of Lanyard's crates, only the core: not the product (the pipeline,
+    // the exchangers), the serving crate or the emulators.
+    bad.extend(
+        deps.iter()
+            .filter(|d| d.starts_with("lanyard") && *d != "lanyard-core")
+            .cloned(),
+    );
+    assert!(bad.is_empty(), "lanyard-agent-api reaches {bad:?}");
+}
+
+#[test]
 fn the_product_stands_on_both() {
     let deps = closure("lanyard");
     assert!(
-        deps.contains("lanyard-core") && deps.contains("lanyard-http"),
+        deps.contains("lanyard-core")
+            && deps.contains("lanyard-http")
+            && deps.contains("lanyard-agent-api"),
         "{deps:?}"
     );
     // The check sees what the layers beneath must not have.
-    for above in ["kube", "cedar-policy", "reqwest"] {
+    for above in ["kube", "cedar-policy", "reqwest", "aws-sigv4"] {
         assert!(!reached(&deps, &[above]).is_empty(), "{above}");
     }
 }

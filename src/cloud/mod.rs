@@ -28,9 +28,10 @@ use crate::secret::SecretString;
 
 pub use exchanger::CloudExchanger;
 pub use lanyard_core::cloud::{
-    scrub_message, AccessToken, Annotations, AwsCredentials, Bindings, BodyKey, CallerLimit, Cloud,
-    CloudError, Credential, Form, Identity, Kind, PerCloud, RenderedBody, RequestError,
-    SdkDefaults, Selector, Source, Surface, TokenRequest, Via, MAX_IDENTITIES, MAX_MESSAGE_BYTES,
+    now_unix, scrub_message, AccessToken, Annotations, AwsCredentials, Bindings, BodyKey,
+    CallerLimit, Cloud, CloudError, Credential, Form, Identity, Kind, PerCloud, RenderedBody,
+    RequestError, SdkDefaults, Selector, Source, Surface, TokenRequest, Via, MAX_IDENTITIES,
+    MAX_MESSAGE_BYTES,
 };
 
 /// A configuration value a cloud's section refuses.
@@ -210,13 +211,6 @@ pub(crate) fn parse_rfc3339(text: &str) -> Option<time::OffsetDateTime> {
 /// Unix seconds of a time, `None` before 1970.
 pub(crate) fn unix_seconds(at: time::OffsetDateTime) -> Option<u64> {
     u64::try_from(at.unix_timestamp()).ok()
-}
-
-pub(crate) fn now_unix() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

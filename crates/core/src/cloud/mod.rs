@@ -638,6 +638,14 @@ pub fn scrub_message(message: &str, secret: &str) -> String {
     text
 }
 
+/// The wall clock in Unix seconds (0 before 1970).
+pub fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

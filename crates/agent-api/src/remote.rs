@@ -18,7 +18,7 @@
 //! ([`DECODED_KEPT`]): an answer byte for byte the same as one of them (the
 //! agent serves one credential's grant as the same bytes until it changes)
 //! is that grant again, without decoding it, and its credential's rendered
-//! body ([`crate::cloud::RenderedBody`]) with it, so the SDK surface does
+//! body ([`lanyard_core::cloud::RenderedBody`]) with it, so the SDK surface does
 //! not render the same body again either. Without it every answer became a
 //! new credential with an empty body slot: decoded, then rendered, every
 //! time.
@@ -36,10 +36,10 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use super::wire::{ErrorBody, WireGrant, TOKEN_PATH};
-use super::{BrokerError, Grant, TokenBroker};
-use crate::cloud::TokenRequest;
-use crate::secret::{ExposeSecret, SecretString};
+use crate::wire::{ErrorBody, WireGrant, TOKEN_PATH};
+use lanyard_core::cloud::TokenRequest;
+use lanyard_core::grant::{BrokerError, Grant, TokenBroker};
+use lanyard_core::secret::{ExposeSecret, SecretString};
 
 /// Most requests one sidecar has in flight to its agent, and most
 /// connections it keeps open to it. A cached answer takes the agent well
@@ -318,7 +318,7 @@ mod tests {
     use axum::extract::{ConnectInfo, State};
 
     use super::*;
-    use crate::cloud::{Cloud, Identity, Kind, Surface};
+    use lanyard_core::cloud::{Cloud, Identity, Kind, Surface};
 
     /// What the fake agent saw.
     #[derive(Default)]
@@ -345,7 +345,7 @@ mod tests {
                 id: "client".into(),
                 account: "tenant".into(),
                 account_number: None,
-                source: crate::cloud::Source::Federation,
+                source: lanyard_core::cloud::Source::Federation,
                 via: None,
             },
             credential: None,

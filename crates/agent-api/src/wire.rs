@@ -2,7 +2,7 @@
 //! server and the sidecar's client. Versioned by path; from here on fields
 //! are only ever added.
 //!
-//! The body is the uniform [`crate::cloud::TokenRequest`]; the answer a
+//! The body is the uniform [`lanyard_core::cloud::TokenRequest`]; the answer a
 //! [`WireGrant`] or an [`ErrorBody`] whose [`WireError`] mirrors
 //! [`BrokerError`] variant for variant, so a refusal renders in the sidecar
 //! exactly as it would have in the agent. The caller's projected token travels in `Authorization:
@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{BrokerError, ErrorClass, Grant};
-use crate::cloud::{AccessToken, Cloud, CloudError, Credential, Identity};
-use crate::secret::{ExposeSecret, SecretString};
-use crate::token::VerifyError;
+use lanyard_core::cloud::{AccessToken, Cloud, CloudError, Credential, Identity};
+use lanyard_core::grant::{BrokerError, ErrorClass, Grant};
+use lanyard_core::secret::{ExposeSecret, SecretString};
+use lanyard_core::token::VerifyError;
 
 /// Path of the agent API.
 pub const TOKEN_PATH: &str = "/v1/token";
@@ -28,7 +28,7 @@ pub const TOKEN_PATH: &str = "/v1/token";
 pub struct WireGrant {
     /// The identity the request was decided for.
     pub identity: Identity,
-    /// The credential; absent for [`crate::cloud::Kind::Identity`] lookups.
+    /// The credential; absent for [`lanyard_core::cloud::Kind::Identity`] lookups.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential: Option<WireCredential>,
     /// [`Grant::listed`]; absent from agents before it (the sidecar then
@@ -161,7 +161,7 @@ impl From<WireGrant> for Grant {
                         expires_at,
                         account_id,
                         assumed_role_arn,
-                    } => Credential::Aws(crate::cloud::AwsCredentials {
+                    } => Credential::Aws(lanyard_core::cloud::AwsCredentials {
                         rendered: Default::default(),
                         access_key_id,
                         secret_access_key: SecretString::from(secret_access_key),
@@ -243,7 +243,7 @@ pub enum WireError {
         /// The cloud the request was for.
         cloud: Cloud,
         /// Which bound.
-        limit: crate::cloud::CallerLimit,
+        limit: lanyard_core::cloud::CallerLimit,
         /// How long to wait, in whole seconds.
         retry_after_secs: u64,
     },
@@ -448,7 +448,7 @@ mod tests {
 
     #[test]
     fn every_error_survives_the_trip() {
-        for original in crate::broker::sample_errors() {
+        for original in lanyard_core::grant::samples() {
             let wire = WireError::from(&original);
             let json = serde_json::to_string(&ErrorBody {
                 error: wire.clone(),
@@ -492,7 +492,7 @@ mod tests {
                 id: "arn:aws:iam::111122223333:role/r".into(),
                 account: "111122223333".into(),
                 account_number: None,
-                source: crate::cloud::Source::Federation,
+                source: lanyard_core::cloud::Source::Federation,
                 via: None,
             },
             credential: Some(WireCredential::Token {

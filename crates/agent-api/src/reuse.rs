@@ -43,9 +43,9 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use super::{BrokerError, Grant, TokenBroker};
-use crate::cloud::{now_unix, TokenRequest};
-use crate::secret::{ExposeSecret, SecretString};
+use lanyard_core::cloud::{now_unix, TokenRequest};
+use lanyard_core::grant::{BrokerError, Grant, TokenBroker};
+use lanyard_core::secret::{ExposeSecret, SecretString};
 // tokio's clock, so that tests on paused time can move the window.
 use tokio::time::Instant;
 
@@ -189,7 +189,7 @@ impl<B: TokenBroker> TokenBroker for ReusingBroker<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cloud::{AccessToken, Cloud, Credential, Identity, Kind, Surface};
+    use lanyard_core::cloud::{AccessToken, Cloud, Credential, Identity, Kind, Surface};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
 
@@ -226,7 +226,7 @@ mod tests {
                     id: "c".into(),
                     account: "t".into(),
                     account_number: None,
-                    source: crate::cloud::Source::Federation,
+                    source: lanyard_core::cloud::Source::Federation,
                     via: None,
                 },
                 credential: Some(Arc::new(Credential::Token(AccessToken {
