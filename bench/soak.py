@@ -637,7 +637,7 @@ audit:
         for p in PODS:
             host = p["base"].removeprefix("http://")
             env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8",
-                   # what the webhook injects (src/serve/sdk_env.rs)
+                   # what the webhook injects (crates/surfaces/src/sdk_env.rs)
                    "AZURE_POD_IDENTITY_AUTHORITY_HOST": p["base"],
                    "IDENTITY_ENDPOINT": p["base"] + "/msi/token", "IDENTITY_HEADER": p["identity_header"],
                    "MSI_ENDPOINT": p["base"] + "/msi/token", "MSI_SECRET": p["identity_header"],

@@ -45,8 +45,6 @@ use prometheus_client::metrics::counter::Counter;
 
 pub use crate::policy::{AllowBound, Decision, Policy, PolicyInput};
 pub use lanyard_agent_api::{remote, reuse, wire};
-#[cfg(test)]
-pub(crate) use lanyard_core::grant::samples as sample_errors;
 pub use lanyard_core::grant::{BrokerError, ErrorClass, Grant, TokenBroker};
 
 /// Longest resource, scope or audience accepted: bounded keys keep the

@@ -12,6 +12,8 @@
 //! depend on this crate.
 
 pub use lanyard_core::{error_text, names, secret};
+/// The SDK surfaces (the crate `lanyard-surfaces`).
+pub use lanyard_surfaces as serve;
 
 pub mod agent;
 pub mod audit;
@@ -26,7 +28,6 @@ pub mod directory;
 pub mod http;
 pub mod pod_events;
 pub mod policy;
-pub mod serve;
 pub mod sidecar;
 pub mod telemetry;
 pub mod token;

@@ -138,12 +138,41 @@ fn the_agent_api_links_no_pipeline_policy_kubernetes_or_exchanger() {
 }
 
 #[test]
+fn the_surfaces_link_no_pipeline_policy_kubernetes_or_exchanger() {
+    let deps = closure("lanyard-surfaces");
+    assert!(
+        deps.contains("axum") && deps.contains("lanyard-agent-api"),
+        "{deps:?}"
+    );
+    let mut bad = reached(
+        &deps,
+        &[
+            "reqwest",
+            "kube",
+            "k8s-openapi",
+            "cedar-policy",
+            "aws-sigv4",
+        ],
+    );
+    bad.extend(
+        deps.iter()
+            .filter(|d| {
+                d.starts_with("lanyard")
+                    && !["lanyard-core", "lanyard-http", "lanyard-agent-api"].contains(&d.as_str())
+            })
+            .cloned(),
+    );
+    assert!(bad.is_empty(), "lanyard-surfaces reaches {bad:?}");
+}
+
+#[test]
 fn the_product_stands_on_both() {
     let deps = closure("lanyard");
     assert!(
         deps.contains("lanyard-core")
             && deps.contains("lanyard-http")
-            && deps.contains("lanyard-agent-api"),
+            && deps.contains("lanyard-agent-api")
+            && deps.contains("lanyard-surfaces"),
         "{deps:?}"
     );
     // The check sees what the layers beneath must not have.

@@ -35,9 +35,7 @@ use crate::cache::CacheOutcome;
 use crate::cloud::{Cloud, Kind, Surface};
 use crate::token::Caller;
 
-/// Longest caller-supplied text kept in a record; longer text keeps its
-/// head, its length and a hash of the whole.
-pub const MAX_FIELD_CHARS: usize = 256;
+pub use lanyard_core::text::{bounded, MAX_FIELD_CHARS};
 
 /// Whether a request was granted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -293,20 +291,6 @@ pub trait AuditSink: Send + Sync {
     }
 }
 
-/// Caller-supplied text as it may appear in a record: at most
-/// [`MAX_FIELD_CHARS`] characters, then its length and a hash of the rest.
-pub fn bounded(text: &str) -> Cow<'_, str> {
-    match text.char_indices().nth(MAX_FIELD_CHARS) {
-        None => Cow::Borrowed(text),
-        Some((cut, _)) => Cow::Owned(format!(
-            "{}…[{} bytes, {}]",
-            &text[..cut],
-            text.len(),
-            crate::secret::fingerprint(text)
-        )),
-    }
-}
-
 /// Writes `items` joined by `separator`, quoted and escaped as a string
 /// field is, without building the joined string.
 fn write_joined<S: AsRef<str>>(
@@ -388,22 +372,6 @@ impl AuditSink for LogSink {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn long_caller_text_is_bounded_with_length_and_hash() {
-        let long = "r".repeat(60_000);
-        let b = bounded(&long);
-        assert!(b.chars().count() < MAX_FIELD_CHARS + 64, "{}", b.len());
-        assert!(b.contains("60000 bytes"));
-        assert!(b.contains("sha256:"));
-        assert_eq!(
-            bounded("https://storage.azure.com/"),
-            "https://storage.azure.com/"
-        );
-        // Multibyte text is cut on a character boundary.
-        let wide = "é".repeat(1000);
-        assert!(bounded(&wide).starts_with(&"é".repeat(MAX_FIELD_CHARS)));
-    }
 
     #[test]
     fn joined_text_is_escaped_as_escape_debug_escapes_it() {

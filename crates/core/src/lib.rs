@@ -14,4 +14,5 @@ pub mod error_text;
 pub mod grant;
 pub mod names;
 pub mod secret;
+pub mod text;
 pub mod token;

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwapOption;
 use tokio::sync::Mutex;
 
-use crate::cloud::Cloud;
-use crate::secret::SecretString;
+use lanyard_core::cloud::Cloud;
+use lanyard_core::secret::SecretString;
 
 /// One token per cloud, each trusted for `max_age` after it was fetched.
 pub struct TokenShelf {
@@ -83,7 +83,7 @@ impl TokenShelf {
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use secrecy::ExposeSecret;
+    use lanyard_core::secret::ExposeSecret;
 
     use super::*;
 

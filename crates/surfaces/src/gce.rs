@@ -16,13 +16,13 @@ use super::{
     is_forwarded, json_ok, subject, to_json, with_retry_after, wrong_credential, Query, Surfaces,
     FORWARDED_REFUSAL,
 };
-use crate::broker::{BrokerError, ErrorClass, Grant};
-use crate::cloud::gcp::DEFAULT_UNIVERSE_DOMAIN;
-use crate::cloud::{
+use lanyard_core::cloud::gcp::DEFAULT_UNIVERSE_DOMAIN;
+use lanyard_core::cloud::{
     now_unix, AccessToken, BodyKey, Cloud, Credential, Form, Identity, Kind, Selector, Surface,
     TokenRequest,
 };
-use crate::secret::ExposeSecret;
+use lanyard_core::grant::{BrokerError, ErrorClass, Grant};
+use lanyard_core::secret::ExposeSecret;
 
 const FLAVOR: &str = "metadata-flavor";
 /// Scopes the metadata server reports for a workload identity, as GKE does.
@@ -347,7 +347,7 @@ async fn service_account(
                         StatusCode::BAD_REQUEST,
                         format!(
                             "invalid format {:?}: expected standard or full",
-                            crate::audit::bounded(other)
+                            lanyard_core::text::bounded(other)
                         ),
                     )
                 }

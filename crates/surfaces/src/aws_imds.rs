@@ -20,9 +20,11 @@ use serde_json::json;
 use super::aws_container::{aws_credentials, rfc3339_seconds};
 use super::paths;
 use super::{is_forwarded, json_ok, subject, to_json, with_retry_after, Surfaces};
-use crate::broker::{BrokerError, ErrorClass, Grant};
-use crate::cloud::{now_unix, BodyKey, Cloud, CloudError, Kind, Selector, Surface, TokenRequest};
-use crate::secret::ExposeSecret;
+use lanyard_core::cloud::{
+    now_unix, BodyKey, Cloud, CloudError, Kind, Selector, Surface, TokenRequest,
+};
+use lanyard_core::grant::{BrokerError, ErrorClass, Grant};
+use lanyard_core::secret::ExposeSecret;
 
 const TTL_HEADER: &str = "x-aws-ec2-metadata-token-ttl-seconds";
 const TOKEN_HEADER: &str = "x-aws-ec2-metadata-token";
@@ -43,7 +45,7 @@ impl SessionTokens {
     /// Tokens signed with a fresh random key: tokens of another process (or a
     /// restarted one) are not valid here.
     pub fn new() -> Self {
-        let secret = crate::secret::random_token(32);
+        let secret = lanyard_core::secret::random_token(32);
         SessionTokens {
             key: hmac::Key::new(hmac::HMAC_SHA256, secret.as_bytes()),
         }

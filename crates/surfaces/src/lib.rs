@@ -23,9 +23,9 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 
-use crate::broker::{BrokerError, TokenBroker};
-use crate::cloud::{Cloud, Surface};
-use crate::secret::SecretString;
+use lanyard_core::cloud::{Cloud, Surface};
+use lanyard_core::grant::{BrokerError, TokenBroker};
+use lanyard_core::secret::SecretString;
 
 pub use query::Query;
 pub use routes::SurfaceRouter;
@@ -316,7 +316,7 @@ pub(crate) fn wrong_credential() -> BrokerError {
     BrokerError::Unavailable("the broker answered another kind of credential".into())
 }
 
-/// `value` as JSON, for a credential's [`crate::cloud::RenderedBody`].
+/// `value` as JSON, for a credential's [`lanyard_core::cloud::RenderedBody`].
 /// Serializing plain data into memory cannot fail; should it ever, the SDK
 /// gets a retryable error rather than an empty document.
 pub(crate) fn to_json(value: &impl serde::Serialize) -> Result<Vec<u8>, BrokerError> {
@@ -342,7 +342,7 @@ mod tests {
     use axum::body::to_bytes;
 
     use super::*;
-    use crate::broker::ErrorClass;
+    use lanyard_core::grant::ErrorClass;
 
     /// Every surface of the one list is served: the path its answer to an
     /// unknown path names is routed to it.
@@ -353,7 +353,7 @@ mod tests {
             assert_eq!(classify(path).surface(), Some(surface), "{path}");
         }
     }
-    use crate::cloud::CloudError;
+    use lanyard_core::cloud::CloudError;
 
     type Render = fn(&BrokerError) -> Response;
     type StatusOf = fn(ErrorClass, &BrokerError) -> u16;
@@ -528,7 +528,7 @@ mod tests {
     async fn every_class_renders_on_every_surface() {
         let mut seen = std::collections::HashSet::new();
         for (name, render, status_of, shape) in surfaces() {
-            for err in crate::broker::sample_errors() {
+            for err in lanyard_core::grant::samples() {
                 let class = err.class();
                 seen.insert(class);
                 let resp = render(&err);

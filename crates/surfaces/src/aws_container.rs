@@ -17,10 +17,10 @@ use super::{
     is_forwarded, json_ok, subject, to_json, with_retry_after, wrong_credential, Surfaces,
     FORWARDED_REFUSAL,
 };
-use crate::broker::{BrokerError, ErrorClass, Grant};
-use crate::cloud::aws::AwsCredentials;
-use crate::cloud::{BodyKey, Cloud, CloudError, Credential, Kind, Surface, TokenRequest};
-use crate::secret::ExposeSecret;
+use lanyard_core::cloud::aws::AwsCredentials;
+use lanyard_core::cloud::{BodyKey, Cloud, CloudError, Credential, Kind, Surface, TokenRequest};
+use lanyard_core::grant::{BrokerError, ErrorClass, Grant};
+use lanyard_core::secret::ExposeSecret;
 
 /// Errors as `{code, message}`, the shape of the EKS Pod Identity agent.
 pub(crate) fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {

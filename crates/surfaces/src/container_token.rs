@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::secret::{constant_time_eq, ExposeSecret, SecretString};
+use lanyard_core::secret::{constant_time_eq, ExposeSecret, SecretString};
 
 /// How long the token a rotation replaced is still accepted.
 pub const GRACE: Duration = Duration::from_secs(60);

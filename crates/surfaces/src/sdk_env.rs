@@ -6,8 +6,8 @@
 //! (`AZURE_FEDERATED_TOKEN_FILE`, `AWS_WEB_IDENTITY_TOKEN_FILE`,
 //! `AWS_ROLE_ARN`) are never set here.
 
-pub use crate::cloud::SdkDefaults;
-use crate::cloud::{Bindings, Cloud};
+pub use lanyard_core::cloud::SdkDefaults;
+use lanyard_core::cloud::{Bindings, Cloud};
 
 /// What the pod is bound to, and the secrets its SDKs present.
 pub struct SdkEnv<'a> {
@@ -60,7 +60,7 @@ mod tests {
             ["GCE_METADATA_HOST", "GCE_METADATA_IP", "GCE_METADATA_ROOT"]
         );
         let bindings = Bindings {
-            azure: vec![crate::cloud::azure::Binding {
+            azure: vec![lanyard_core::cloud::azure::Binding {
                 client_id: "c".into(),
                 tenant_id: None,
                 object_id: None,

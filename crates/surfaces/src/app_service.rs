@@ -25,10 +25,10 @@ use super::azure_imds::{issue, token_request, Fields};
 use super::paths;
 use super::sdk_env::SdkEnv;
 use super::{is_forwarded, with_retry_after, Query, Surfaces, FORWARDED_REFUSAL};
-use crate::broker::{BrokerError, ErrorClass};
-use crate::cloud::{Cloud, Kind, Selector, Surface, TokenRequest};
+use lanyard_core::cloud::{Cloud, Kind, Selector, Surface, TokenRequest};
+use lanyard_core::grant::{BrokerError, ErrorClass};
 
-use crate::secret::{constant_time_eq, ExposeSecret};
+use lanyard_core::secret::{constant_time_eq, ExposeSecret};
 
 /// An error in this surface's own body shape.
 pub(crate) fn error(status: StatusCode, message: impl Into<String>) -> Response {

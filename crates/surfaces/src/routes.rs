@@ -23,7 +23,7 @@ use hyper::body::Incoming;
 use tower::ServiceExt;
 
 use super::{classify, Route, Surfaces};
-use crate::http::Respond;
+use lanyard_http::Respond;
 
 /// Every SDK-facing route on one listener (see [`super::router`]).
 #[derive(Clone)]
@@ -87,12 +87,12 @@ mod tests {
     use axum::body::{to_bytes, Body};
 
     use super::*;
-    use crate::broker::{BrokerError, Grant, TokenBroker};
-    use crate::cloud::{Cloud, Kind, Selector, Surface, TokenRequest};
-    use crate::secret::SecretString;
-    use crate::serve::aws_imds::SessionTokens;
-    use crate::serve::SubjectTokens;
+    use crate::aws_imds::SessionTokens;
+    use crate::SubjectTokens;
     use axum::http::Method;
+    use lanyard_core::cloud::{Cloud, Kind, Selector, Surface, TokenRequest};
+    use lanyard_core::grant::{BrokerError, Grant, TokenBroker};
+    use lanyard_core::secret::SecretString;
 
     /// Records what it was asked and refuses it (as an unbound identity).
     #[derive(Default)]
@@ -222,7 +222,7 @@ mod tests {
             ),
             (
                 Method::GET,
-                crate::serve::aws_imds::ROLES_PATH,
+                crate::aws_imds::ROLES_PATH,
                 &imds_v2,
                 Surface::AwsImds,
                 Kind::Identity,
@@ -320,12 +320,7 @@ mod tests {
                 "GET,HEAD is allowed",
             ),
             (Method::GET, "/latest/api/token", "PUT", ""),
-            (
-                Method::PUT,
-                crate::serve::aws_imds::ROLES_PATH,
-                "GET,HEAD",
-                "",
-            ),
+            (Method::PUT, crate::aws_imds::ROLES_PATH, "GET,HEAD", ""),
             (
                 Method::POST,
                 "/latest/meta-data/iam/security-credentials/r",
@@ -378,6 +373,6 @@ mod tests {
         assert_eq!((status, body.as_str(), asked), (404, "Not Found", None));
     }
 
-    const IMDS_TOKEN: &str = crate::serve::azure_imds::TOKEN_PATH;
-    const AWS_CONTAINER_PATH: &str = crate::serve::aws_container::PATH;
+    const IMDS_TOKEN: &str = crate::azure_imds::TOKEN_PATH;
+    const AWS_CONTAINER_PATH: &str = crate::aws_container::PATH;
 }

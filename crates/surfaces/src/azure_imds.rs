@@ -14,11 +14,11 @@ use super::{
     is_forwarded, json_ok, subject, to_json, with_retry_after, wrong_credential, Query, Surfaces,
     FORWARDED_REFUSAL,
 };
-use crate::broker::{BrokerError, ErrorClass};
-use crate::cloud::{
+use lanyard_core::cloud::{
     now_unix, AccessToken, BodyKey, Cloud, Credential, Form, Kind, Selector, Surface, TokenRequest,
 };
-use crate::secret::ExposeSecret;
+use lanyard_core::grant::{BrokerError, ErrorClass};
+use lanyard_core::secret::ExposeSecret;
 
 /// An error in this surface's own body shape.
 pub(crate) fn error(status: StatusCode, error: &str, description: impl Into<String>) -> Response {

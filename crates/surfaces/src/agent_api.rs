@@ -13,11 +13,11 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 
 use super::{json_ok, to_json};
-use crate::broker::wire::{self, ErrorBody, WireError, WireGrant, TOKEN_PATH};
-use crate::broker::{BrokerError, Grant, TokenBroker};
-use crate::cloud::{BodyKey, TokenRequest};
-use crate::secret::SecretString;
-use crate::token::VerifyError;
+use lanyard_agent_api::wire::{self, ErrorBody, WireError, WireGrant, TOKEN_PATH};
+use lanyard_core::cloud::{BodyKey, TokenRequest};
+use lanyard_core::grant::{BrokerError, Grant, TokenBroker};
+use lanyard_core::secret::SecretString;
+use lanyard_core::token::VerifyError;
 
 /// Largest request body accepted: requests are a few hundred bytes.
 const MAX_BODY: usize = 16 * 1024;
