@@ -9,6 +9,10 @@
 //! per-request role and session name, and plain-HTTP endpoints for the
 //! emulator, and the SDK's credential chain would go looking for
 //! credentials this call does not need.
+//!
+//! The model (annotations, `Binding`, `Chain`, `RoleArn`, `Region`,
+//! `AwsCredentials`) is `lanyard_core::cloud::aws`, re-exported here;
+//! this module is the exchanger and its settings.
 
 use std::time::Duration;
 

@@ -5,6 +5,10 @@
 //! Written on reqwest rather than azure_identity's ClientAssertionCredential:
 //! we need the raw AADSTS code to classify errors for caching, a per-request
 //! tenant and client, and plain-HTTP authority hosts for the emulators.
+//!
+//! The model (annotations, `Binding`, `AppHop`, the app hop refused
+//! up front, the accepted audiences) is `lanyard_core::cloud::azure`,
+//! re-exported here; this module is the exchanger and its settings.
 
 use std::sync::Arc;
 use std::time::Duration;

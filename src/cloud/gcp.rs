@@ -21,6 +21,10 @@
 //! Written on reqwest rather than a Google auth crate: we need the raw
 //! OAuth `error` / Google `status` to classify failures for caching, and
 //! plain-HTTP endpoints for the emulators.
+//!
+//! The model (annotations, `Binding`, the accepted audiences, the default
+//! universe) is `lanyard_core::cloud::gcp`, re-exported here; this module
+//! is the exchanger and its settings.
 
 use std::time::Duration;
 

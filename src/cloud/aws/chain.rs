@@ -4,6 +4,9 @@
 //! session's keys sign an `sts:AssumeRole` into the target, with EKS's
 //! session tags, an external id and a session policy as the ServiceAccount's
 //! `lanyard.dev/aws-*` annotations say.
+//!
+//! The hop's model (`Binding`, `Chain`, read from the annotations and
+//! checked once) is `lanyard_core::cloud::aws`; this file sends the hop.
 
 use std::time::Duration;
 
