@@ -459,3 +459,141 @@ impl fmt::Display for Region {
         f.write_str(&self.0)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aws_role_arns() {
+        let r = RoleArn::parse("arn:aws:iam::123456789012:role/ray-data").unwrap();
+        assert_eq!(
+            (r.partition(), r.account(), r.name()),
+            ("aws", "123456789012", "ray-data")
+        );
+        assert_eq!(r.to_string(), "arn:aws:iam::123456789012:role/ray-data");
+        let r: RoleArn = "arn:aws-cn:iam::123456789012:role/team/a/ray"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            (r.partition(), r.account(), r.name()),
+            ("aws-cn", "123456789012", "ray")
+        );
+        assert_eq!(
+            RoleArn::parse("arn:aws-us-gov:iam::123456789012:role/p/ray")
+                .unwrap()
+                .assumed_role_arn("s1"),
+            "arn:aws-us-gov:sts::123456789012:assumed-role/ray/s1"
+        );
+        let bad = |arn: &str| RoleArn::parse(arn).unwrap_err();
+        assert!(matches!(bad("ray-data"), AwsNameError::NotRoleArn(_)));
+        assert!(matches!(
+            bad("arn:aws:iam::123456789012:user/x"),
+            AwsNameError::NotRoleArn(_)
+        ));
+        assert!(matches!(
+            bad("arn:aws:sts::123456789012:role/x"),
+            AwsNameError::NotRoleArn(_)
+        ));
+        assert!(matches!(
+            bad("arn:aws:iam:us-east-1:123456789012:role/x"),
+            AwsNameError::NotRoleArn(_)
+        ));
+        assert!(matches!(
+            bad("arn:gcp:iam::123456789012:role/x"),
+            AwsNameError::Partition(_)
+        ));
+        assert!(matches!(
+            bad("arn:AWS:iam::123456789012:role/x"),
+            AwsNameError::Partition(_)
+        ));
+        assert!(matches!(
+            bad("arn:aws:iam::1234:role/x"),
+            AwsNameError::Account(_)
+        ));
+        assert!(matches!(
+            bad("arn:aws:iam::12345678901a:role/x"),
+            AwsNameError::Account(_)
+        ));
+        for name in ["", "a b", "a/", &"x".repeat(65), "é"] {
+            let arn = format!("arn:aws:iam::123456789012:role/{name}");
+            assert!(matches!(bad(&arn), AwsNameError::RoleName(_)), "{arn}");
+        }
+        assert!(matches!(
+            bad("arn:aws:iam::123456789012:role/p q/x"),
+            AwsNameError::RoleName(_)
+        ));
+        let e = bad("arn:aws:iam::1:role/x").to_string();
+        assert!(
+            e.contains("arn:aws:iam::1:role/x") && e.contains("12-digit"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn aws_role_arn_serde_validates() {
+        let r: RoleArn = serde_json::from_str("\"arn:aws:iam::123456789012:role/x\"").unwrap();
+        assert_eq!(r.name(), "x");
+        assert_eq!(
+            serde_json::to_string(&r).unwrap(),
+            "\"arn:aws:iam::123456789012:role/x\""
+        );
+        assert!(serde_json::from_str::<RoleArn>("\"arn:aws:iam::1:role/x\"").is_err());
+        assert!(RoleArn::try_from("x".to_string()).is_err());
+    }
+
+    #[test]
+    fn aws_regions() {
+        for ok in [
+            "us-east-1",
+            "us-gov-west-1",
+            "cn-northwest-1",
+            "eu-central-2",
+            "ap-southeast-5",
+        ] {
+            let r: Region = ok.parse().unwrap();
+            assert_eq!(r.as_str(), ok);
+            assert_eq!(r.to_string(), ok);
+        }
+        for bad in [
+            "",
+            "us-east",
+            "US-EAST-1",
+            "us--1",
+            "us-east-1-",
+            "us_east_1",
+            "us-east-1 ",
+            "eu-ç-1",
+        ] {
+            assert_eq!(
+                Region::parse(bad),
+                Err(AwsNameError::Region(bad.into())),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            Region::parse("cn-north-1").unwrap().sts_endpoint(),
+            "https://sts.cn-north-1.amazonaws.com.cn"
+        );
+        let r: Region = serde_json::from_str("\"us-west-2\"").unwrap();
+        assert_eq!(String::from(r), "us-west-2");
+        assert!(serde_json::from_str::<Region>("\"mars\"").is_err());
+    }
+
+    #[test]
+    fn aws_credentials_debug_hides_secrets() {
+        let c = AwsCredentials {
+            rendered: Default::default(),
+            access_key_id: "ASIAEXAMPLE".into(),
+            secret_access_key: SecretString::from("very-secret-key".to_string()),
+            session_token: SecretString::from("very-secret-token".to_string()),
+            expires_at: 1,
+            issued_at: 0,
+            account_id: "123456789012".into(),
+            assumed_role_arn: "arn".into(),
+        };
+        let shown = format!("{c:?}");
+        assert!(shown.contains("ASIAEXAMPLE"));
+        assert!(!shown.contains("very-secret"));
+    }
+}

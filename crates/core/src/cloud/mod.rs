@@ -651,6 +651,72 @@ mod tests {
     use super::*;
 
     #[test]
+    fn annotations_map_to_bindings() {
+        let mut a = Annotations::new();
+        assert!(Bindings::from_annotations(&a).is_empty());
+        a.insert(azure::annotations::CLIENT_ID.into(), " abc ".into());
+        a.insert(azure::annotations::TENANT_ID.into(), "".into());
+        let b = Bindings::from_annotations(&a);
+        assert!(b.names(Cloud::Azure) && !b.names(Cloud::Gcp) && !b.names(Cloud::Aws));
+        let az = &b.azure[0];
+        assert_eq!(az.client_id, "abc");
+        assert_eq!(az.tenant_id, None);
+        a.insert(
+            aws::annotations::ROLE_ARN.into(),
+            "arn:aws:iam::111122223333:role/r".into(),
+        );
+        a.insert(
+            gcp::annotations::SERVICE_ACCOUNT.into(),
+            "sa@p.iam.gserviceaccount.com".into(),
+        );
+        let b = Bindings::from_annotations(&a);
+        assert_eq!(b.aws, vec!["arn:aws:iam::111122223333:role/r".into()]);
+        assert_eq!(b.gcp, vec!["sa@p.iam.gserviceaccount.com".to_string()]);
+        assert!(Cloud::ALL.into_iter().all(|c| b.names(c)));
+    }
+
+    #[test]
+    fn list_annotations_follow_the_single_value_ones_in_order_once_each() {
+        let mut a = Annotations::new();
+        a.insert(azure::annotations::CLIENT_ID.into(), "A".into());
+        a.insert(azure::annotations::TENANT_ID.into(), "t".into());
+        a.insert(azure::annotations::CLIENT_IDS.into(), "b, a\nc,,".into());
+        a.insert(
+            gcp::annotations::SERVICE_ACCOUNTS.into(),
+            "x@p.iam.gserviceaccount.com y@p.iam.gserviceaccount.com".into(),
+        );
+        a.insert(
+            aws::annotations::ROLE_ARN.into(),
+            "arn:aws:iam::111122223333:role/r".into(),
+        );
+        a.insert(
+            aws::annotations::ROLE_ARNS.into(),
+            "arn:aws:iam::111122223333:role/s, arn:aws:iam::444455556666:role/r".into(),
+        );
+        let b = Bindings::from_annotations(&a);
+        let azure: Vec<_> = b.azure.iter().map(|b| b.client_id.as_str()).collect();
+        assert_eq!(azure, ["A", "b", "c"], "a is A, case aside");
+        assert!(b.azure.iter().all(|b| b.tenant_id.as_deref() == Some("t")));
+        // No single-value annotation: the list's first is the default.
+        assert_eq!(
+            b.gcp,
+            ["x@p.iam.gserviceaccount.com", "y@p.iam.gserviceaccount.com"]
+        );
+        // IMDS selects by name: a second role named r could never be chosen.
+        let aws: Vec<_> = b.aws.iter().map(|b| b.role_arn.as_str()).collect();
+        assert_eq!(
+            aws,
+            [
+                "arn:aws:iam::111122223333:role/r",
+                "arn:aws:iam::111122223333:role/s"
+            ]
+        );
+        let many: Vec<String> = (0..20).map(|i| format!("c{i}")).collect();
+        a.insert(azure::annotations::CLIENT_IDS.into(), many.join(","));
+        assert_eq!(Bindings::from_annotations(&a).azure.len(), MAX_IDENTITIES);
+    }
+
+    #[test]
     fn the_binding_annotations_read_as_one_phrase() {
         assert_eq!(
             Cloud::binding_annotations("=..."),
