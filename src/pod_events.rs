@@ -125,13 +125,7 @@ fn denial(event: &AuditEvent<'_>) -> Option<Denial> {
         "{what} was refused: {}",
         event.message.as_deref().unwrap_or("no reason given")
     );
-    if note.len() > MAX_NOTE {
-        let mut cut = MAX_NOTE;
-        while !note.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        note.truncate(cut);
-    }
+    note.truncate(note.floor_char_boundary(MAX_NOTE));
     Some(Denial {
         namespace: caller.namespace.clone(),
         pod: pod.name.clone(),

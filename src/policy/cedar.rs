@@ -270,11 +270,7 @@ const MAX_REASON: usize = 512;
 
 fn bounded(mut s: String) -> String {
     if s.len() > MAX_REASON {
-        let mut cut = MAX_REASON;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
+        s.truncate(s.floor_char_boundary(MAX_REASON));
         s.push('…');
     }
     s

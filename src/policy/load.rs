@@ -270,11 +270,7 @@ fn diagnosed(file: &str, text: &str, d: &(impl Diagnostic + ?Sized)) -> Problem 
 
 /// 1-based line and column of byte `offset` in `text`.
 fn line_column(text: &str, offset: usize) -> (usize, usize) {
-    let mut cut = offset.min(text.len());
-    while !text.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    let before = &text[..cut];
+    let before = &text[..text.floor_char_boundary(offset)];
     let line = before.matches('\n').count() + 1;
     let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
     (line, column)

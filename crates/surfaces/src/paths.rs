@@ -69,11 +69,7 @@ pub(crate) fn shown(path: &str) -> String {
     if path.len() <= MAX {
         return path.to_string();
     }
-    let mut cut = MAX;
-    while !path.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}…", &path[..cut])
+    format!("{}…", &path[..path.floor_char_boundary(MAX)])
 }
 
 /// The message of a 405 on a path that answers `allowed`.

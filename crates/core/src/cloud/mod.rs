@@ -628,11 +628,7 @@ pub fn scrub_message(message: &str, secret: &str) -> String {
         message.to_string()
     };
     if text.len() > MAX_MESSAGE_BYTES {
-        let mut cut = MAX_MESSAGE_BYTES;
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        text.truncate(cut);
+        text.truncate(text.floor_char_boundary(MAX_MESSAGE_BYTES));
         text.push('…');
     }
     text
