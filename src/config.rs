@@ -7,25 +7,12 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 
-use figment::providers::{Format, Serialized};
-use figment::Figment;
 use serde::{Deserialize, Serialize};
 
 use crate::cloud::{aws, azure, gcp, Cloud, Invalid, PerCloud, Registry, SdkDefaults};
 use crate::directory::file::{NamespaceEntry, ServiceAccountEntry};
 use crate::telemetry::LogFormat;
-
-/// YAML through serde_norway (the maintained serde_yaml fork).
-struct Yaml;
-
-impl Format for Yaml {
-    type Error = serde_norway::Error;
-    const NAME: &'static str = "YAML";
-
-    fn from_str<T: serde::de::DeserializeOwned>(s: &str) -> Result<T, Self::Error> {
-        serde_norway::from_str(s)
-    }
-}
+pub use lanyard_sidecar::config::SidecarConfig;
 
 /// Credential cache settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -229,49 +216,6 @@ impl Default for AuditConfig {
             http_token_file: None,
             export_max_backlog: 1_000_000,
             export_when_full: crate::audit::sinks::WhenFull::Deny,
-        }
-    }
-}
-
-/// Settings of the sidecar role.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct SidecarConfig {
-    /// Base URL of the node agent (`LANYARD_AGENT_URL`).
-    pub agent_url: Option<String>,
-    /// Directory of projected tokens: `azure`, `gcp`, `aws`, `app` (`LANYARD_TOKEN_DIR`).
-    pub token_dir: Option<std::path::PathBuf>,
-    /// The app-facing token that authorizes the AWS container endpoint
-    /// (`LANYARD_APP_TOKEN_FILE`); default `TOKEN_DIR/app`.
-    pub app_token_file: Option<std::path::PathBuf>,
-    /// A second listener serving only `/readyz` and `/healthz`, for the
-    /// kubelet's probes (which reach the pod IP, not loopback).
-    pub probe_listen: Option<SocketAddr>,
-    /// The App Service `IDENTITY_HEADER` secret shared with the app containers.
-    pub identity_header: Option<String>,
-    /// Exchange directly with the clouds instead of through a node agent.
-    pub standalone: bool,
-    /// Standalone bindings: the annotations of this pod's ServiceAccount.
-    pub annotations: std::collections::BTreeMap<String, String>,
-    /// Seconds the sidecar answers a repeated request (same projected
-    /// token, same question) from the agent's last grant instead of asking
-    /// again; 0 asks the agent every time (the broker's `reuse` module).
-    pub grant_reuse_seconds: u64,
-}
-
-impl Default for SidecarConfig {
-    fn default() -> Self {
-        SidecarConfig {
-            agent_url: None,
-            token_dir: None,
-            app_token_file: None,
-            probe_listen: None,
-            identity_header: None,
-            standalone: false,
-            annotations: Default::default(),
-            // Short enough that a policy change or revocation reaches a
-            // pod's repeated question within seconds (docs/policy.md).
-            grant_reuse_seconds: 10,
         }
     }
 }
@@ -664,6 +608,18 @@ impl Config {
         }
     }
 
+    /// What the sidecar reads of this configuration: the same values the
+    /// slim `lanyard-sidecar` loads from the same sources.
+    pub fn sidecar_settings(&self) -> lanyard_sidecar::config::Settings {
+        lanyard_sidecar::config::Settings {
+            log_format: self.log_format,
+            log_level: self.log_level.clone(),
+            listen: self.listen,
+            sidecar: self.sidecar.clone(),
+            sdk_defaults: self.clouds().sdk_defaults(),
+        }
+    }
+
     /// The audience of the projected token each cloud's exchange takes;
     /// `None` where the cloud is not configured.
     pub fn audiences(&self) -> PerCloud<Option<String>> {
@@ -673,29 +629,14 @@ impl Config {
     /// Loads defaults < `file` < environment < `overrides` (flags, as a
     /// nested map of the same keys), then validates.
     pub fn load(file: Option<&Path>, overrides: serde_json::Value) -> Result<Config, ConfigError> {
-        let mut figment = Figment::from(Serialized::defaults(Config::default()));
-        if let Some(path) = file {
-            if !path.is_file() {
-                return Err(ConfigError::Load(format!(
-                    "config file {} does not exist or is not a file",
-                    path.display()
-                )));
-            }
-            figment = figment.merge(figment::providers::Data::<Yaml>::file(path));
-        }
-        figment = figment.merge(RawEnv::new()).merge(Flags(overrides));
-        // Lossy: the environment's raw strings become numbers and booleans
-        // where the key wants one (see `RawEnv`).
-        let config: Config = figment.extract_lossy().map_err(describe)?;
+        let config: Config =
+            lanyard_startup::sources::load(file, overrides).map_err(ConfigError::Load)?;
         config.validate()?;
         Ok(config)
     }
 }
 
-mod sources;
 mod validate;
-
-use sources::{describe, Flags, RawEnv};
 
 /// Every cloud's section of the configuration, together
 /// (`Config::clouds`).
@@ -736,12 +677,11 @@ impl CloudSettings<'_> {
 
     /// What the SDK environment takes from these sections.
     pub fn sdk_defaults(&self) -> SdkDefaults {
-        SdkDefaults {
-            azure_tenant_id: self.azure.tenant_id.clone(),
-            aws_region: Some(self.aws.region.clone()),
-            gcp_universe_domain: (self.gcp.universe_domain != gcp::DEFAULT_UNIVERSE_DOMAIN)
-                .then(|| self.gcp.universe_domain.clone()),
-        }
+        SdkDefaults::of(
+            self.azure.tenant_id.as_deref(),
+            &self.gcp.universe_domain,
+            &self.aws.region,
+        )
     }
 
     /// Registers the exchanger of every configured cloud.

@@ -12,6 +12,7 @@
 //! depend on this crate.
 
 pub use lanyard_core::{error_text, names, secret};
+pub use lanyard_sidecar::transparent;
 /// The SDK surfaces (the crate `lanyard-surfaces`).
 pub use lanyard_surfaces as serve;
 
@@ -31,5 +32,4 @@ pub mod policy;
 pub mod sidecar;
 pub mod telemetry;
 pub mod token;
-pub mod transparent;
 pub mod webhook;

@@ -71,7 +71,7 @@ async fn start_agent(config: &Path, listen: &str) -> (Proc, u16) {
 /// `agent_url`; returns it and its port.
 async fn start_sidecar(agent_url: &str, token_dir: &Path) -> (Proc, u16) {
     let mut sidecar = Proc::spawn(
-        Command::new(env!("CARGO_BIN_EXE_lanyard-sidecar"))
+        Command::new(slim_sidecar())
             .args(["--listen", "127.0.0.1:0"])
             .args(["--agent", agent_url])
             .args(["--token-dir", token_dir.to_str().unwrap()])
@@ -390,7 +390,7 @@ fn start_errors_say_what_to_fix() {
             .args(sidecar_flags)
             .output()
             .unwrap(),
-        Command::new(env!("CARGO_BIN_EXE_lanyard-sidecar"))
+        Command::new(slim_sidecar())
             .args(sidecar_flags)
             .output()
             .unwrap(),
@@ -402,7 +402,7 @@ fn start_errors_say_what_to_fix() {
             "{err}"
         );
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_lanyard-sidecar"))
+    let out = Command::new(slim_sidecar())
         .args(["--listen", "not-an-address"])
         .output()
         .unwrap();
@@ -416,7 +416,7 @@ fn start_errors_say_what_to_fix() {
         err.contains("listen") && err.contains("command-line flag"),
         "{err}"
     );
-    let out = Command::new(env!("CARGO_BIN_EXE_lanyard-sidecar"))
+    let out = Command::new(slim_sidecar())
         .arg("--token-dir")
         .arg(std::ffi::OsStr::from_bytes(b"/tmp/not-utf8-\xff"))
         .output()
@@ -505,8 +505,8 @@ fn an_annotation_without_equals_is_a_usage_error() {
         "role-arn",
     ];
     for (exe, role) in [
-        (env!("CARGO_BIN_EXE_lanyard-sidecar"), None),
-        (env!("CARGO_BIN_EXE_lanyard"), Some("sidecar")),
+        (slim_sidecar(), None),
+        (env!("CARGO_BIN_EXE_lanyard").into(), Some("sidecar")),
     ] {
         let mut cmd = Command::new(exe);
         cmd.args(role);
@@ -518,7 +518,7 @@ fn an_annotation_without_equals_is_a_usage_error() {
             "{err}"
         );
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_lanyard-sidecar"))
+    let out = Command::new(slim_sidecar())
         .arg("--standalone")
         .env("LANYARD_SIDECAR_ANNOTATIONS", "a=b,oops")
         .output()
@@ -531,14 +531,40 @@ fn an_annotation_without_equals_is_a_usage_error() {
     );
 }
 
+/// Standalone mode exchanges with the clouds from the pod: the full
+/// binary's `lanyard sidecar --standalone`. The slim binary links no
+/// exchanger, and says where standalone mode is instead of starting.
+#[test]
+fn the_slim_sidecar_sends_standalone_mode_to_the_full_binary() {
+    let tokens = tempfile::tempdir().unwrap();
+    let out = Command::new(slim_sidecar())
+        .args(["--standalone", "--listen", "127.0.0.1:0"])
+        .args(["--token-dir", tokens.path().to_str().unwrap()])
+        .args([
+            "--annotation",
+            "eks.amazonaws.com/role-arn=arn:aws:iam::111122223333:role/r",
+        ])
+        .env_remove("LANYARD_AGENT_URL")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "refused at start");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("lanyard sidecar --standalone"), "{err}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standalone_sidecar_serves_all_three_clouds() {
     let pod = PodIdentity::new("default", "ray-worker", "ray-worker-0", NODE);
     let s = setup(&pod).await;
     let tokens = s.dir.path().join("tokens");
     let mut sidecar = Proc::spawn(
-        Command::new(env!("CARGO_BIN_EXE_lanyard-sidecar"))
-            .args(["--config", s.config.to_str().unwrap(), "--standalone"])
+        Command::new(env!("CARGO_BIN_EXE_lanyard"))
+            .args([
+                "sidecar",
+                "--config",
+                s.config.to_str().unwrap(),
+                "--standalone",
+            ])
             .args(["--listen", "127.0.0.1:0"])
             .args(["--token-dir", tokens.to_str().unwrap()])
             .args(["--probe-listen", "127.0.0.1:0"])

@@ -145,13 +145,77 @@ fn the_surfaces_link_no_pipeline_policy_kubernetes_or_exchanger() {
 }
 
 #[test]
+fn start_up_links_no_serving_pipeline_policy_kubernetes_or_exchanger() {
+    let deps = closure("lanyard-startup");
+    assert!(
+        deps.contains("figment") && deps.contains("tracing-subscriber"),
+        "{deps:?}"
+    );
+    let forbidden = [ABOVE_THE_HOP.as_slice(), &["hyper", "axum"]].concat();
+    let bad = breaches(&deps, &forbidden, &["lanyard-core"]);
+    assert!(bad.is_empty(), "lanyard-startup reaches {bad:?}");
+}
+
+/// The slim sidecar, in every opted-in pod, links the surfaces and the
+/// agent API's client, and nothing of the agent: no Cedar, no Kubernetes
+/// client, no exchanger (reqwest, the AWS signer), no emulator, not the
+/// product crate.
+#[test]
+fn the_sidecar_links_no_cedar_kubernetes_or_exchanger() {
+    let deps = closure("lanyard-sidecar");
+    assert!(
+        deps.contains("lanyard-surfaces") && deps.contains("lanyard-agent-api"),
+        "{deps:?}"
+    );
+    let beneath = [
+        "lanyard-core",
+        "lanyard-http",
+        "lanyard-startup",
+        "lanyard-agent-api",
+        "lanyard-surfaces",
+    ];
+    let bad = breaches(&deps, &ABOVE_THE_HOP, &beneath);
+    assert!(bad.is_empty(), "lanyard-sidecar reaches {bad:?}");
+    // The same, as `cargo tree` prints it (the command a reviewer runs).
+    let out = Command::new(env!("CARGO"))
+        .args(["tree", "--locked", "-p", "lanyard-sidecar", "-e", "normal"])
+        .args(["--prefix", "none", "--format", "{p}"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo tree runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tree = String::from_utf8_lossy(&out.stdout);
+    let printed: BTreeSet<String> = tree
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .map(str::to_string)
+        .collect();
+    assert!(printed.contains("lanyard-surfaces"), "{tree}");
+    let bad = breaches(
+        &printed,
+        &ABOVE_THE_HOP,
+        &[&beneath[..], &["lanyard-sidecar"]].concat(),
+    );
+    assert!(
+        bad.is_empty(),
+        "cargo tree -p lanyard-sidecar shows {bad:?}"
+    );
+}
+
+#[test]
 fn the_product_stands_on_both() {
     let deps = closure("lanyard");
     assert!(
         deps.contains("lanyard-core")
             && deps.contains("lanyard-http")
             && deps.contains("lanyard-agent-api")
-            && deps.contains("lanyard-surfaces"),
+            && deps.contains("lanyard-surfaces")
+            && deps.contains("lanyard-startup")
+            && deps.contains("lanyard-sidecar"),
         "{deps:?}"
     );
     // The check sees what the layers beneath must not have.

@@ -56,7 +56,7 @@ const KEY_RETRIEVAL_PREFIX: &str = "Couldn't retrieve verification key";
 
 pub use lanyard_core::cloud::aws::{
     annotations, bindings, session_name_char, AwsCredentials, AwsNameError, Binding, Chain, Region,
-    RoleArn,
+    RoleArn, DEFAULT_REGION,
 };
 
 mod chain;
@@ -584,7 +584,7 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
-            region: "us-east-1".into(),
+            region: DEFAULT_REGION.into(),
             sts_endpoint: None,
             audience: "sts.amazonaws.com".into(),
             session_duration: 3600,

@@ -24,8 +24,8 @@ use crate::secret::{ExposeSecret, SecretString};
 use crate::token::Caller;
 
 pub use lanyard_core::cloud::azure::{
-    accepted_audiences, annotations, bindings, chained_federation, known_refusals, AppHop, Binding,
-    EXCHANGE_AUDIENCES, FEDERATION_AUDIENCE,
+    accepted_audiences, annotations, bindings, chained_federation, is_tenant, known_refusals,
+    AppHop, Binding, EXCHANGE_AUDIENCES, FEDERATION_AUDIENCE,
 };
 
 mod app_hop;
@@ -761,14 +761,6 @@ impl Settings {
             identity_binding,
         })
     }
-}
-
-/// Whether `s` names a tenant: a GUID or a domain name.
-pub fn is_tenant(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 256
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
 }
 
 #[cfg(test)]

@@ -41,7 +41,7 @@ use crate::secret::{ExposeSecret, SecretString};
 use crate::token::Caller;
 
 pub use lanyard_core::cloud::gcp::{
-    accepted_audiences, annotations, bindings, Binding, DEFAULT_UNIVERSE_DOMAIN,
+    accepted_audiences, annotations, bindings, is_universe_domain, Binding, DEFAULT_UNIVERSE_DOMAIN,
 };
 
 /// The scope asked for when the caller names none (what the GCE metadata
@@ -871,21 +871,6 @@ impl Settings {
             token_lifetime: Duration::from_secs(self.token_lifetime),
         }))
     }
-}
-
-/// A universe domain: DNS labels of lowercase letters, digits and `-`,
-/// at least two.
-fn is_universe_domain(s: &str) -> bool {
-    s.len() <= 253
-        && s.split('.').count() >= 2
-        && s.split('.').all(|label| {
-            (1..=63).contains(&label.len())
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-        })
 }
 
 fn is_provider_name(s: &str) -> bool {

@@ -29,22 +29,10 @@ use crate::secret::SecretString;
 pub use exchanger::CloudExchanger;
 pub use lanyard_core::cloud::{
     now_unix, scrub_message, AccessToken, Annotations, AwsCredentials, Bindings, BodyKey,
-    CallerLimit, Cloud, CloudError, Credential, Form, Identity, Kind, PerCloud, RenderedBody,
-    RequestError, SdkDefaults, Selector, Source, Surface, TokenRequest, Via, MAX_IDENTITIES,
-    MAX_MESSAGE_BYTES,
+    CallerLimit, Cloud, CloudError, Credential, Form, Identity, Invalid, Kind, PerCloud,
+    RenderedBody, RequestError, SdkDefaults, Selector, Source, Surface, TokenRequest, Via,
+    MAX_IDENTITIES, MAX_MESSAGE_BYTES,
 };
-
-/// A configuration value a cloud's section refuses.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid configuration: {key}: {expected} (got {got:?})")]
-pub struct Invalid {
-    /// The key, as `section.key`.
-    pub key: &'static str,
-    /// What the key takes.
-    pub expected: &'static str,
-    /// The value that was given.
-    pub got: String,
-}
 
 pub(crate) fn invalid(key: &'static str, expected: &'static str, got: &str) -> Invalid {
     Invalid {

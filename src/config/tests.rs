@@ -3,10 +3,10 @@
 
 #![allow(clippy::result_large_err)] // figment::Error is what Jail closures return
 
-use super::sources::structured_keys;
 use super::validate::{check_endpoint, is_quantity};
 use super::*;
 use figment::Jail;
+use lanyard_startup::sources::structured_keys;
 use serde_json::json;
 
 fn load(file: Option<&str>, overrides: serde_json::Value) -> Result<Config, ConfigError> {
@@ -381,4 +381,54 @@ fn sidecars_learn_a_universe_other_than_googles_and_the_region() {
     gcp.universe_domain = "apis-tpczero.goog".into();
     let vars = defaults(&gcp).sidecar_vars();
     assert!(vars.contains(&("LANYARD_GCP_UNIVERSE_DOMAIN", "apis-tpczero.goog".into())));
+}
+
+/// The slim `lanyard-sidecar` loads its own schema from the same sources:
+/// for the same file, variables and flags, it must see what `lanyard
+/// sidecar` sees, defaults included.
+#[test]
+fn the_slim_sidecar_reads_what_the_full_configuration_gives_it() {
+    use lanyard_sidecar::config::Settings;
+    Jail::expect_with(|jail| {
+        let slim = |file: Option<&str>, flags: serde_json::Value| {
+            Settings::load(file.map(std::path::Path::new), flags).unwrap()
+        };
+        assert_eq!(Config::default().sidecar_settings(), Settings::default());
+        assert_eq!(
+            load(None, json!({})).unwrap().sidecar_settings(),
+            slim(None, json!({}))
+        );
+        jail.create_file(
+            "lanyard.yaml",
+            "log_format: json\nlisten: 127.0.0.1:9100\ncache:\n  max_entries: 50\nsidecar:\n  grant_reuse_seconds: 3\n  identity_header: from-file\nazure:\n  tenant_id: contoso.onmicrosoft.com\n  audience: api://AzureADTokenExchange\ngcp:\n  universe_domain: apis-tpczero.goog\n",
+        )?;
+        jail.set_env("LANYARD_AWS_REGION", "eu-central-1");
+        jail.set_env("LANYARD_AGENT_URL", "http://10.0.0.4:8700");
+        jail.set_env("LANYARD_SIDECAR_PROBE_LISTEN", "0.0.0.0:8643");
+        let flags = json!({"log_level": "debug", "sidecar": {"token_dir": "/var/run/lanyard"}});
+        let full = load(Some("lanyard.yaml"), flags.clone())
+            .unwrap()
+            .sidecar_settings();
+        assert_eq!(full, slim(Some("lanyard.yaml"), flags));
+        assert_eq!(
+            full.sdk_defaults.aws_region.as_deref(),
+            Some("eu-central-1")
+        );
+        assert_eq!(full.sidecar.grant_reuse_seconds, 3);
+        assert_eq!(
+            full.sdk_defaults.gcp_universe_domain.as_deref(),
+            Some("apis-tpczero.goog")
+        );
+        // Every top-level key of the full configuration is one the slim
+        // sidecar reads, a cloud's section, or another role's.
+        let read = ["log_format", "log_level", "listen", "sidecar"];
+        let defaults = serde_json::to_value(Config::default()).unwrap();
+        for key in defaults.as_object().unwrap().keys() {
+            let known = read.contains(&key.as_str())
+                || crate::cloud::Cloud::ALL.iter().any(|c| c.name() == key)
+                || lanyard_sidecar::config::OTHER_ROLES_KEYS.contains(&key.as_str());
+            assert!(known, "the slim sidecar would refuse `{key}`");
+        }
+        Ok(())
+    });
 }

@@ -210,19 +210,7 @@ impl Config {
 
     /// The sidecar section: the agent's URL.
     fn check_sidecar(&self) -> Result<(), ConfigError> {
-        if let Some(url) = &self.sidecar.agent_url {
-            if url::Url::parse(url)
-                .map(|u| u.scheme() != "http" && u.scheme() != "https")
-                .unwrap_or(true)
-            {
-                return Err(invalid(
-                    "sidecar.agent_url",
-                    "an http:// or https:// URL of the node agent",
-                    url,
-                ));
-            }
-        }
-        Ok(())
+        Ok(self.sidecar.check()?)
     }
 
     /// The webhook section: the sidecar's resources and the guard's extra audiences.

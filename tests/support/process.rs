@@ -164,3 +164,17 @@ fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
     let rest = &line[at + json.len()..];
     rest.split('"').next()
 }
+
+/// The slim `lanyard-sidecar` binary, which the `lanyard-sidecar` crate
+/// builds next to `lanyard` (`cargo build -p lanyard-sidecar`; the test
+/// command and a workspace test run build it).
+pub fn slim_sidecar() -> std::path::PathBuf {
+    let lanyard = std::path::Path::new(env!("CARGO_BIN_EXE_lanyard"));
+    let sidecar = lanyard.with_file_name("lanyard-sidecar");
+    assert!(
+        sidecar.is_file(),
+        "{} is missing: build it with `cargo build -p lanyard-sidecar`",
+        sidecar.display()
+    );
+    sidecar
+}

@@ -391,6 +391,10 @@ pub fn session_name_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '_' | '+' | '=' | ',' | '.' | '@' | '-')
 }
 
+/// The region the SDK environment names when none is configured
+/// (`aws.region`'s default).
+pub const DEFAULT_REGION: &str = "us-east-1";
+
 /// An AWS region name: at least three `-`-separated parts of lowercase
 /// letters and digits (`us-east-1`, `us-gov-west-1`, `cn-northwest-1`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]

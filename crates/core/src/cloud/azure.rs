@@ -151,3 +151,11 @@ pub fn known_refusals(bindings: &[Binding], node_identities: &[String]) -> Vec<S
         })
         .collect()
 }
+
+/// Whether `s` names a tenant: a GUID or a domain name.
+pub fn is_tenant(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 256
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+}

@@ -44,3 +44,18 @@ pub fn bindings(annotations: &Annotations) -> Vec<Binding> {
         annotations::SERVICE_ACCOUNTS,
     )
 }
+
+/// A universe domain: DNS labels of lowercase letters, digits and `-`,
+/// at least two.
+pub fn is_universe_domain(s: &str) -> bool {
+    s.len() <= 253
+        && s.split('.').count() >= 2
+        && s.split('.').all(|label| {
+            (1..=63).contains(&label.len())
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}

@@ -422,6 +422,57 @@ pub struct SdkDefaults {
 }
 
 impl SdkDefaults {
+    /// The defaults of the configuration's `azure.tenant_id`,
+    /// `gcp.universe_domain` and `aws.region`, as typed sections give them.
+    pub fn of(azure_tenant_id: Option<&str>, gcp_universe_domain: &str, aws_region: &str) -> Self {
+        SdkDefaults {
+            azure_tenant_id: azure_tenant_id.map(str::to_string),
+            aws_region: Some(aws_region.to_string()),
+            gcp_universe_domain: (gcp_universe_domain != gcp::DEFAULT_UNIVERSE_DOMAIN)
+                .then(|| gcp_universe_domain.to_string()),
+        }
+    }
+
+    /// The same keys read from the clouds' sections as loaded, untyped
+    /// (`section(cloud)`: the section named after the cloud, if any), and
+    /// checked as the full configuration checks them; an absent key takes
+    /// its default. The slim sidecar reads its configuration this way, so
+    /// that it names no cloud of its own.
+    pub fn from_sections<'a>(
+        section: impl Fn(Cloud) -> Option<&'a serde_json::Value>,
+    ) -> Result<Self, Invalid> {
+        let key = |cloud: Cloud, key: &str| -> Result<Option<String>, serde_json::Value> {
+            match section(cloud).and_then(|s| s.get(key)) {
+                None | Some(serde_json::Value::Null) => Ok(None),
+                Some(serde_json::Value::String(v)) => Ok(Some(v.clone())),
+                Some(other) => Err(other.clone()),
+            }
+        };
+        let refuse =
+            |key: &'static str, expected: &'static str, got: String| Invalid { key, expected, got };
+        const TENANT: &str = "a tenant GUID or domain name";
+        const UNIVERSE: &str = "a DNS domain (googleapis.com)";
+        const REGION: &str = "an AWS region such as us-east-1";
+        let tenant = key(Cloud::Azure, "tenant_id")
+            .map_err(|v| refuse("azure.tenant_id", TENANT, v.to_string()))?;
+        if let Some(t) = tenant.as_deref().filter(|t| !azure::is_tenant(t)) {
+            return Err(refuse("azure.tenant_id", TENANT, t.to_string()));
+        }
+        let universe = key(Cloud::Gcp, "universe_domain")
+            .map_err(|v| refuse("gcp.universe_domain", UNIVERSE, v.to_string()))?
+            .unwrap_or_else(|| gcp::DEFAULT_UNIVERSE_DOMAIN.to_string());
+        if !gcp::is_universe_domain(&universe) {
+            return Err(refuse("gcp.universe_domain", UNIVERSE, universe));
+        }
+        let region = key(Cloud::Aws, "region")
+            .map_err(|v| refuse("aws.region", REGION, v.to_string()))?
+            .unwrap_or_else(|| aws::DEFAULT_REGION.to_string());
+        if aws::Region::parse(region.as_str()).is_err() {
+            return Err(refuse("aws.region", REGION, region));
+        }
+        Ok(SdkDefaults::of(tenant.as_deref(), &universe, &region))
+    }
+
     /// What the sidecar of a pod that presents its app-facing token is
     /// told of these defaults (the region its IMDS surface reports).
     pub fn sidecar_vars(&self) -> Vec<(&'static str, String)> {
@@ -640,6 +691,18 @@ pub fn now_unix() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
+}
+
+/// A configuration value a section refuses (a cloud's, the sidecar's).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid configuration: {key}: {expected} (got {got:?})")]
+pub struct Invalid {
+    /// The key, as `section.key`.
+    pub key: &'static str,
+    /// What the key takes.
+    pub expected: &'static str,
+    /// The value that was given.
+    pub got: String,
 }
 
 #[cfg(test)]

@@ -4,13 +4,16 @@
 //!
 //! `lanyard-sidecar redirect --port PORT` is transparent mode's init
 //! container: it installs the metadata redirect and exits (see
-//! `lanyard::transparent`). Without a subcommand it serves.
+//! `lanyard_sidecar::transparent`). Without a subcommand it serves.
 
 use std::process::ExitCode;
 
 use clap::Parser;
 
-use lanyard::cli::{self, GlobalArgs, SidecarArgs, SidecarCommand};
+use lanyard_sidecar::args::{SidecarArgs, SidecarCommand};
+use lanyard_sidecar::config::Settings;
+use lanyard_startup::logging::LogWrites;
+use lanyard_startup::GlobalArgs;
 
 #[derive(Parser)]
 #[command(
@@ -34,10 +37,13 @@ fn main() -> ExitCode {
         return command.run(&cli.global);
     }
     let overrides = cli.sidecar.overrides(&cli.global);
-    cli::run_with(
+    // Standalone mode is the full binary's: the slim one has no broker
+    // to give and says so (`lanyard sidecar --standalone`).
+    lanyard_startup::run_with(
         &cli.global,
         overrides,
-        lanyard::telemetry::LogWrites::Direct,
-        lanyard::sidecar::run,
+        LogWrites::Direct,
+        Settings::load,
+        |settings| lanyard_sidecar::run(settings, None),
     )
 }

@@ -27,7 +27,7 @@ const LENGTH: usize = PREFIX + 7;
 
 /// The timer the log is installed with.
 #[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct Timestamp;
+pub struct Timestamp;
 
 thread_local! {
     /// The Unix second last formatted on this thread, and its prefix.
@@ -45,11 +45,11 @@ impl FormatTime for Timestamp {
 }
 
 /// A time as the log writes it, on the stack.
-pub(crate) struct Stamp([u8; LENGTH]);
+pub struct Stamp([u8; LENGTH]);
 
 impl Stamp {
     /// The text (ASCII digits and punctuation).
-    pub(crate) fn as_str(&self) -> &str {
+    pub fn as_str(&self) -> &str {
         std::str::from_utf8(&self.0).unwrap_or_default()
     }
 }
@@ -57,7 +57,7 @@ impl Stamp {
 /// `t` as the log writes times (`2026-12-04T12:31:54.317780Z`); `None`
 /// before 1970 or past 9999, which the default timer writes in other
 /// shapes.
-pub(crate) fn rfc3339_micros(t: SystemTime) -> Option<Stamp> {
+pub fn rfc3339_micros(t: SystemTime) -> Option<Stamp> {
     let since_epoch = t.duration_since(UNIX_EPOCH).ok()?;
     let mut line = [0; LENGTH];
     render(since_epoch, &mut line).then_some(Stamp(line))

@@ -164,7 +164,7 @@ impl Visit for Visitor<'_> {
 /// Whether both `str`'s `Debug` and `str::escape_debug` write `text`
 /// unchanged: printable ASCII without `"`, `\` or `'`. Names, namespaces,
 /// resources and fingerprints are; the check lets them be copied whole.
-pub(crate) fn needs_no_escape(text: &str) -> bool {
+pub fn needs_no_escape(text: &str) -> bool {
     !any_word(text, escaped_in)
 }
 
@@ -184,7 +184,7 @@ fn escaped_in(word: u64) -> u64 {
 /// BEL, BS, FF, DEL, or a C1 control (U+0080..U+009F: in UTF-8, 0xC2 then
 /// 0x80..0x9F; any 0xC2 counts). A whole audit line passes through this
 /// check: two vectorized scans (`memchr3`) instead of six compares a byte.
-pub(crate) fn has_terminal_controls(text: &str) -> bool {
+pub fn has_terminal_controls(text: &str) -> bool {
     let bytes = text.as_bytes();
     memchr::memchr3(0x1b, 0x07, 0x08, bytes).is_some()
         || memchr::memchr3(0x0c, 0x7f, 0xc2, bytes).is_some()
@@ -192,7 +192,7 @@ pub(crate) fn has_terminal_controls(text: &str) -> bool {
 
 /// `value` as `<str as Debug>` writes it: copied between quotes when no
 /// character needs an escape, else the standard library's own escape.
-pub(crate) fn write_debug_str(w: &mut impl fmt::Write, value: &str) -> fmt::Result {
+pub fn write_debug_str(w: &mut impl fmt::Write, value: &str) -> fmt::Result {
     if needs_no_escape(value) {
         w.write_str("\"")?;
         w.write_str(value)?;
@@ -269,9 +269,10 @@ impl fmt::Write for Escaping<'_, '_> {
     }
 }
 
-/// What a text log writes, captured for tests.
-#[cfg(test)]
-pub(crate) mod capture {
+/// What a text log writes, captured for tests (feature `capture`: the
+/// tests of this crate and of the product, never a shipped binary).
+#[cfg(any(test, feature = "capture"))]
+pub mod capture {
     use std::sync::{Arc, Mutex};
 
     use tracing_subscriber::fmt::{FormatFields, MakeWriter};
@@ -281,7 +282,10 @@ pub(crate) mod capture {
 
     impl std::io::Write for Buffer {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
+            self.0
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .extend_from_slice(buf);
             Ok(buf.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
@@ -298,7 +302,7 @@ pub(crate) mod capture {
 
     /// The lines `emit` logs (debug and up, no time) through a text
     /// subscriber with `fields` as its field formatter.
-    pub(crate) fn text_log<N>(fields: N, ansi: bool, emit: impl FnOnce()) -> String
+    pub fn text_log<N>(fields: N, ansi: bool, emit: impl FnOnce()) -> String
     where
         N: for<'w> FormatFields<'w> + Send + Sync + 'static,
     {
@@ -311,15 +315,19 @@ pub(crate) mod capture {
             .with_writer(out.clone())
             .finish();
         tracing::subscriber::with_default(subscriber, emit);
-        let bytes = out.0.lock().unwrap().clone();
-        String::from_utf8(bytes).unwrap()
+        let bytes = out
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        String::from_utf8_lossy(&bytes).into_owned()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::telemetry::ascii_words::texts_with_each_odd_char;
+    use crate::logging::ascii_words::texts_with_each_odd_char;
 
     #[derive(Debug)]
     struct Outer(Inner);

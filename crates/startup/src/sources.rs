@@ -1,14 +1,58 @@
-//! Where configuration comes from besides defaults and the file: the
-//! `LANYARD_*` environment (sections, aliases, raw strings read lossily)
-//! and command-line flags, and figment's errors worded to name the key and
-//! the source of the bad value.
+//! Where configuration comes from: defaults, then a YAML file, then the
+//! `LANYARD_*` environment (sections, aliases, raw strings read lossily),
+//! then command-line flags, each overriding the last; and figment's errors
+//! worded to name the key and the source of the bad value.
+//!
+//! Generic over the schema: the full configuration (`lanyard::config`)
+//! and the slim sidecar's (`lanyard-sidecar`) read the same file, the
+//! same variables and the same flags the same way, each into its own type.
 
-use figment::providers::{Env, Serialized};
+use std::path::Path;
 
-use super::{Config, ConfigError};
+use figment::providers::{Env, Format, Serialized};
+use figment::Figment;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// YAML through serde_norway (the maintained serde_yaml fork).
+struct Yaml;
+
+impl Format for Yaml {
+    type Error = serde_norway::Error;
+    const NAME: &'static str = "YAML";
+
+    fn from_str<T: DeserializeOwned>(s: &str) -> Result<T, Self::Error> {
+        serde_norway::from_str(s)
+    }
+}
+
+/// Loads `T`: its defaults < `file` < the `LANYARD_*` environment <
+/// `overrides` (flags, as a nested map of the same keys). The error names
+/// each bad key and where its value came from.
+pub fn load<T>(file: Option<&Path>, overrides: serde_json::Value) -> Result<T, String>
+where
+    T: Default + Serialize + DeserializeOwned,
+{
+    let mut figment = Figment::from(Serialized::defaults(T::default()));
+    if let Some(path) = file {
+        if !path.is_file() {
+            return Err(format!(
+                "config file {} does not exist or is not a file",
+                path.display()
+            ));
+        }
+        figment = figment.merge(figment::providers::Data::<Yaml>::file(path));
+    }
+    figment = figment
+        .merge(RawEnv::new(&T::default()))
+        .merge(Flags(overrides));
+    // Lossy: the environment's raw strings become numbers and booleans
+    // where the key wants one (see `RawEnv`).
+    figment.extract_lossy().map_err(describe)
+}
 
 /// Command-line flags as a provider, so errors can say "command-line flag".
-pub(super) struct Flags(pub(super) serde_json::Value);
+struct Flags(serde_json::Value);
 
 impl figment::Provider for Flags {
     fn metadata(&self) -> figment::Metadata {
@@ -24,6 +68,8 @@ impl figment::Provider for Flags {
 
 /// Sections whose environment variables are `LANYARD_<SECTION>_<KEY>`,
 /// besides the clouds' own (named after each cloud, from its table row).
+/// Every schema maps the same names: a variable of a section the schema
+/// does not read is left to the role that reads it.
 const SECTIONS: [&str; 7] = [
     "cache", "cluster", "policy", "audit", "sidecar", "webhook", "dev",
 ];
@@ -43,7 +89,7 @@ const TOP_LEVEL: [&str; 5] = [
 
 /// Turns figment's errors into messages that name the key and where the
 /// bad value came from (file, environment variable or flag).
-pub(super) fn describe(errors: figment::Error) -> ConfigError {
+fn describe(errors: figment::Error) -> String {
     let messages: Vec<String> = errors
         .into_iter()
         .map(|e| {
@@ -68,7 +114,7 @@ pub(super) fn describe(errors: figment::Error) -> ConfigError {
             }
         })
         .collect();
-    ConfigError::Load(messages.join("; "))
+    messages.join("; ")
 }
 
 /// `LANYARD_*` variables as a provider that keeps their values as written.
@@ -81,15 +127,15 @@ pub(super) fn describe(errors: figment::Error) -> ConfigError {
 /// for keys whose type asks for one. Only the keys whose value is a list or
 /// map (known from the defaults: their default is an array or an empty
 /// object) are parsed with figment's value syntax.
-pub(super) struct RawEnv {
+struct RawEnv {
     env: Env,
     structured: std::collections::BTreeSet<String>,
 }
 
 impl RawEnv {
-    pub(super) fn new() -> Self {
+    fn new(defaults: &impl Serialize) -> Self {
         let mut structured = std::collections::BTreeSet::new();
-        if let Ok(defaults) = serde_json::to_value(Config::default()) {
+        if let Ok(defaults) = serde_json::to_value(defaults) {
             structured_keys(&defaults, "", &mut structured);
         }
         RawEnv {
@@ -101,7 +147,7 @@ impl RawEnv {
 
 /// Dotted keys of `value`'s lists and maps: arrays and empty objects (a
 /// section is an object with fields; a map's default is empty).
-pub(super) fn structured_keys(
+pub fn structured_keys(
     value: &serde_json::Value,
     prefix: &str,
     out: &mut std::collections::BTreeSet<String>,
@@ -180,7 +226,7 @@ fn env_provider() -> Env {
         }
         // Each cloud's section is named after the cloud, from its table
         // row: a new cloud's variables map without a list to join.
-        let clouds = crate::cloud::Cloud::ALL.map(crate::cloud::Cloud::name);
+        let clouds = lanyard_core::cloud::Cloud::ALL.map(lanyard_core::cloud::Cloud::name);
         clouds.iter().chain(SECTIONS.iter()).find_map(|section| {
             key.strip_prefix(section)
                 .and_then(|r| r.strip_prefix('_'))

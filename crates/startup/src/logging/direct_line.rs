@@ -37,7 +37,7 @@ use super::text_fields::has_terminal_controls;
 use super::timestamp;
 
 /// The writer the installed plain-text subscriber writes to.
-pub(crate) enum Lines {
+pub enum Lines {
     /// The writer thread ([`super::LogWrites::Batched`]).
     Thread(tracing_appender::non_blocking::NonBlocking),
     /// Each line as it comes ([`super::LogWrites::Direct`]).
@@ -54,12 +54,12 @@ thread_local! {
 
 /// Lines may be written here from now on, to `lines`: the writer of the
 /// plain text log just installed as the global subscriber.
-pub(crate) fn install(lines: Lines) {
+pub fn install(lines: Lines) {
     let _ = LINES.set(lines);
 }
 
 /// Whether the plain text log is installed (see [`install`]).
-pub(crate) fn installed() -> bool {
+pub fn installed() -> bool {
     LINES.get().is_some()
 }
 
@@ -67,11 +67,7 @@ pub(crate) fn installed() -> bool {
 /// the installed subscriber would write the event; false, with nothing
 /// written, when this cannot be done byte for byte (see the module
 /// documentation): the caller then logs the event through `tracing`.
-pub(crate) fn write(
-    level: Level,
-    target: &str,
-    fill: impl FnOnce(&mut String) -> fmt::Result,
-) -> bool {
+pub fn write(level: Level, target: &str, fill: impl FnOnce(&mut String) -> fmt::Result) -> bool {
     let Some(lines) = LINES.get() else {
         return false;
     };
@@ -115,7 +111,7 @@ fn in_span() -> bool {
 /// Appends the line after its timestamp: level, target, message and the
 /// newline. An error when `fill` fails or the message holds a terminal
 /// control.
-pub(crate) fn lay_out(
+pub fn lay_out(
     out: &mut String,
     level: Level,
     target: &str,
