@@ -6,8 +6,9 @@
 //! retries on, never a wrong or empty credential.
 //!
 //! At most [`AGENT_CONCURRENCY`] requests are in flight to the agent at
-//! once, over as many pooled connections; the rest wait their turn (within
-//! the same 20 s). Without the bound a burst of N SDK calls in one pod (a
+//! once, over as many pooled connections per serving thread (each thread
+//! has a pool of its own: [`RemoteBroker::client`]; the slim sidecar
+//! serves from two); the rest wait their turn (within the same 20 s). Without the bound a burst of N SDK calls in one pod (a
 //! Ray worker's processes starting together) opened N connections to the
 //! agent: each costs both processes tens of KB the allocator keeps after
 //! the burst (bursts of 200 grew a sidecar from 15 to 31 MiB, against a
@@ -42,7 +43,7 @@ use lanyard_core::grant::{BrokerError, Grant, TokenBroker};
 use lanyard_core::secret::{ExposeSecret, SecretString};
 
 /// Most requests one sidecar has in flight to its agent, and most
-/// connections it keeps open to it. A cached answer takes the agent well
+/// connections each of its serving threads keeps open to it. A cached answer takes the agent well
 /// under a millisecond, so a queue of hundreds drains in milliseconds.
 pub const AGENT_CONCURRENCY: usize = 16;
 
@@ -76,7 +77,9 @@ const RESEND_AFTER: [Duration; 5] = [
 ];
 
 /// hyper's pooled client, over TLS when the agent's URL is `https://`.
-type AgentClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+type AgentClient = Client<Connector, Full<Bytes>>;
+/// What the clients of the agent connect with (TCP, and TLS for `https://`).
+type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
 
 /// A client of the node agent's `/v1/token`.
 ///
@@ -88,7 +91,10 @@ type AgentClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Byte
 /// The agent is one fixed address that never redirects, so none of them
 /// is needed.
 pub struct RemoteBroker {
-    http: AgentClient,
+    /// Builds a client with a pool of its own (see [`RemoteBroker::client`]).
+    connector: Connector,
+    /// Tells this broker's per-thread clients from other brokers'.
+    id: u64,
     /// Parsed once, not on every request.
     token_uri: Uri,
     health_uri: Uri,
@@ -159,20 +165,52 @@ impl RemoteBroker {
             .https_or_http()
             .enable_http1()
             .wrap_connector(tcp);
-        let http = Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(AGENT_CONCURRENCY)
-            // INVARIANT: shorter than the agent's idle timeout (10 s,
-            // `http::Limits::api`), so a pooled connection is dropped here
-            // before the agent closes it under a request being sent.
-            .pool_idle_timeout(Duration::from_secs(5))
-            .pool_timer(TokioTimer::new())
-            .build(connector);
+        static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         Ok(RemoteBroker {
-            http,
+            connector,
+            id: IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             token_uri,
             health_uri,
             turns: Semaphore::new(AGENT_CONCURRENCY),
             decoded: std::sync::Mutex::new(Vec::new()),
+        })
+    }
+
+    /// This thread's client of the agent, with a connection pool of its
+    /// own.
+    ///
+    /// Why per thread: the sidecar serves its SDK endpoints from threads
+    /// that each run a runtime of their own (`lanyard_http::per_thread`),
+    /// and a pooled connection's task runs on the runtime that opened it.
+    /// With one shared pool, a request on one thread used a connection
+    /// driven by the other, and every exchange woke the other CPU. Each
+    /// thread's requests now ride connections its own runtime drives.
+    /// In-flight requests stay bounded by [`AGENT_CONCURRENCY`] in all;
+    /// idle connections by that many per thread.
+    fn client(&self) -> AgentClient {
+        thread_local! {
+            static CLIENTS: std::cell::RefCell<Vec<(u64, AgentClient)>> =
+                const { std::cell::RefCell::new(Vec::new()) };
+        }
+        CLIENTS.with_borrow_mut(|clients| {
+            if let Some((_, client)) = clients.iter().find(|(id, _)| *id == self.id) {
+                return client.clone();
+            }
+            // Bounded: a thread keeps the clients of the last few brokers
+            // it served (a process has one; tests make more).
+            if clients.len() >= 4 {
+                clients.remove(0);
+            }
+            let client = Client::builder(TokioExecutor::new())
+                .pool_max_idle_per_host(AGENT_CONCURRENCY)
+                // INVARIANT: shorter than the agent's idle timeout (10 s,
+                // `http::Limits::api`), so a pooled connection is dropped
+                // here before the agent closes it under a request being sent.
+                .pool_idle_timeout(Duration::from_secs(5))
+                .pool_timer(TokioTimer::new())
+                .build(self.connector.clone());
+            clients.push((self.id, client.clone()));
+            client
         })
     }
 
@@ -187,7 +225,8 @@ impl RemoteBroker {
 
     /// Sends `request` and reads the whole answer, all by `deadline`.
     async fn exchange(&self, request: Request<Full<Bytes>>, deadline: Instant) -> Sent {
-        let response = match tokio::time::timeout_at(deadline, self.http.request(request)).await {
+        let response = match tokio::time::timeout_at(deadline, self.client().request(request)).await
+        {
             Err(_) => return Sent::Failed("node agent did not answer in time".into()),
             // INVARIANT: the legacy client fails a request only before the
             // answer's head arrived (refused, reset, closed unanswered), so
@@ -395,9 +434,10 @@ mod tests {
             (2..=AGENT_CONCURRENCY).contains(&most),
             "{most} requests were in flight at once"
         );
+        // Each of the runtime's two threads has a pool of its own.
         let connections = seen.connections.lock().unwrap().len();
         assert!(
-            connections <= AGENT_CONCURRENCY,
+            connections <= 2 * AGENT_CONCURRENCY,
             "{connections} connections for a burst of {burst}"
         );
     }
