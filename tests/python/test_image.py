@@ -41,6 +41,7 @@ EXPECTED_FILES = {
     "usr/share/doc/lanyard/LGPL-2.1",
     "usr/share/doc/lanyard/ca-certificates.copyright",
     "usr/share/doc/lanyard/MPL-2.0",
+    "usr/share/doc/lanyard/sbom.cdx.json",
 }
 # Roots that the clouds' token endpoints chain to: Entra ID
 # (login.microsoftonline.com), Google (sts/iamcredentials.googleapis.com),
@@ -124,6 +125,12 @@ def test_only_binaries_certificates_and_licences_are_inside(image):
     for crate in ("tokio ", "rustls ", "cedar-policy ", "aws-lc-rs "):
         assert f"\n{crate}" in third_party, crate
     assert "Permission is hereby granted" in third_party  # the MIT texts themselves
+    # The SBOM inside it (scripts/sbom; tests/python/test_sbom.py checks
+    # its content): CycloneDX, naming the binaries' crates.
+    sbom = json.loads((root / "usr/share/doc/lanyard/sbom.cdx.json").read_text())
+    assert sbom["bomFormat"] == "CycloneDX" and sbom["specVersion"] == "1.5"
+    names = {c["name"] for c in sbom["components"]}
+    assert {"tokio", "rustls", "cedar-policy", "lanyard-sidecar", "libc6-dev"} <= names
 
 
 def test_the_binaries_run_chrooted_as_the_image_user(image):
