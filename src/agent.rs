@@ -142,6 +142,9 @@ pub async fn broker(config: &Config, metrics: Arc<Metrics>) -> anyhow::Result<Br
 /// and (with Kubernetes bindings) the ServiceAccount and pod reflectors hold
 /// their first lists; then the agent API starts listening.
 pub async fn run(config: Config) -> anyhow::Result<()> {
+    // Before anything binds: a stop signal from now on is kept.
+    crate::http::listen_for_signals();
+
     let metrics = Arc::new(Metrics::new());
     let (readiness, conditions) = readiness(&config);
     let (trigger, shutdown) = Shutdown::new();

@@ -519,6 +519,9 @@ pub const READY_LINE: &str = "# lanyard dev ready";
 
 /// Runs `lanyard dev` in the foreground until SIGINT or SIGTERM.
 pub async fn run(config: Config) -> anyhow::Result<()> {
+    // Before anything binds: a stop signal from now on is kept.
+    crate::http::listen_for_signals();
+
     let stack = DevStack::start(&config).await?;
     {
         use std::io::Write;

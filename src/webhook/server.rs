@@ -549,6 +549,9 @@ async fn check(webhook: &Webhook, body: &[u8]) -> (&'static str, &'static str, J
 /// holds its first list (with Kubernetes ServiceAccounts) and the TLS
 /// certificate is loaded.
 pub async fn run(config: crate::config::Config) -> anyhow::Result<()> {
+    // Before anything binds: a stop signal from now on is kept.
+    crate::http::listen_for_signals();
+
     let w = &config.webhook;
     let (Some(cert), Some(key)) = (w.tls_cert.clone(), w.tls_key.clone()) else {
         anyhow::bail!("the webhook serves HTTPS only: set --tls-cert FILE and --tls-key FILE");

@@ -35,9 +35,57 @@ pub enum StopSignal {
     Terminate,
 }
 
+/// SIGINT and SIGTERM listeners registered when a role starts
+/// ([`listen_for_signals`]), for its first [`wait_for_signal`].
+#[cfg(unix)]
+struct Listeners {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+#[cfg(unix)]
+static EARLY: std::sync::Mutex<Option<Listeners>> = std::sync::Mutex::new(None);
+
+/// Starts listening for SIGINT and SIGTERM now, on the current runtime;
+/// each role calls it first.
+///
+/// Why: a listener registered only when the role awaits its stop signal
+/// (after it has bound, become ready and said so) left a window in which
+/// the signal's default action still applied. A SIGTERM that arrived
+/// there (the kubelet deleting a pod just started; a test done with a
+/// process as soon as it answered) killed the process mid-start, with no
+/// drain and exit status -15. Registered first, the signal is kept until
+/// [`wait_for_signal`] takes it.
+pub fn listen_for_signals() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let (Ok(interrupt), Ok(terminate)) = (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) {
+            *EARLY.lock().unwrap_or_else(|p| p.into_inner()) = Some(Listeners {
+                interrupt,
+                terminate,
+            });
+        }
+    }
+}
+
 /// Resolves on SIGINT or SIGTERM, saying which: how every role is asked to
-/// stop.
+/// stop. The first call takes the listeners [`listen_for_signals`]
+/// registered, with any signal that arrived since.
 pub async fn wait_for_signal() -> StopSignal {
+    #[cfg(unix)]
+    {
+        let early = EARLY.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(mut early) = early {
+            return tokio::select! {
+                _ = early.interrupt.recv() => StopSignal::Interrupt,
+                _ = early.terminate.recv() => StopSignal::Terminate,
+            };
+        }
+    }
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };

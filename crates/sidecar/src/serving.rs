@@ -226,6 +226,9 @@ impl Sidecar {
 
 /// Runs the sidecar until SIGINT/SIGTERM.
 pub async fn run(config: Settings, standalone: Option<Arc<dyn TokenBroker>>) -> anyhow::Result<()> {
+    // Before anything binds: a stop signal from now on is kept.
+    lanyard_http::listen_for_signals();
+
     let sidecar = Sidecar::start(&config, standalone).await?;
     let _ = wait_for_signal().await;
     tracing::info!(target: TARGET, "shutting down");
