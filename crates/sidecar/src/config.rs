@@ -145,7 +145,7 @@ impl Default for Settings {
             log_level: "info".into(),
             listen: SocketAddr::from(([127, 0, 0, 1], 8642)),
             sidecar: SidecarConfig::default(),
-            sdk_defaults: SdkDefaults::from_sections(|_| None).unwrap_or_default(),
+            sdk_defaults: SdkDefaults::unconfigured(),
         }
     }
 }
@@ -195,11 +195,6 @@ impl Settings {
             sidecar: loaded.sidecar,
             sdk_defaults,
         })
-    }
-
-    /// What the SDK environment takes from the clouds' sections.
-    pub fn sdk_defaults(&self) -> SdkDefaults {
-        self.sdk_defaults.clone()
     }
 }
 

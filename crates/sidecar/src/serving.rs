@@ -78,16 +78,21 @@ impl Sidecar {
         config: &Settings,
         standalone: Option<Arc<dyn TokenBroker>>,
     ) -> anyhow::Result<Sidecar> {
-        let remote = match (&config.sidecar.agent_url, config.sidecar.standalone) {
-            (Some(url), false) => Some(Arc::new(RemoteBroker::new(url)?)),
-            (None, false) => anyhow::bail!(
+        let window = Duration::from_secs(config.sidecar.grant_reuse_seconds);
+        let (broker, remote): (Arc<dyn TokenBroker>, _) = match (
+            &config.sidecar.agent_url,
+            config.sidecar.standalone,
+            standalone,
+        ) {
+            (_, true, Some(standalone)) => (standalone, None),
+            (_, true, None) => anyhow::bail!("{STANDALONE_ELSEWHERE}"),
+            (Some(url), false, _) => {
+                let remote = Arc::new(RemoteBroker::new(url)?);
+                (Arc::new(ReusingBroker::new(remote.clone(), window)), Some(remote))
+            }
+            (None, false, _) => anyhow::bail!(
                 "no node agent: set --agent URL or LANYARD_AGENT_URL (or --standalone to exchange directly)"
             ),
-            (_, true) => None,
-        };
-        let standalone = match (config.sidecar.standalone, standalone) {
-            (true, None) => anyhow::bail!("{STANDALONE_ELSEWHERE}"),
-            (_, standalone) => standalone,
         };
         let dir = config.sidecar.token_dir.clone().ok_or_else(|| {
             anyhow::anyhow!("no token directory: set --token-dir DIR or LANYARD_TOKEN_DIR")
@@ -100,14 +105,6 @@ impl Sidecar {
         })?;
         drop(entries);
         let tokens = Arc::new(FileTokens::new(&dir));
-        let broker: Arc<dyn TokenBroker> = match (&remote, standalone) {
-            (Some(remote), _) => Arc::new(ReusingBroker::new(
-                remote.clone(),
-                Duration::from_secs(config.sidecar.grant_reuse_seconds),
-            )),
-            (None, Some(standalone)) => standalone,
-            (None, None) => anyhow::bail!("{STANDALONE_ELSEWHERE}"),
-        };
         let app_token = config
             .sidecar
             .app_token_file
@@ -123,7 +120,7 @@ impl Sidecar {
             tokens.clone(),
             SecretString::from(identity_header),
             Some(ContainerToken::new(app_token)),
-            config.sdk_defaults(),
+            config.sdk_defaults.clone(),
         ));
         // Notice rotations of the container authorization token while no
         // one calls, so the token a rotation replaces is known when a

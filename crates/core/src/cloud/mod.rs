@@ -433,6 +433,11 @@ impl SdkDefaults {
         }
     }
 
+    /// What the sections' defaults give (no key set).
+    pub fn unconfigured() -> Self {
+        SdkDefaults::of(None, gcp::DEFAULT_UNIVERSE_DOMAIN, aws::DEFAULT_REGION)
+    }
+
     /// The same keys read from the clouds' sections as loaded, untyped
     /// (`section(cloud)`: the section named after the cloud, if any), and
     /// checked as the full configuration checks them; an absent key takes
