@@ -96,6 +96,25 @@ def test_every_object_validates_against_the_kubernetes_schemas(rendered):
     assert checked >= 12, (name, checked)
 
 
+RECOMMENDED_LABELS = {"app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version",
+                      "app.kubernetes.io/managed-by", "app.kubernetes.io/part-of", "helm.sh/chart"}
+
+
+def test_every_object_and_pod_carries_the_recommended_labels(rendered):
+    """Kubernetes' recommended labels
+    (https://kubernetes.io/docs/concepts/overview/working-with-objects/common-labels/)
+    on every object the chart renders and on every pod it templates."""
+    name, objects = rendered
+    for obj in objects:
+        labels = obj["metadata"].get("labels", {})
+        assert RECOMMENDED_LABELS <= set(labels), (name, obj["kind"], obj["metadata"]["name"], RECOMMENDED_LABELS - set(labels))
+        assert labels["app.kubernetes.io/part-of"] == "lanyard"
+        template = obj.get("spec", {}).get("template")
+        if template:
+            missing = RECOMMENDED_LABELS - set(template["metadata"]["labels"])
+            assert not missing, (name, obj["kind"], "pod template", missing)
+
+
 def rules(objects, name):
     return find(objects, "ClusterRole", name)["rules"]
 

