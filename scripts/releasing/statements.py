@@ -1,11 +1,11 @@
 """The in-toto statements a release attests: the image's SBOM and the
 build's provenance.
 
-- **SBOM**: an in-toto Statement v1 whose predicate is the CycloneDX
+- **SBOM**: an in-toto statement whose predicate is the CycloneDX
   document `scripts/sbom` writes, predicate type
   `https://cyclonedx.org/bom` (what `cosign attest --type cyclonedx`
   writes and Kyverno's `verifyImages` `attestations[].type` matches).
-- **Provenance**: an in-toto Statement v1 with the SLSA v1.0 provenance
+- **Provenance**: an in-toto statement with the SLSA v1.0 provenance
   predicate (`https://slsa.dev/provenance/v1`,
   https://slsa.dev/spec/v1.0/provenance): `buildDefinition` (the build
   type, the parameters the release command was given, and the resolved
@@ -29,7 +29,12 @@ import socket
 import subprocess
 from pathlib import Path
 
-STATEMENT_V1 = "https://in-toto.io/Statement/v1"
+# The statement type cosign writes into its `.att` attestations, and so the
+# one every reader of them accepts (cosign still writes v0.1: sigstore/cosign
+# #4238; validators that took only v1 had to learn v0.1 for cosign's:
+# in-toto/attestation #461). v0.1 and v1 share this shape: `_type`,
+# `subject` (name and digest), `predicateType`, `predicate`.
+STATEMENT = "https://in-toto.io/Statement/v0.1"
 CYCLONEDX = "https://cyclonedx.org/bom"
 SLSA_PROVENANCE_V1 = "https://slsa.dev/provenance/v1"
 # docs/release.md ("Provenance") says what a build of this type does and
@@ -43,7 +48,7 @@ def subject(name: str, digest: str) -> dict:
 
 
 def sbom_statement(image: str, digest: str, sbom: dict) -> dict:
-    return {"_type": STATEMENT_V1, "subject": [subject(image, digest)], "predicateType": CYCLONEDX, "predicate": sbom}
+    return {"_type": STATEMENT, "subject": [subject(image, digest)], "predicateType": CYCLONEDX, "predicate": sbom}
 
 
 def _git(root: Path, *args: str) -> str | None:
@@ -91,7 +96,7 @@ def provenance_statement(
     if run_id:
         metadata["invocationId"] = f"{os.environ.get('GITHUB_SERVER_URL')}/{os.environ.get('GITHUB_REPOSITORY')}/actions/runs/{run_id}"
     return {
-        "_type": STATEMENT_V1,
+        "_type": STATEMENT,
         "subject": subjects,
         "predicateType": SLSA_PROVENANCE_V1,
         "predicate": {

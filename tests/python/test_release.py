@@ -279,7 +279,7 @@ def test_the_sbom_and_the_provenance_are_signed_attestations_of_the_image(publis
     assert set(found) == {statements.CYCLONEDX, statements.SLSA_PROVENANCE_V1}
 
     sbom_statement = verified_statement(found[statements.CYCLONEDX], keys["public"])
-    assert sbom_statement["_type"] == "https://in-toto.io/Statement/v1"
+    assert sbom_statement["_type"] == statements.STATEMENT == "https://in-toto.io/Statement/v0.1"
     assert sbom_statement["subject"] == [{"name": name, "digest": {"sha256": digest.removeprefix("sha256:")}}]
     sbom = sbom_statement["predicate"]
     assert JsonStrictValidator(SchemaVersion.V1_5).validate_str(json.dumps(sbom)) is None
