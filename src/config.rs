@@ -9,7 +9,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cloud::{aws, azure, gcp, Cloud, Invalid, PerCloud, Registry, SdkDefaults};
+use crate::cloud::trust::{Trust, Workload};
+use crate::cloud::{aws, azure, gcp, Bindings, Cloud, Invalid, PerCloud, Registry, SdkDefaults};
 use crate::directory::file::{NamespaceEntry, ServiceAccountEntry};
 use crate::telemetry::LogFormat;
 pub use lanyard_sidecar::config::SidecarConfig;
@@ -682,6 +683,15 @@ impl CloudSettings<'_> {
             &self.gcp.universe_domain,
             &self.aws.region,
         )
+    }
+
+    /// What each cloud must trust for `bindings` of `workload`, every
+    /// cloud's in [`Cloud::ALL`] order (`lanyard doctor`).
+    pub fn trust(&self, bindings: &Bindings, workload: &Workload) -> Vec<Trust> {
+        let mut out = azure::trust::trust(self.azure, &bindings.azure, workload);
+        out.extend(gcp::trust::trust(self.gcp, &bindings.gcp, workload));
+        out.extend(aws::trust::trust(self.aws, &bindings.aws, workload));
+        out
     }
 
     /// Registers the exchanger of every configured cloud.

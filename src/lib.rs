@@ -26,6 +26,7 @@ pub mod config;
 #[cfg(feature = "dev")]
 pub mod dev;
 pub mod directory;
+pub mod doctor;
 pub mod http;
 pub mod pod_events;
 pub mod policy;

@@ -41,6 +41,89 @@ enum Command {
     /// Work with audit files (see docs/audit.md).
     #[command(subcommand)]
     Audit(AuditCommand),
+    /// Explain why a pod does (or does not) get its credentials, and the
+    /// trust each cloud needs for its ServiceAccount. Read-only, with your
+    /// kubeconfig; give it the agent's configuration (`--config`). Exit 1
+    /// when a check fails (see docs/operations.md).
+    #[command(subcommand)]
+    Doctor(DoctorCommand),
+}
+
+#[derive(Subcommand)]
+enum DoctorCommand {
+    /// A pod (NAMESPACE/NAME): opted in, injected, its tokens'
+    /// audiences, then its ServiceAccount's checks.
+    Pod(DoctorArgs),
+    /// A ServiceAccount (NAMESPACE/NAME): its bindings, the cluster's
+    /// issuer, and what each cloud must trust.
+    #[command(name = "serviceaccount", visible_alias = "sa")]
+    ServiceAccount(DoctorArgs),
+}
+
+#[derive(Args)]
+struct DoctorArgs {
+    /// NAMESPACE/NAME.
+    target: String,
+    /// `table` (default) or `json` (stable fields, docs/operations.md).
+    #[arg(long, short, value_enum, default_value_t = Output::Table)]
+    output: Output,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+/// `lanyard doctor`: the configuration from the usual sources, then one
+/// diagnosis; its exit code (2 for a bad target or configuration).
+fn doctor(global: &GlobalArgs, command: DoctorCommand) -> ExitCode {
+    let (args, target) = match command {
+        DoctorCommand::Pod(a) => {
+            let t = lanyard::doctor::Target::pod(&a.target);
+            (a, t)
+        }
+        DoctorCommand::ServiceAccount(a) => {
+            let t = lanyard::doctor::Target::service_account(&a.target);
+            (a, t)
+        }
+    };
+    let target = match target {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("lanyard doctor: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let loaded = global
+        .overrides()
+        .into_value()
+        .map_err(|e| e.to_string())
+        .and_then(|o| {
+            lanyard::config::Config::load(global.config.as_deref(), o).map_err(|e| e.to_string())
+        });
+    let config = match loaded {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("lanyard doctor: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("lanyard doctor: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(lanyard::doctor::command(
+        config,
+        target,
+        args.output == Output::Json,
+    ))
 }
 
 #[derive(Subcommand)]
@@ -240,6 +323,7 @@ fn main() -> ExitCode {
             std::time::Duration::from_secs(stale_after),
             json,
         ),
+        Command::Doctor(command) => doctor(global, command),
         Command::Webhook(args) => cli::run(
             global,
             args.overrides(global),

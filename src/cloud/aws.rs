@@ -60,6 +60,7 @@ pub use lanyard_core::cloud::aws::{
 };
 
 mod chain;
+pub mod trust;
 use chain::MAX_CHAINED_SESSION;
 pub use chain::{session_tags, AssumeRoleOptions};
 

@@ -31,6 +31,7 @@ pub use lanyard_core::cloud::azure::{
 mod app_hop;
 pub mod identity_binding;
 mod node_imds;
+pub mod trust;
 pub use app_hop::{FirstHops, Hop};
 pub use identity_binding::IdentityBindingProxy;
 pub use node_imds::{NodeImds, DEFAULT_ENDPOINT as DEFAULT_IMDS_ENDPOINT};

@@ -44,6 +44,8 @@ pub use lanyard_core::cloud::gcp::{
     accepted_audiences, annotations, bindings, is_universe_domain, Binding, DEFAULT_UNIVERSE_DOMAIN,
 };
 
+pub mod trust;
+
 /// The scope asked for when the caller names none (what the GCE metadata
 /// server hands out by default).
 pub const CLOUD_PLATFORM_SCOPE: &str = "https://www.googleapis.com/auth/cloud-platform";

@@ -18,6 +18,7 @@ pub mod azure;
 mod exchanger;
 pub mod gcp;
 pub(crate) mod send;
+pub mod trust;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -30,6 +30,15 @@ pub mod annotations {
     /// `security-credentials/ROLE`; comma- or space-separated; after
     /// `ROLE_ARN`'s, or the first is the default).
     pub const ROLE_ARNS: &str = "lanyard.dev/aws-role-arns";
+    /// Every annotation above: what Lanyard reads of this cloud's.
+    pub const ALL: &[&str] = &[
+        ROLE_ARN,
+        TARGET_ROLE_ARN,
+        EXTERNAL_ID,
+        SESSION_TAGS,
+        SESSION_POLICY,
+        ROLE_ARNS,
+    ];
 }
 
 /// Session credentials from STS.

@@ -29,6 +29,16 @@ pub mod annotations {
     /// Lanyard's own: the tenant the app's tokens are asked in (where the
     /// multi-tenant app is provisioned); absent: the identity's tenant.
     pub const APP_TENANT_ID: &str = "lanyard.dev/azure-app-tenant-id";
+    /// Every annotation above: what Lanyard reads of this cloud's.
+    pub const ALL: &[&str] = &[
+        CLIENT_ID,
+        TENANT_ID,
+        OBJECT_ID,
+        RESOURCE_ID,
+        CLIENT_IDS,
+        APP_CLIENT_ID,
+        APP_TENANT_ID,
+    ];
 }
 
 /// The audience AKS's identity-binding proxy accepts (it exchanges a

@@ -13,6 +13,8 @@ pub mod annotations {
     /// `service-accounts/EMAIL/`; comma- or space-separated; after
     /// `SERVICE_ACCOUNT`'s, or the first is the default).
     pub const SERVICE_ACCOUNTS: &str = "lanyard.dev/gcp-service-accounts";
+    /// Every annotation above: what Lanyard reads of this cloud's.
+    pub const ALL: &[&str] = &[SERVICE_ACCOUNT, SERVICE_ACCOUNTS];
 }
 
 /// The audiences Google accepts for a provider's token: the provider's

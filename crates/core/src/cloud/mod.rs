@@ -394,6 +394,25 @@ impl Bindings {
         }
     }
 
+    /// The ids of `cloud`'s identities bound here: client ids, Google
+    /// service accounts, role ARNs.
+    pub fn identity_ids(&self, cloud: Cloud) -> Vec<&str> {
+        match cloud {
+            Cloud::Azure => self.azure.iter().map(|b| b.client_id.as_str()).collect(),
+            Cloud::Gcp => self.gcp.iter().map(String::as_str).collect(),
+            Cloud::Aws => self.aws.iter().map(|b| b.role_arn.as_str()).collect(),
+        }
+    }
+
+    /// Every ServiceAccount annotation any cloud's bindings are read from.
+    pub fn annotation_keys() -> impl Iterator<Item = &'static str> {
+        azure::annotations::ALL
+            .iter()
+            .chain(gcp::annotations::ALL)
+            .chain(aws::annotations::ALL)
+            .copied()
+    }
+
     /// Whether no cloud is bound at all.
     pub fn is_empty(&self) -> bool {
         !Cloud::ALL.into_iter().any(|c| self.names(c))

@@ -1,0 +1,718 @@
+//! The doctor's checks, on what [`super::cluster`] read: pure functions of
+//! the facts and the configuration, so each verdict is testable without a
+//! cluster.
+//!
+//! The bindings are read by the code the agent reads them with
+//! (`Bindings::from_annotations`, `known_refusals`), the audiences are the
+//! webhook's (`CloudSettings::audiences`, each cloud's accepted
+//! spellings), and the trust is each cloud's module's
+//! (`CloudSettings::trust`): the doctor cannot disagree with what the
+//! agent will do.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+
+use super::cluster::Facts;
+use super::report::{Examined, Finding, Report, Status, FORMAT_VERSION};
+use super::Target;
+use crate::cloud::trust::Workload;
+use crate::cloud::{Annotations, Bindings, Cloud};
+use crate::config::Config;
+use crate::webhook::vocabulary::{INJECT_LABEL, SIDECAR_NAME, TOKENS_VOLUME};
+
+/// Lanyard's annotation prefix: a ServiceAccount annotation under it that
+/// no cloud reads is most likely a typo.
+const LANYARD_PREFIX: &str = "lanyard.dev/";
+
+/// Every verdict on `target`.
+pub fn evaluate(config: &Config, target: &Target, facts: &Facts) -> Report {
+    let mut findings = Vec::new();
+    let (kind, namespace, name) = match target {
+        Target::Pod { namespace, name } => ("pod", namespace, name),
+        Target::ServiceAccount { namespace, name } => ("serviceaccount", namespace, name),
+    };
+    let bindings = facts
+        .service_account
+        .as_ref()
+        .ok()
+        .and_then(Option::as_ref)
+        .map(|sa| Bindings::from_annotations(&annotations(sa)));
+
+    if let Some(pod) = &facts.pod {
+        pod_checks(
+            config,
+            namespace,
+            name,
+            pod,
+            bindings.as_ref(),
+            &mut findings,
+        );
+    }
+    let sa = service_account_checks(config, facts, bindings.as_ref(), &mut findings);
+    let issuer = issuer_check(config, facts, &mut findings);
+
+    let mut trust = Vec::new();
+    if let (Some(b), Some((ns, sa_name)), Some(issuer)) =
+        (&bindings, &facts.service_account_name, &issuer)
+    {
+        let counts = sharing(facts, &mut findings);
+        let lookup = |cloud: Cloud, id: &str| {
+            counts
+                .as_ref()
+                .map(|c| c.get(&(cloud, id.to_string())).copied().unwrap_or(0))
+        };
+        let workload = Workload {
+            issuer,
+            namespace: ns,
+            service_account: sa_name,
+            sharing: &lookup,
+        };
+        trust = config.clouds().trust(b, &workload);
+        for t in &trust {
+            let cloud = Cloud::from_name(t.cloud).map(Cloud::name);
+            if t.problems.is_empty() {
+                findings.push(Finding::new(
+                    "trust",
+                    cloud,
+                    Status::Info,
+                    format!("{} needs a {} (below)", t.identity, t.kind),
+                ));
+            }
+            for p in &t.problems {
+                let (what, fix) = p.split_once(": ").unwrap_or((p.as_str(), ""));
+                let f = Finding::new("trust", cloud, Status::Fail, what);
+                findings.push(if fix.is_empty() { f } else { f.fix(fix) });
+            }
+        }
+    }
+    let ok = !findings.iter().any(|f| f.status == Status::Fail);
+    Report {
+        version: FORMAT_VERSION,
+        target: Examined {
+            kind,
+            namespace: namespace.clone(),
+            name: name.clone(),
+            service_account: sa,
+        },
+        issuer,
+        ok,
+        findings,
+        trust,
+    }
+}
+
+fn annotations(sa: &ServiceAccount) -> Annotations {
+    sa.metadata.annotations.clone().unwrap_or_default()
+}
+
+/// The clouds whose tokens a pod of these bindings gets: those it names,
+/// and Google's federated principal where Google is configured.
+fn bound_clouds(config: &Config, bindings: &Bindings) -> Vec<Cloud> {
+    let audiences = config.clouds().audiences();
+    Cloud::ALL
+        .into_iter()
+        .filter(|&c| bindings.names(c) || (c.implicit_identity() && audiences[c].is_some()))
+        .collect()
+}
+
+fn pod_checks(
+    config: &Config,
+    namespace: &str,
+    name: &str,
+    pod: &Result<Option<Pod>, String>,
+    bindings: Option<&Bindings>,
+    findings: &mut Vec<Finding>,
+) {
+    let pod = match pod {
+        Ok(Some(p)) => p,
+        Ok(None) => {
+            findings.push(
+                Finding::new(
+                    "pod",
+                    None,
+                    Status::Fail,
+                    format!("no pod {namespace}/{name}"),
+                )
+                .fix(format!(
+                    "check the name: kubectl get pods --namespace {namespace}"
+                )),
+            );
+            return;
+        }
+        Err(e) => {
+            findings.push(
+                Finding::new(
+                    "pod",
+                    None,
+                    Status::Fail,
+                    format!("cannot read the pod: {e}"),
+                )
+                .fix("the doctor needs get on pods in this namespace"),
+            );
+            return;
+        }
+    };
+    let spec = pod.spec.clone().unwrap_or_default();
+    let node = spec.node_name.as_deref().unwrap_or("(not scheduled yet)");
+    findings.push(Finding::new(
+        "pod",
+        None,
+        Status::Ok,
+        format!("found, on node {node}"),
+    ));
+
+    let labels = pod.metadata.labels.clone().unwrap_or_default();
+    let opted_in = labels.get(INJECT_LABEL).map(String::as_str) == Some("true");
+    if opted_in {
+        findings.push(Finding::new(
+            "opted-in",
+            None,
+            Status::Ok,
+            format!("labelled {INJECT_LABEL}=true"),
+        ));
+    } else {
+        findings.push(
+            Finding::new("opted-in", None, Status::Fail, format!("the pod is not labelled {INJECT_LABEL}=true, so Lanyard's webhook leaves it alone"))
+                .fix(format!("add the label {INJECT_LABEL}: \"true\" to the pod template (the webhook acts when a pod is created) and recreate the pod")),
+        );
+    }
+
+    let sidecar = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .find(|c| c.name == SIDECAR_NAME && c.restart_policy.as_deref() == Some("Always"));
+    match sidecar {
+        Some(c) => {
+            let image = c.image.as_deref().unwrap_or("(no image)");
+            findings.push(Finding::new("sidecar", None, Status::Ok, format!("injected, image {image}")));
+        }
+        None if opted_in && bindings.is_some_and(|b| bound_clouds(config, b).is_empty()) => {
+            findings.push(Finding::new(
+                "sidecar",
+                None,
+                Status::Info,
+                "not injected: its ServiceAccount binds no cloud, so there was nothing to inject (see binding)",
+            ));
+            return;
+        }
+        None if opted_in => findings.push(
+            Finding::new("sidecar", None, Status::Fail, "opted in, but Lanyard's sidecar was not injected")
+                .fix("the webhook did not see this pod's creation, or refused a binding: check `kubectl get mutatingwebhookconfiguration` and the webhook's log, then recreate the pod"),
+        ),
+        None => {
+            findings.push(Finding::new("sidecar", None, Status::Info, "not injected (not opted in)"));
+            return;
+        }
+    }
+    let (Some(_), Some(bindings)) = (sidecar, bindings) else {
+        return;
+    };
+
+    // The audience of each cloud's projected token, against the one its
+    // cloud accepts under this configuration.
+    let projected: BTreeMap<String, String> = spec
+        .volumes
+        .iter()
+        .flatten()
+        .filter(|v| v.name == TOKENS_VOLUME)
+        .filter_map(|v| v.projected.as_ref())
+        .flat_map(|p| p.sources.iter().flatten())
+        .filter_map(|s| s.service_account_token.as_ref())
+        .map(|t| (t.path.clone(), t.audience.clone().unwrap_or_default()))
+        .collect();
+    let audiences = config.clouds().audiences();
+    for cloud in bound_clouds(config, bindings) {
+        let Some(configured) = audiences[cloud].as_deref() else {
+            continue;
+        };
+        let accepted = cloud.accepted_audiences(configured);
+        match projected.get(cloud.name()) {
+            Some(a) if accepted.iter().any(|x| x.eq_ignore_ascii_case(a)) => findings.push(
+                Finding::new("token-audience", Some(cloud.name()), Status::Ok, format!("the pod's token carries {a}")),
+            ),
+            Some(a) => findings.push(
+                Finding::new(
+                    "token-audience",
+                    Some(cloud.name()),
+                    Status::Fail,
+                    format!("the pod's token carries the audience {a}, but {cloud} is configured for {configured}"),
+                )
+                .fix("recreate the pod so that the webhook projects the configured audience, or make the cloud's trust and the configuration agree"),
+            ),
+            None => findings.push(
+                Finding::new(
+                    "token-audience",
+                    Some(cloud.name()),
+                    Status::Fail,
+                    format!("the ServiceAccount is bound to {cloud}, but the pod has no {cloud} token (injected before the binding?)"),
+                )
+                .fix("recreate the pod: the webhook projects a token for each cloud bound when the pod is created"),
+            ),
+        }
+    }
+}
+
+/// The ServiceAccount's checks; its `NAMESPACE/NAME` when known.
+fn service_account_checks(
+    config: &Config,
+    facts: &Facts,
+    bindings: Option<&Bindings>,
+    findings: &mut Vec<Finding>,
+) -> Option<String> {
+    let (ns, name) = facts.service_account_name.as_ref()?;
+    let sa = match &facts.service_account {
+        Ok(Some(sa)) => sa,
+        Ok(None) => {
+            findings.push(
+                Finding::new("serviceaccount", None, Status::Fail, format!("no ServiceAccount {ns}/{name}"))
+                    .fix(format!("create it (kubectl create serviceaccount {name} --namespace {ns}) and annotate it with its cloud identities")),
+            );
+            return Some(format!("{ns}/{name}"));
+        }
+        Err(e) => {
+            findings.push(
+                Finding::new(
+                    "serviceaccount",
+                    None,
+                    Status::Fail,
+                    format!("cannot read the ServiceAccount {ns}/{name}: {e}"),
+                )
+                .fix("the doctor needs get on serviceaccounts in this namespace"),
+            );
+            return Some(format!("{ns}/{name}"));
+        }
+    };
+    findings.push(Finding::new(
+        "serviceaccount",
+        None,
+        Status::Ok,
+        format!("{ns}/{name}"),
+    ));
+    let Some(bindings) = bindings else {
+        return Some(format!("{ns}/{name}"));
+    };
+    let annotations = annotations(sa);
+    let node_identities = config.clouds().node_identities();
+    let audiences = config.clouds().audiences();
+    for cloud in Cloud::ALL {
+        let ids = bindings.identity_ids(cloud);
+        if !ids.is_empty() {
+            findings.push(Finding::new(
+                "binding",
+                Some(cloud.name()),
+                Status::Ok,
+                ids.join(", "),
+            ));
+        } else if let Some(value) = annotations.get(cloud.binding_annotation()) {
+            findings.push(
+                Finding::new(
+                    "binding",
+                    Some(cloud.name()),
+                    Status::Fail,
+                    format!(
+                        "{}={:?} names no valid identity, so {cloud} is not bound",
+                        cloud.binding_annotation(),
+                        bounded(value)
+                    ),
+                )
+                .fix("correct the annotation's value (docs/setup-*.md says its form)"),
+            );
+        } else if cloud.implicit_identity() && audiences[cloud].is_some() {
+            findings.push(Finding::new(
+                "binding",
+                Some(cloud.name()),
+                Status::Info,
+                "no service account named: the pod acts as its federated principal",
+            ));
+        }
+        if audiences[cloud].is_none() && !ids.is_empty() {
+            findings.push(
+                Finding::new("binding", Some(cloud.name()), Status::Fail, format!("bound to {cloud}, which this configuration does not set up"))
+                    .fix(format!("configure the {cloud} section (docs/configuration.md) or remove the annotation")),
+            );
+        }
+        for refusal in bindings.known_refusals(cloud, &node_identities) {
+            findings.push(Finding::new(
+                "binding",
+                Some(cloud.name()),
+                Status::Fail,
+                refusal,
+            ));
+        }
+    }
+    if bound_clouds(config, bindings).is_empty() {
+        findings.push(
+            Finding::new(
+                "binding",
+                None,
+                Status::Fail,
+                "the ServiceAccount names no cloud identity",
+            )
+            .fix(format!(
+                "annotate it with {}",
+                Cloud::binding_annotations("=…")
+            )),
+        );
+    }
+    let known: BTreeSet<&str> = Bindings::annotation_keys().collect();
+    for key in annotations.keys() {
+        if key.starts_with(LANYARD_PREFIX) && !known.contains(key.as_str()) {
+            findings.push(
+                Finding::new(
+                    "annotation",
+                    None,
+                    Status::Warn,
+                    format!(
+                        "{} is not an annotation Lanyard reads on ServiceAccounts: ignored",
+                        bounded(key)
+                    ),
+                )
+                .fix("check its spelling against docs/reference.md"),
+            );
+        }
+    }
+    Some(format!("{ns}/{name}"))
+}
+
+/// The issuer the trust must name: the cluster's, checked against the
+/// configured one.
+fn issuer_check(config: &Config, facts: &Facts, findings: &mut Vec<Finding>) -> Option<String> {
+    let configured = config.cluster.issuer.as_deref();
+    match (&facts.issuer, configured) {
+        (Ok(found), Some(c)) if found == c => {
+            findings.push(Finding::new("issuer", None, Status::Ok, found.clone()));
+            Some(found.clone())
+        }
+        (Ok(found), Some(c)) => {
+            let slash = found.trim_end_matches('/') == c.trim_end_matches('/');
+            let message = if slash {
+                format!("cluster.issuer is {c}, but the cluster's tokens say {found}: only the trailing '/' differs, and it counts")
+            } else {
+                format!("cluster.issuer is {c}, but the cluster's tokens say {found}")
+            };
+            findings.push(
+                Finding::new("issuer", None, Status::Fail, message).fix(format!(
+                    "set cluster.issuer to exactly {found}, or leave it unset to discover it"
+                )),
+            );
+            Some(found.clone())
+        }
+        (Ok(found), None) => {
+            findings.push(Finding::new(
+                "issuer",
+                None,
+                Status::Ok,
+                format!("{found} (from the cluster's discovery document)"),
+            ));
+            Some(found.clone())
+        }
+        (Err(e), c) => {
+            findings.push(
+                Finding::new("issuer", None, Status::Warn, format!("cannot read the cluster's discovery document: {e}"))
+                    .fix("the doctor needs the API server's /.well-known/openid-configuration (the system:service-account-issuer-discovery role)"),
+            );
+            c.map(str::to_string)
+        }
+    }
+}
+
+/// How many ServiceAccounts of the cluster name each identity, by cloud
+/// and id; `None` (with a warning) when they cannot be listed.
+fn sharing(facts: &Facts, findings: &mut Vec<Finding>) -> Option<BTreeMap<(Cloud, String), usize>> {
+    match &facts.all_service_accounts {
+        Ok(accounts) => {
+            let mut counts = BTreeMap::new();
+            for sa in accounts {
+                let b = Bindings::from_annotations(&annotations(sa));
+                for cloud in Cloud::ALL {
+                    let ids: BTreeSet<&str> = b.identity_ids(cloud).into_iter().collect();
+                    for id in ids {
+                        *counts.entry((cloud, id.to_string())).or_insert(0) += 1;
+                    }
+                }
+            }
+            Some(counts)
+        }
+        Err(e) => {
+            findings.push(
+                Finding::new("fleet", None, Status::Warn, format!("cannot list ServiceAccounts ({e}): identities shared by many are not counted"))
+                    .fix("grant list on serviceaccounts to check the limits of an identity shared by many ServiceAccounts"),
+            );
+            None
+        }
+    }
+}
+
+/// Caller-supplied text in a message, bounded.
+fn bounded(s: &str) -> String {
+    const MAX: usize = 200;
+    if s.chars().count() <= MAX {
+        s.to_string()
+    } else {
+        format!("{}…", s.chars().take(MAX).collect::<String>())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{
+        Container, PodSpec, ProjectedVolumeSource, ServiceAccountTokenProjection, Volume,
+        VolumeProjection,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+
+    const ISSUER: &str = "https://oidc.prod-aks.azure.com/t/u/";
+    const CLIENT: &str = "11111111-2222-3333-4444-555555555555";
+
+    fn sa(annotations: &[(&str, &str)]) -> ServiceAccount {
+        ServiceAccount {
+            metadata: ObjectMeta {
+                namespace: Some("ray".into()),
+                name: Some("worker".into()),
+                annotations: Some(
+                    annotations
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn pod(labelled: bool, audience: Option<&str>) -> Pod {
+        let token = |aud: &str| VolumeProjection {
+            service_account_token: Some(ServiceAccountTokenProjection {
+                audience: Some(aud.into()),
+                path: "azure".into(),
+                expiration_seconds: Some(3600),
+            }),
+            ..Default::default()
+        };
+        Pod {
+            metadata: ObjectMeta {
+                labels: labelled.then(|| [(INJECT_LABEL.to_string(), "true".to_string())].into()),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some("node-a".into()),
+                service_account_name: Some("worker".into()),
+                init_containers: audience.map(|_| {
+                    vec![Container {
+                        name: SIDECAR_NAME.into(),
+                        image: Some("registry.example/lanyard:0.1.0".into()),
+                        restart_policy: Some("Always".into()),
+                        ..Default::default()
+                    }]
+                }),
+                volumes: audience.map(|a| {
+                    vec![Volume {
+                        name: TOKENS_VOLUME.into(),
+                        projected: Some(ProjectedVolumeSource {
+                            sources: Some(vec![token(a)]),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }]
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn facts(pod: Option<Pod>, account: Option<ServiceAccount>, issuer: &str) -> Facts {
+        Facts {
+            issuer: Ok(issuer.into()),
+            pod: Some(Ok(pod)),
+            service_account_name: Some(("ray".into(), "worker".into())),
+            all_service_accounts: Ok(account.iter().cloned().collect()),
+            service_account: Ok(account),
+        }
+    }
+
+    fn target() -> Target {
+        Target::pod("ray/worker-0").unwrap()
+    }
+
+    fn failed(report: &Report) -> Vec<(&'static str, Option<&'static str>)> {
+        report
+            .findings
+            .iter()
+            .filter(|f| f.status == Status::Fail)
+            .map(|f| (f.check, f.cloud))
+            .collect()
+    }
+
+    #[test]
+    fn a_healthy_pod_passes_and_gets_its_trust() {
+        let config = Config::default();
+        let bound = sa(&[("azure.workload.identity/client-id", CLIENT)]);
+        let report = evaluate(
+            &config,
+            &target(),
+            &facts(
+                Some(pod(true, Some("api://AzureADTokenExchange"))),
+                Some(bound),
+                ISSUER,
+            ),
+        );
+        assert!(report.ok, "{}", report.to_table());
+        assert_eq!(report.issuer.as_deref(), Some(ISSUER));
+        assert_eq!(report.trust.len(), 1);
+        assert_eq!(report.trust[0].subject, "system:serviceaccount:ray:worker");
+        assert_eq!(report.target.service_account.as_deref(), Some("ray/worker"));
+    }
+
+    #[test]
+    fn each_broken_case_names_its_check() {
+        let config = Config::default();
+        let bound = sa(&[("azure.workload.identity/client-id", CLIENT)]);
+        type Failed = Vec<(&'static str, Option<&'static str>)>;
+        let cases: Vec<(Facts, Failed)> = vec![
+            (
+                facts(Some(pod(false, None)), Some(bound.clone()), ISSUER),
+                vec![("opted-in", None)],
+            ),
+            (
+                facts(Some(pod(true, None)), Some(bound.clone()), ISSUER),
+                vec![("sidecar", None)],
+            ),
+            (
+                facts(
+                    Some(pod(true, Some("sts.amazonaws.com"))),
+                    Some(bound.clone()),
+                    ISSUER,
+                ),
+                vec![("token-audience", Some("azure"))],
+            ),
+            (
+                facts(
+                    Some(pod(true, Some("api://AzureADTokenExchange"))),
+                    Some(sa(&[])),
+                    ISSUER,
+                ),
+                vec![("binding", None)],
+            ),
+            (
+                facts(
+                    Some(pod(true, Some("api://AzureADTokenExchange"))),
+                    None,
+                    ISSUER,
+                ),
+                vec![("serviceaccount", None)],
+            ),
+            (
+                facts(None, Some(bound.clone()), ISSUER),
+                vec![("pod", None)],
+            ),
+            (
+                facts(
+                    Some(pod(true, Some("api://AzureADTokenExchange"))),
+                    Some(sa(&[("azure.workload.identity/client-id", "  ")])),
+                    ISSUER,
+                ),
+                vec![("binding", Some("azure")), ("binding", None)],
+            ),
+        ];
+        for (i, (facts, want)) in cases.into_iter().enumerate() {
+            let report = evaluate(&config, &target(), &facts);
+            assert!(!report.ok, "case {i}");
+            let got = failed(&report);
+            for w in &want {
+                assert!(got.contains(w), "case {i}: want {w:?} in {got:?}");
+            }
+            for f in report.findings.iter().filter(|f| f.status == Status::Fail) {
+                assert!(
+                    f.fix.is_some() || f.check == "binding",
+                    "case {i}: {f:?} has no fix"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn an_issuer_that_differs_by_its_trailing_slash_is_named_so() {
+        let mut config = Config::default();
+        config.cluster.issuer = Some(ISSUER.trim_end_matches('/').into());
+        let bound = sa(&[("azure.workload.identity/client-id", CLIENT)]);
+        let report = evaluate(
+            &config,
+            &target(),
+            &facts(
+                Some(pod(true, Some("api://AzureADTokenExchange"))),
+                Some(bound),
+                ISSUER,
+            ),
+        );
+        let f = report
+            .findings
+            .iter()
+            .find(|f| f.check == "issuer")
+            .unwrap();
+        assert_eq!(f.status, Status::Fail);
+        assert!(f.message.contains("trailing '/'"), "{}", f.message);
+        assert!(f.fix.as_deref().unwrap().contains(ISSUER));
+        // The trust names the cluster's issuer, as the tokens carry it.
+        assert_eq!(report.trust[0].issuer, ISSUER);
+    }
+
+    #[test]
+    fn an_unknown_lanyard_annotation_is_reported_and_bounded() {
+        let config = Config::default();
+        let long = format!("lanyard.dev/{}", "x".repeat(1000));
+        let account = sa(&[
+            ("azure.workload.identity/client-id", CLIENT),
+            ("lanyard.dev/azure-client-idz", "x"),
+            (&long, "y"),
+        ]);
+        let report = evaluate(
+            &config,
+            &Target::service_account("ray/worker").unwrap(),
+            &Facts {
+                pod: None,
+                ..facts(None, Some(account), ISSUER)
+            },
+        );
+        let warned: Vec<&Finding> = report
+            .findings
+            .iter()
+            .filter(|f| f.check == "annotation")
+            .collect();
+        assert_eq!(warned.len(), 2);
+        assert!(warned.iter().all(|f| f.message.len() < 300));
+        assert!(report.ok, "warnings do not fail");
+    }
+
+    #[test]
+    fn more_than_twenty_service_accounts_on_one_azure_identity_fail() {
+        let config = Config::default();
+        let bound = sa(&[("azure.workload.identity/client-id", CLIENT)]);
+        let mut f = facts(
+            Some(pod(true, Some("api://AzureADTokenExchange"))),
+            Some(bound.clone()),
+            ISSUER,
+        );
+        f.all_service_accounts = Ok((0..21)
+            .map(|i| {
+                let mut s = bound.clone();
+                s.metadata.name = Some(format!("sa-{i}"));
+                s
+            })
+            .collect());
+        let report = evaluate(&config, &target(), &f);
+        assert_eq!(failed(&report), vec![("trust", Some("azure"))]);
+        f.all_service_accounts = Err("forbidden".into());
+        let report = evaluate(&config, &target(), &f);
+        assert!(report.ok);
+        assert!(report
+            .findings
+            .iter()
+            .any(|f| f.check == "fleet" && f.status == Status::Warn));
+    }
+}

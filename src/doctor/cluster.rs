@@ -1,0 +1,79 @@
+//! What the doctor reads from the cluster, read-only: the issuer from the
+//! API server's OIDC discovery document (`GET
+//! /.well-known/openid-configuration`, what every token's `iss` is), the
+//! pod, its ServiceAccount, and the list of ServiceAccounts. Each read
+//! that fails is kept as its error, for the report to name; none stops
+//! the others.
+
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use kube::api::{Api, ListParams};
+
+use super::Target;
+use crate::token::{kube_get, Discovery};
+
+/// The cluster as the doctor found it.
+pub struct Facts {
+    /// The issuer in the cluster's discovery document.
+    pub issuer: Result<String, String>,
+    /// The pod (pod targets only); `Ok(None)` when it does not exist.
+    pub pod: Option<Result<Option<Pod>, String>>,
+    /// The ServiceAccount's namespace and name: the target's, or the pod's.
+    pub service_account_name: Option<(String, String)>,
+    /// The ServiceAccount; `Ok(None)` when it does not exist.
+    pub service_account: Result<Option<ServiceAccount>, String>,
+    /// Every ServiceAccount of the cluster (for identities shared by many).
+    pub all_service_accounts: Result<Vec<ServiceAccount>, String>,
+}
+
+/// Reads what `target` needs.
+pub async fn gather(client: &kube::Client, target: &Target) -> Facts {
+    let issuer = kube_get::<Discovery>(
+        client,
+        "/.well-known/openid-configuration",
+        "OIDC discovery",
+    )
+    .await
+    .map(|d| d.issuer)
+    .map_err(|e| e.to_string());
+    let (pod, service_account_name) = match target {
+        Target::Pod { namespace, name } => {
+            let pod = Api::<Pod>::namespaced(client.clone(), namespace)
+                .get_opt(name)
+                .await
+                .map_err(|e| e.to_string());
+            let sa = match &pod {
+                Ok(Some(p)) => Some((
+                    namespace.clone(),
+                    p.spec
+                        .as_ref()
+                        .and_then(|s| s.service_account_name.clone())
+                        .unwrap_or_else(|| "default".into()),
+                )),
+                _ => None,
+            };
+            (Some(pod), sa)
+        }
+        Target::ServiceAccount { namespace, name } => {
+            (None, Some((namespace.clone(), name.clone())))
+        }
+    };
+    let service_account = match &service_account_name {
+        Some((ns, name)) => Api::<ServiceAccount>::namespaced(client.clone(), ns)
+            .get_opt(name)
+            .await
+            .map_err(|e| e.to_string()),
+        None => Ok(None),
+    };
+    let all_service_accounts = Api::<ServiceAccount>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .map_err(|e| e.to_string());
+    Facts {
+        issuer,
+        pod,
+        service_account_name,
+        service_account,
+        all_service_accounts,
+    }
+}
