@@ -2,7 +2,7 @@
 //! for a (fake) API server and the agent's configuration file, on pods the
 //! real mutation injected. A healthy pod passes and gets its trust; each
 //! broken case (not opted in, not injected, a token for the wrong
-//! audience, a ServiceAccount that names no identity or does not exist, an
+//! audience, no ready agent on the node, a ServiceAccount that names no identity or does not exist, an
 //! issuer configured with another trailing slash) fails with its check
 //! named and a fix; a bad target or configuration exits 2.
 // Needs the `dev` feature (the emulators' signing key for the fake's
@@ -44,6 +44,8 @@ async fn cluster(config_yaml: &str) -> Cluster {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("kubeconfig"), kube.kubeconfig(&url)).unwrap();
     std::fs::write(dir.path().join("agent.yaml"), config_yaml).unwrap();
+    kube.apply_pod(agent_pod("node-a", true));
+    kube.apply_pod(agent_pod("node-b", false));
     Cluster {
         kube,
         dir,
@@ -66,6 +68,48 @@ fn service_account(ns: &str, name: &str, annotations: &[(&str, &str)]) -> Servic
             ..Default::default()
         },
         ..Default::default()
+    }
+}
+
+/// Lanyard's agent pod on `node`, as the chart's DaemonSet makes it.
+fn agent_pod(node: &str, ready: bool) -> Pod {
+    use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
+    let labels = [
+        ("app.kubernetes.io/name", "lanyard"),
+        ("app.kubernetes.io/instance", "lanyard"),
+        ("app.kubernetes.io/component", "agent"),
+    ];
+    Pod {
+        metadata: ObjectMeta {
+            namespace: Some("lanyard-system".into()),
+            name: Some(format!("lanyard-agent-{node}")),
+            uid: Some(format!("uid-agent-{node}")),
+            labels: Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            node_name: Some(node.into()),
+            containers: vec![Container {
+                name: "agent".into(),
+                image: Some("lanyard:0.1.0".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        status: Some(PodStatus {
+            phase: Some("Running".into()),
+            conditions: Some(vec![PodCondition {
+                type_: "Ready".into(),
+                status: if ready { "True" } else { "False" }.into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
     }
 }
 
@@ -195,6 +239,7 @@ async fn a_healthy_pod_passes_and_gets_each_clouds_exact_trust() {
         "opted-in",
         "sidecar",
         "token-audience",
+        "agent",
         "serviceaccount",
         "binding",
         "issuer",
@@ -283,9 +328,18 @@ async fn each_broken_case_is_named_with_its_fix() {
     // Its ServiceAccount does not exist.
     c.kube
         .apply_pod(written_pod("ray", "orphan", "nobody", true));
+    // On a node whose agent is not ready.
+    let mut stranded = injected(
+        &written_pod("ray", "stranded", "worker", true),
+        &config,
+        &bound,
+    );
+    stranded.spec.as_mut().unwrap().node_name = Some("node-b".into());
+    c.kube.apply_pod(stranded);
 
-    let cases: [(&str, &[(&str, &str)]); 5] = [
+    let cases: [(&str, &[(&str, &str)]); 6] = [
         ("plain", &[("opted-in", "")]),
+        ("stranded", &[("agent", "")]),
         ("missed", &[("sidecar", "")]),
         ("stale", &[("token-audience", "azure")]),
         ("unbound-0", &[("binding", "")]),

@@ -49,6 +49,9 @@ pub fn evaluate(config: &Config, target: &Target, facts: &Facts) -> Report {
             &mut findings,
         );
     }
+    if let Some(agents) = &facts.agents {
+        agent_check(facts, agents, &mut findings);
+    }
     let sa = service_account_checks(config, facts, bindings.as_ref(), &mut findings);
     let issuer = issuer_check(config, facts, &mut findings);
 
@@ -251,6 +254,80 @@ fn pod_checks(
                 .fix("recreate the pod: the webhook projects a token for each cloud bound when the pod is created"),
             ),
         }
+    }
+}
+
+/// Whether the pod's node runs a ready agent: without one the sidecar
+/// answers every SDK with a retryable error.
+fn agent_check(facts: &Facts, agents: &Result<Vec<Pod>, String>, findings: &mut Vec<Finding>) {
+    let node = match &facts.pod {
+        Some(Ok(Some(p))) => p
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default(),
+        _ => return,
+    };
+    let agents = match agents {
+        Ok(a) => a,
+        Err(e) => {
+            findings.push(
+                Finding::new(
+                    "agent",
+                    None,
+                    Status::Warn,
+                    format!("cannot list Lanyard's agent pods: {e}"),
+                )
+                .fix("the doctor needs list on pods to find the agent on the pod's node"),
+            );
+            return;
+        }
+    };
+    let ready = |p: &Pod| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    };
+    let names = |p: &Pod| {
+        (
+            p.metadata.namespace.clone().unwrap_or_default(),
+            p.metadata.name.clone().unwrap_or_default(),
+        )
+    };
+    if let Some(p) = agents.iter().find(|p| ready(p)) {
+        let (ns, pod) = names(p);
+        findings.push(Finding::new(
+            "agent",
+            None,
+            Status::Ok,
+            format!("{ns}/{pod} is ready on node {node}"),
+        ));
+    } else if let Some(p) = agents.first() {
+        let status = p.status.clone().unwrap_or_default();
+        let why = status
+            .container_statuses
+            .iter()
+            .flatten()
+            .filter_map(|c| c.state.as_ref())
+            .find_map(|s| {
+                s.waiting
+                    .as_ref()
+                    .and_then(|w| w.reason.clone())
+                    .or_else(|| s.terminated.as_ref().and_then(|t| t.reason.clone()))
+            })
+            .or(status.phase)
+            .unwrap_or_else(|| "no status".into());
+        let (ns, pod) = names(p);
+        findings.push(
+            Finding::new("agent", None, Status::Fail, format!("the agent on node {node}, {ns}/{pod}, is not ready ({why}): the sidecar answers every SDK with a retryable error"))
+                .fix(format!("kubectl logs --namespace {ns} {pod}; its /readyz names what it waits for (docs/operations.md, Health and readiness)")),
+        );
+    } else {
+        findings.push(
+            Finding::new("agent", None, Status::Fail, format!("no Lanyard agent runs on node {node} (pods labelled {})", super::cluster::AGENT_SELECTOR))
+                .fix("the agent DaemonSet has no pod there: check its nodeSelector and tolerations against the node's labels and taints (kubectl get daemonset --all-namespaces -l app.kubernetes.io/name=lanyard)"),
+        );
     }
 }
 
@@ -533,6 +610,50 @@ mod tests {
             service_account_name: Some(("ray".into(), "worker".into())),
             all_service_accounts: Ok(account.iter().cloned().collect()),
             service_account: Ok(account),
+            agents: Some(Ok(vec![agent(true)])),
+        }
+    }
+
+    fn agent(ready: bool) -> Pod {
+        use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
+        Pod {
+            metadata: ObjectMeta {
+                namespace: Some("lanyard-system".into()),
+                name: Some("lanyard-agent-x1".into()),
+                ..Default::default()
+            },
+            status: Some(PodStatus {
+                phase: Some("Running".into()),
+                conditions: Some(vec![PodCondition {
+                    type_: "Ready".into(),
+                    status: if ready { "True" } else { "False" }.into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_agent_on_the_node_must_be_ready() {
+        let config = Config::default();
+        let bound = sa(&[("azure.workload.identity/client-id", CLIENT)]);
+        let mut f = facts(
+            Some(pod(true, Some("api://AzureADTokenExchange"))),
+            Some(bound),
+            ISSUER,
+        );
+        for (agents, want) in [
+            (vec![agent(false)], "is not ready (Running)"),
+            (vec![], "no Lanyard agent runs on node node-a"),
+        ] {
+            f.agents = Some(Ok(agents));
+            let report = evaluate(&config, &target(), &f);
+            let found = report.findings.iter().find(|x| x.check == "agent").unwrap();
+            assert_eq!(found.status, Status::Fail);
+            assert!(found.message.contains(want), "{}", found.message);
+            assert!(found.fix.is_some());
         }
     }
 

@@ -1,7 +1,8 @@
 //! What the doctor reads from the cluster, read-only: the issuer from the
 //! API server's OIDC discovery document (`GET
 //! /.well-known/openid-configuration`, what every token's `iss` is), the
-//! pod, its ServiceAccount, and the list of ServiceAccounts. Each read
+//! pod, its ServiceAccount, the list of ServiceAccounts, and Lanyard's
+//! agent pods on the pod's node (by the chart's labels). Each read
 //! that fails is kept as its error, for the report to name; none stops
 //! the others.
 
@@ -23,7 +24,12 @@ pub struct Facts {
     pub service_account: Result<Option<ServiceAccount>, String>,
     /// Every ServiceAccount of the cluster (for identities shared by many).
     pub all_service_accounts: Result<Vec<ServiceAccount>, String>,
+    /// Lanyard's agent pods on the pod's node (pod targets on a node).
+    pub agents: Option<Result<Vec<Pod>, String>>,
 }
+
+/// The labels of the chart's agent pods (its selector).
+pub const AGENT_SELECTOR: &str = "app.kubernetes.io/name=lanyard,app.kubernetes.io/component=agent";
 
 /// Reads what `target` needs.
 pub async fn gather(client: &kube::Client, target: &Target) -> Facts {
@@ -64,6 +70,24 @@ pub async fn gather(client: &kube::Client, target: &Target) -> Facts {
             .map_err(|e| e.to_string()),
         None => Ok(None),
     };
+    let node = match &pod {
+        Some(Ok(Some(p))) => p.spec.as_ref().and_then(|s| s.node_name.clone()),
+        _ => None,
+    };
+    let agents = match node {
+        Some(node) => Some(
+            Api::<Pod>::all(client.clone())
+                .list(
+                    &ListParams::default()
+                        .labels(AGENT_SELECTOR)
+                        .fields(&format!("spec.nodeName={node}")),
+                )
+                .await
+                .map(|l| l.items)
+                .map_err(|e| e.to_string()),
+        ),
+        None => None,
+    };
     let all_service_accounts = Api::<ServiceAccount>::all(client.clone())
         .list(&ListParams::default())
         .await
@@ -75,5 +99,6 @@ pub async fn gather(client: &kube::Client, target: &Target) -> Facts {
         service_account_name,
         service_account,
         all_service_accounts,
+        agents,
     }
 }
