@@ -2,7 +2,7 @@
 //! for a (fake) API server and the agent's configuration file, on pods the
 //! real mutation injected. A healthy pod passes and gets its trust; each
 //! broken case (not opted in, not injected, a token for the wrong
-//! audience, no ready agent on the node, a ServiceAccount that names no identity or does not exist, an
+//! audience, no ready agent on the node, a refusal the agent recorded, a ServiceAccount that names no identity or does not exist, an
 //! issuer configured with another trailing slash) fails with its check
 //! named and a fix; a bad target or configuration exits 2.
 // Needs the `dev` feature (the emulators' signing key for the fake's
@@ -42,7 +42,15 @@ async fn cluster(config_yaml: &str) -> Cluster {
     let kube = FakeKube::new(ISSUER, key.jwk(), TOKEN);
     let (url, trigger) = serve_router(kube.router(), "fake kube").await;
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("kubeconfig"), kube.kubeconfig(&url)).unwrap();
+    // The user's kubeconfig (an administrator's), and the agent's (its
+    // least privilege: it may create Events, not list them).
+    kube.set_admin_token("doctor-admin-token");
+    std::fs::write(
+        dir.path().join("kubeconfig"),
+        kube.admin_kubeconfig(&url).unwrap(),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("agent.kubeconfig"), kube.kubeconfig(&url)).unwrap();
     std::fs::write(dir.path().join("agent.yaml"), config_yaml).unwrap();
     kube.apply_pod(agent_pod("node-a", true));
     kube.apply_pod(agent_pod("node-b", false));
@@ -168,6 +176,42 @@ impl Cluster {
             String::from_utf8_lossy(&out.stdout).into_owned(),
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
+    }
+
+    /// Records the agent's Event for a refusal of `pod`, through the API
+    /// as the agent does.
+    async fn record_refusal(&self, pod: &Pod, note: &str) {
+        use k8s_openapi::api::core::v1::ObjectReference;
+        use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+        let kubeconfig =
+            kube::config::Kubeconfig::read_from(self.dir.path().join("agent.kubeconfig")).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .unwrap();
+        let client = kube::Client::try_from(config).unwrap();
+        let reporter = Reporter {
+            controller: lanyard::pod_events::CONTROLLER.into(),
+            instance: Some("lanyard-agent-node-a".into()),
+        };
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            namespace: pod.metadata.namespace.clone(),
+            name: pod.metadata.name.clone(),
+            uid: pod.metadata.uid.clone(),
+            ..Default::default()
+        };
+        let event = Event {
+            type_: EventType::Warning,
+            reason: lanyard::pod_events::REASON.into(),
+            note: Some(note.into()),
+            action: lanyard::pod_events::ACTION.into(),
+            secondary: None,
+        };
+        Recorder::new(client, reporter)
+            .publish(&event, &reference)
+            .await
+            .unwrap();
     }
 
     fn json(&self, args: &[&str]) -> (i32, Value) {
@@ -337,7 +381,22 @@ async fn each_broken_case_is_named_with_its_fix() {
     stranded.spec.as_mut().unwrap().node_name = Some("node-b".into());
     c.kube.apply_pod(stranded);
 
-    let cases: [(&str, &[(&str, &str)]); 6] = [
+    // Injected and healthy, but the agent recorded Entra's refusal on it,
+    // as the agent records one (kube's Recorder, events.k8s.io/v1).
+    let refused = injected(
+        &written_pod("ray", "refused", "worker", true),
+        &config,
+        &bound,
+    );
+    c.kube.apply_pod(refused.clone());
+    c.record_refusal(
+        &refused,
+        &format!("azure access token for identity {CLIENT} was refused: AADSTS700213: No matching federated identity record found for presented assertion subject 'system:serviceaccount:ray:worker'"),
+    )
+    .await;
+
+    let cases: [(&str, &[(&str, &str)]); 7] = [
+        ("refused", &[("refusal", "azure")]),
         ("plain", &[("opted-in", "")]),
         ("stranded", &[("agent", "")]),
         ("missed", &[("sidecar", "")]),
@@ -368,6 +427,26 @@ async fn each_broken_case_is_named_with_its_fix() {
             );
         }
     }
+    // The refusal is explained by its code.
+    let (_, report) = c.json(&["pod", "ray/refused"]);
+    let refusal = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["check"] == "refusal")
+        .unwrap();
+    assert!(
+        refusal["message"]
+            .as_str()
+            .unwrap()
+            .contains("AADSTS700213"),
+        "{refusal}"
+    );
+    assert!(
+        refusal["fix"].as_str().unwrap().contains("subject"),
+        "{refusal}"
+    );
+
     // The typo is named too.
     let (_, report) = c.json(&["serviceaccount", "ray/unbound"]);
     let warned: Vec<&Value> = report["findings"]
@@ -386,6 +465,46 @@ async fn each_broken_case_is_named_with_its_fix() {
     let (code, report) = c.json(&["pod", "ray/ghost"]);
     assert_eq!(code, 1);
     assert_eq!(failed(&report), vec![("pod".to_string(), String::new())]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_it_may_not_make_are_warnings_not_failures() {
+    let c = cluster(config_yaml()).await;
+    let config = Config::load(
+        Some(&c.dir.path().join("agent.yaml")),
+        serde_json::json!({}),
+    )
+    .unwrap();
+    let sa = service_account(
+        "ray",
+        "worker",
+        &[("azure.workload.identity/client-id", CLIENT)],
+    );
+    c.kube.apply_service_account(sa.clone());
+    c.kube.apply_pod(injected(
+        &written_pod("ray", "worker-0", "worker", true),
+        &config,
+        &sa,
+    ));
+    // As the agent's ServiceAccount, which may not list Events.
+    std::fs::copy(
+        c.dir.path().join("agent.kubeconfig"),
+        c.dir.path().join("kubeconfig"),
+    )
+    .unwrap();
+    let (code, report) = c.json(&["pod", "ray/worker-0"]);
+    assert_eq!(code, 0, "{report:#}");
+    let refusal = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["check"] == "refusal")
+        .unwrap();
+    assert_eq!(refusal["status"], "warn");
+    assert!(
+        refusal["message"].as_str().unwrap().contains("forbidden"),
+        "{refusal}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -202,6 +202,16 @@ pub(crate) fn unix_seconds(at: time::OffsetDateTime) -> Option<u64> {
     u64::try_from(at.unix_timestamp()).ok()
 }
 
+/// What `cloud`'s refusal (an upstream error message, as Lanyard records
+/// it) means and what to do, in one line; `None` when not recognised.
+pub fn explain_refusal(cloud: Cloud, message: &str) -> Option<&'static str> {
+    match cloud {
+        Cloud::Azure => azure::trust::explain(message),
+        Cloud::Gcp => gcp::trust::explain(message),
+        Cloud::Aws => aws::trust::explain(message),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,6 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::events::v1::Event;
 
 use super::cluster::Facts;
 use super::report::{Examined, Finding, Report, Status, FORMAT_VERSION};
@@ -51,6 +52,9 @@ pub fn evaluate(config: &Config, target: &Target, facts: &Facts) -> Report {
     }
     if let Some(agents) = &facts.agents {
         agent_check(facts, agents, &mut findings);
+    }
+    if let Some(events) = &facts.events {
+        refusal_checks(facts, events, &mut findings);
     }
     let sa = service_account_checks(config, facts, bindings.as_ref(), &mut findings);
     let issuer = issuer_check(config, facts, &mut findings);
@@ -331,6 +335,68 @@ fn agent_check(facts: &Facts, agents: &Result<Vec<Pod>, String>, findings: &mut 
     }
 }
 
+/// Refusals the agent recorded on the pod (Events with reason
+/// `CredentialDenied`, note `CLOUD KIND for identity ID was refused:
+/// MESSAGE`, `pod_events`), newest last, each explained. The API server
+/// keeps Events an hour, so each is recent.
+fn refusal_checks(facts: &Facts, events: &Result<Vec<Event>, String>, findings: &mut Vec<Finding>) {
+    const SHOWN: usize = 5;
+    let Some(Ok(Some(pod))) = &facts.pod else {
+        return;
+    };
+    let events = match events {
+        Ok(e) => e,
+        Err(e) => {
+            findings.push(
+                Finding::new("refusal", None, Status::Warn, format!("cannot list the namespace's Events: {e}"))
+                    .fix("the doctor needs list on events.k8s.io events to show the agent's refusals of this pod"),
+            );
+            return;
+        }
+    };
+    let mine: Vec<&Event> = events
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some(crate::pod_events::REASON))
+        .filter(|e| {
+            e.regarding.as_ref().is_some_and(|r| {
+                r.kind.as_deref() == Some("Pod")
+                    && r.name == pod.metadata.name
+                    && (r.uid.is_none() || r.uid == pod.metadata.uid)
+            })
+        })
+        .collect();
+    for e in mine.iter().skip(mine.len().saturating_sub(SHOWN)) {
+        let note = e.note.as_deref().unwrap_or_default();
+        let cloud = note.split(' ').next().and_then(Cloud::from_name);
+        let count = e.series.as_ref().map(|s| s.count).unwrap_or(1);
+        let fix = if note.contains("Lanyard policy") {
+            "a Cedar policy forbids it (the policies it names): change the policy or what the pod asks; `lanyard policy test` evaluates a case (docs/policy.md)".to_string()
+        } else if note.contains("(none bound)") {
+            "the ServiceAccount names no identity of this cloud: annotate it (docs/setup-*.md)"
+                .to_string()
+        } else {
+            cloud
+                .and_then(|c| crate::cloud::explain_refusal(c, note))
+                .unwrap_or("see docs/operations.md, Errors and fixes")
+                .to_string()
+        };
+        let times = if count > 1 {
+            format!(" ({count} times)")
+        } else {
+            String::new()
+        };
+        findings.push(
+            Finding::new(
+                "refusal",
+                cloud.map(Cloud::name),
+                Status::Fail,
+                format!("{}{times}", bounded(note)),
+            )
+            .fix(fix),
+        );
+    }
+}
+
 /// The ServiceAccount's checks; its `NAMESPACE/NAME` when known.
 fn service_account_checks(
     config: &Config,
@@ -573,6 +639,8 @@ mod tests {
         };
         Pod {
             metadata: ObjectMeta {
+                name: Some("worker-0".into()),
+                uid: Some("uid-worker-0".into()),
                 labels: labelled.then(|| [(INJECT_LABEL.to_string(), "true".to_string())].into()),
                 ..Default::default()
             },
@@ -611,6 +679,7 @@ mod tests {
             all_service_accounts: Ok(account.iter().cloned().collect()),
             service_account: Ok(account),
             agents: Some(Ok(vec![agent(true)])),
+            events: Some(Ok(Vec::new())),
         }
     }
 
@@ -655,6 +724,53 @@ mod tests {
             assert!(found.message.contains(want), "{}", found.message);
             assert!(found.fix.is_some());
         }
+    }
+
+    #[test]
+    fn the_agents_refusals_of_the_pod_are_explained() {
+        use k8s_openapi::api::core::v1::ObjectReference;
+        use k8s_openapi::api::events::v1::EventSeries;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+        let event = |pod: &str, note: &str, count: Option<i32>| Event {
+            reason: Some(crate::pod_events::REASON.into()),
+            note: Some(note.into()),
+            regarding: Some(ObjectReference {
+                kind: Some("Pod".into()),
+                name: Some(pod.into()),
+                namespace: Some("ray".into()),
+                ..Default::default()
+            }),
+            series: count.map(|count| EventSeries {
+                count,
+                last_observed_time: MicroTime(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+            }),
+            ..Default::default()
+        };
+        let config = Config::default();
+        let bound = sa(&[("azure.workload.identity/client-id", CLIENT)]);
+        let mut f = facts(
+            Some(pod(true, Some("api://AzureADTokenExchange"))),
+            Some(bound),
+            ISSUER,
+        );
+        f.events = Some(Ok(vec![
+            event("worker-0", &format!("azure access token for identity {CLIENT} was refused: AADSTS700213: No matching federated identity record found for presented assertion subject 'system:serviceaccount:ray:worker'"), Some(3)),
+            event("other-pod", "aws credentials for identity x was refused: InvalidIdentityToken", None),
+            event("worker-0", "aws credentials for identity arn:aws:iam::1:role/r was refused: Denied by Lanyard policy: forbidden by policy (policies: no-aws)", None),
+        ]));
+        let report = evaluate(&config, &target(), &f);
+        let refusals: Vec<&Finding> = report
+            .findings
+            .iter()
+            .filter(|x| x.check == "refusal")
+            .collect();
+        assert_eq!(refusals.len(), 2, "the other pod's is not this pod's");
+        assert_eq!(refusals[0].cloud, Some("azure"));
+        assert_eq!(refusals[0].status, Status::Fail);
+        assert!(refusals[0].message.ends_with("(3 times)"));
+        assert!(refusals[0].fix.as_deref().unwrap().contains("subject"));
+        assert!(refusals[1].fix.as_deref().unwrap().contains("Cedar policy"));
+        assert!(!report.ok);
     }
 
     fn target() -> Target {

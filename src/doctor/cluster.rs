@@ -2,11 +2,13 @@
 //! API server's OIDC discovery document (`GET
 //! /.well-known/openid-configuration`, what every token's `iss` is), the
 //! pod, its ServiceAccount, the list of ServiceAccounts, and Lanyard's
-//! agent pods on the pod's node (by the chart's labels). Each read
+//! agent pods on the pod's node (by the chart's labels), and the Events of
+//! the pod's namespace (`events.k8s.io/v1`). Each read
 //! that fails is kept as its error, for the report to name; none stops
 //! the others.
 
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams};
 
 use super::Target;
@@ -26,7 +28,15 @@ pub struct Facts {
     pub all_service_accounts: Result<Vec<ServiceAccount>, String>,
     /// Lanyard's agent pods on the pod's node (pod targets on a node).
     pub agents: Option<Result<Vec<Pod>, String>>,
+    /// The Events of the pod's namespace (pod targets): the agent's
+    /// refusals of this pod are among them.
+    pub events: Option<Result<Vec<Event>, String>>,
 }
+
+/// Most Events read from the pod's namespace (the API server keeps them an
+/// hour, `--event-ttl`; a busy namespace holds more, and the newest refusals
+/// are then missed, not the read).
+const MAX_EVENTS: u32 = 1000;
 
 /// The labels of the chart's agent pods (its selector).
 pub const AGENT_SELECTOR: &str = "app.kubernetes.io/name=lanyard,app.kubernetes.io/component=agent";
@@ -88,6 +98,16 @@ pub async fn gather(client: &kube::Client, target: &Target) -> Facts {
         ),
         None => None,
     };
+    let events = match (target, &pod) {
+        (Target::Pod { namespace, .. }, Some(Ok(Some(_)))) => Some(
+            Api::<Event>::namespaced(client.clone(), namespace)
+                .list(&ListParams::default().limit(MAX_EVENTS))
+                .await
+                .map(|l| l.items)
+                .map_err(|e| e.to_string()),
+        ),
+        _ => None,
+    };
     let all_service_accounts = Api::<ServiceAccount>::all(client.clone())
         .list(&ListParams::default())
         .await
@@ -100,5 +120,6 @@ pub async fn gather(client: &kube::Client, target: &Target) -> Facts {
         service_account,
         all_service_accounts,
         agents,
+        events,
     }
 }

@@ -14,7 +14,8 @@
 //! It only reads, with the user's kubeconfig: the cluster's OIDC
 //! discovery document, the pod, its ServiceAccount, (for the limits of an
 //! identity shared by many ServiceAccounts) the list of ServiceAccounts,
-//! and Lanyard's agent pods on the pod's node; a read it is not allowed is
+//! Lanyard's agent pods on the pod's node, and the Events of the pod's
+//! namespace (the agent's recorded refusals); a read it is not allowed is
 //! reported, and the rest still checked. Lanyard's configuration comes from the usual sources
 //! (`--config` with the agent's file, `LANYARD_*`), so the trust is
 //! computed with the audiences and clouds the agent uses.

@@ -42,7 +42,7 @@ impl Status {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Finding {
     /// The check's stable name (`pod`, `opted-in`, `sidecar`,
-    /// `token-audience`, `agent`, `serviceaccount`, `binding`, `annotation`,
+    /// `token-audience`, `agent`, `refusal`, `serviceaccount`, `binding`, `annotation`,
     /// `issuer`, `trust`, `fleet`).
     pub check: &'static str,
     /// The cloud it concerns, if one.

@@ -109,6 +109,21 @@ pub fn trust(settings: &Settings, bindings: &[Binding], workload: &Workload) -> 
     out
 }
 
+/// What STS's refusal in `message` means and what to do; `None` when not
+/// recognised.
+pub fn explain(message: &str) -> Option<&'static str> {
+    if message.contains("InvalidIdentityToken") {
+        return Some("no IAM OIDC provider for the token's issuer in the role's account (or its keys do not verify): create the one the doctor prints");
+    }
+    if message.contains("AccessDenied") && message.contains("AssumeRoleWithWebIdentity") {
+        return Some("the role's trust policy does not let this ServiceAccount in: its provider, :sub or :aud differ from the doctor's policy");
+    }
+    if message.contains("AccessDenied") && message.contains("AssumeRole") {
+        return Some("the target role does not trust the first role (or its external id differs): apply the doctor's target role policy");
+    }
+    None
+}
+
 fn chained(source: &RoleArn, chain: &super::Chain) -> Trust {
     let target = RoleArn::parse(chain.target_role_arn.clone());
     let name = target
@@ -234,5 +249,20 @@ mod tests {
             "ext-1"
         );
         assert!(ts[1].commands[0].contains("--role-name data"));
+    }
+
+    #[test]
+    fn refusals_are_explained_by_their_codes() {
+        assert!(explain(
+            "InvalidIdentityToken: No OpenIDConnect provider found in your account for https://x"
+        )
+        .unwrap()
+        .contains("OIDC provider"));
+        assert!(
+            explain("AccessDenied: Not authorized to perform sts:AssumeRoleWithWebIdentity")
+                .unwrap()
+                .contains("trust policy")
+        );
+        assert_eq!(explain("something else"), None);
     }
 }

@@ -337,6 +337,27 @@ fn app_hop(settings: &Settings, b: &Binding, node: bool) -> Trust {
     t
 }
 
+/// What Entra's refusal in `message` means and what to do, by its AADSTS
+/// code (as Entra's error reference and the threads in the module doc
+/// give them); `None` for a code not listed.
+pub fn explain(message: &str) -> Option<&'static str> {
+    // Longest codes first: 7002138 starts with 700213, and 700213 with 70021.
+    const CODES: [(&str, &str); 8] = [
+        ("AADSTS7002138", "the federated credential's subject matches only when case is ignored: write it exactly as the doctor prints it"),
+        ("AADSTS700211", "no federated credential names the token's issuer: compare the issuer (trailing '/' included) with the doctor's"),
+        ("AADSTS700212", "no federated credential lists the token's audience: set its audiences to azure.audience"),
+        ("AADSTS700213", "no federated credential names this ServiceAccount's subject: create the one the doctor prints"),
+        ("AADSTS700231", "the identity's token came through a federated credential and cannot be another's: use a node-assigned identity for the app hop"),
+        ("AADSTS700016", "no application with this client id in the tenant: check the client id annotation and the tenant"),
+        ("AADSTS70025", "the identity has no federated credential at all: create the one the doctor prints"),
+        ("AADSTS70021", "no federated credential matches the token's issuer, subject and audience: create the one the doctor prints"),
+    ];
+    CODES
+        .iter()
+        .find(|(code, _)| message.contains(code))
+        .map(|(_, why)| *why)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -473,5 +494,18 @@ mod tests {
             doc["items"][1]["roleRef"]["name"],
             format!("use-mi-{CLIENT}")
         );
+    }
+
+    #[test]
+    fn refusals_are_explained_by_their_codes() {
+        assert!(explain("AADSTS7002138: x").unwrap().contains("case"));
+        assert!(explain("AADSTS700213: x").unwrap().contains("subject"));
+        assert!(explain("AADSTS70021: x")
+            .unwrap()
+            .contains("issuer, subject and audience"));
+        assert!(explain("AADSTS700231: x")
+            .unwrap()
+            .contains("node-assigned"));
+        assert_eq!(explain("something else"), None);
     }
 }

@@ -179,6 +179,26 @@ pub fn trust(settings: &Settings, bindings: &[Binding], workload: &Workload) -> 
         .collect()
 }
 
+/// What Google's refusal in `message` means and what to do (Google Cloud
+/// docs, "Troubleshoot Workload Identity Federation"); `None` when not
+/// recognised.
+pub fn explain(message: &str) -> Option<&'static str> {
+    if message.contains("getAccessToken") || message.contains("iam.serviceAccounts.getAccessToken")
+    {
+        return Some("the member may not impersonate the service account: grant it roles/iam.workloadIdentityUser there, as the doctor prints");
+    }
+    if message.contains("PERMISSION_DENIED") {
+        return Some("the principal lacks a role: grant the doctor's member the roles it needs, or roles/iam.workloadIdentityUser on the service account it impersonates");
+    }
+    if message.contains("invalid_target") {
+        return Some("STS does not know the pool or provider: check gcp.workload_identity_provider (or gcp.gke_cluster) and that the provider is enabled");
+    }
+    if message.contains("invalid_grant") {
+        return Some("the provider refused the token: its issuer, its allowed audiences or its keys do not match the cluster's (see the doctor's describe command)");
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -244,5 +264,20 @@ mod tests {
             &workload(&none)
         )
         .is_empty());
+    }
+
+    #[test]
+    fn refusals_are_explained_by_their_codes() {
+        assert!(explain(
+            "PERMISSION_DENIED: Permission 'iam.serviceAccounts.getAccessToken' denied"
+        )
+        .unwrap()
+        .contains("workloadIdentityUser"));
+        assert!(
+            explain("invalid_grant: The audience in ID Token does not match")
+                .unwrap()
+                .contains("allowed audiences")
+        );
+        assert_eq!(explain("something else"), None);
     }
 }

@@ -119,6 +119,7 @@ impl FakeKube {
             ("events.k8s.io", "v1", "events") => {
                 match (res.verb, res.namespace.as_deref(), res.name.as_deref()) {
                     (Verb::Create, Some(ns), None) => self.create_event(ns, body),
+                    (Verb::List, Some(ns), None) => self.list_events(ns),
                     (Verb::Patch, Some(ns), Some(name)) => {
                         self.patch_event(ns, name, headers, body)
                     }

@@ -1,5 +1,6 @@
 //! Kubernetes Events (`events.k8s.io/v1`): creation and patches, checked
-//! as the API server validates them.
+//! as the API server validates them, and lists of a namespace's (what
+//! `kubectl events` and `lanyard doctor` read).
 
 use super::*;
 
@@ -50,6 +51,31 @@ impl FakeKube {
         events.insert(key, event.clone());
         self.stats.events_created.fetch_add(1, Ordering::Relaxed);
         json_response(StatusCode::CREATED, &event)
+    }
+
+    /// `GET /apis/events.k8s.io/v1/namespaces/NS/events`: the namespace's
+    /// Events, oldest first, as an `EventList` (no selectors: clients
+    /// filter, as `kubectl events --for` does).
+    pub(crate) fn list_events(&self, namespace: &str) -> Response {
+        let events = self
+            .recorded_events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let items: Vec<Value> = events
+            .iter()
+            .filter(|((ns, _), _)| ns == namespace)
+            .map(|(_, e)| e.clone())
+            .collect();
+        let rv = self.lock().rv;
+        json_response(
+            StatusCode::OK,
+            &json!({
+                "apiVersion": "events.k8s.io/v1",
+                "kind": "EventList",
+                "metadata": {"resourceVersion": rv.to_string()},
+                "items": items,
+            }),
+        )
     }
 
     /// `PATCH …/events/NAME` with a JSON merge patch, as
