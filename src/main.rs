@@ -67,6 +67,10 @@ struct DoctorArgs {
     /// `table` (default) or `json` (stable fields, docs/operations.md).
     #[arg(long, short, value_enum, default_value_t = Output::Table)]
     output: Output,
+    /// The Cedar policies to evaluate (a local copy of the agent's);
+    /// default: the configuration's `policy.dir`.
+    #[arg(long, value_name = "DIR")]
+    policy_dir: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -122,6 +126,7 @@ fn doctor(global: &GlobalArgs, command: DoctorCommand) -> ExitCode {
     runtime.block_on(lanyard::doctor::command(
         config,
         target,
+        args.policy_dir.as_deref(),
         args.output == Output::Json,
     ))
 }

@@ -468,6 +468,97 @@ async fn each_broken_case_is_named_with_its_fix() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_policy_decides_as_the_agent_would() {
+    let c = cluster(config_yaml()).await;
+    let config = Config::load(
+        Some(&c.dir.path().join("agent.yaml")),
+        serde_json::json!({}),
+    )
+    .unwrap();
+    let sa = service_account(
+        "ray",
+        "worker",
+        &[
+            ("azure.workload.identity/client-id", CLIENT),
+            ("eks.amazonaws.com/role-arn", ROLE),
+        ],
+    );
+    c.kube.apply_service_account(sa.clone());
+    c.kube.apply_pod(injected(
+        &written_pod("ray", "worker-0", "worker", true),
+        &config,
+        &sa,
+    ));
+    let mut untrusted = written_pod("ray", "untrusted-0", "worker", true);
+    untrusted
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert("tier".into(), "untrusted".into());
+    c.kube.apply_pod(injected(&untrusted, &config, &sa));
+    // The repository's example: everything bound, but nothing for pods
+    // labelled tier=untrusted.
+    let policies = c.dir.path().join("policies");
+    std::fs::create_dir(&policies).unwrap();
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("policies/untrusted-pods/untrusted-pods.cedar");
+    std::fs::copy(example, policies.join("untrusted-pods.cedar")).unwrap();
+    let dir = policies.to_str().unwrap();
+
+    let (code, report) = c.json(&["pod", "ray/worker-0", "--policy-dir", dir]);
+    assert_eq!(code, 0, "{report:#}");
+    let verdicts: Vec<&Value> = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["check"] == "policy")
+        .collect();
+    assert_eq!(verdicts.len(), 2, "one per identity: {verdicts:?}");
+    for v in &verdicts {
+        assert_eq!(v["status"], "ok");
+        assert!(
+            v["message"]
+                .as_str()
+                .unwrap()
+                .contains("allowed by allow-bound"),
+            "{v}"
+        );
+    }
+
+    let (code, report) = c.json(&["pod", "ray/untrusted-0", "--policy-dir", dir]);
+    assert_eq!(code, 1);
+    let denied: Vec<&Value> = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["check"] == "policy" && f["status"] == "fail")
+        .collect();
+    assert_eq!(denied.len(), 2, "{report:#}");
+    assert!(denied.iter().all(|f| f["message"]
+        .as_str()
+        .unwrap()
+        .contains("untrusted-pods-get-nothing")));
+    assert_eq!(denied[0]["cloud"], "azure");
+    assert_eq!(denied[1]["cloud"], "aws");
+
+    // A directory that is not here is said, not guessed.
+    let (_, report) = c.json(&[
+        "pod",
+        "ray/worker-0",
+        "--policy-dir",
+        "/nonexistent/policies",
+    ]);
+    let missing = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["check"] == "policy")
+        .unwrap();
+    assert_eq!(missing["status"], "warn");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_it_may_not_make_are_warnings_not_failures() {
     let c = cluster(config_yaml()).await;
     let config = Config::load(

@@ -14,7 +14,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 
+use std::path::Path;
+
 use super::cluster::Facts;
+use super::policy::{self, Asker, AskingPod};
 use super::report::{Examined, Finding, Report, Status, FORMAT_VERSION};
 use super::Target;
 use crate::cloud::trust::Workload;
@@ -26,8 +29,19 @@ use crate::webhook::vocabulary::{INJECT_LABEL, SIDECAR_NAME, TOKENS_VOLUME};
 /// no cloud reads is most likely a typo.
 const LANYARD_PREFIX: &str = "lanyard.dev/";
 
-/// Every verdict on `target`.
+/// Every verdict on `target`, the policy's from its configured directory.
+#[cfg(test)]
 pub fn evaluate(config: &Config, target: &Target, facts: &Facts) -> Report {
+    evaluate_with(config, target, facts, None)
+}
+
+/// Every verdict on `target`; the policy from `policy_dir` when given.
+pub fn evaluate_with(
+    config: &Config,
+    target: &Target,
+    facts: &Facts,
+    policy_dir: Option<&Path>,
+) -> Report {
     let mut findings = Vec::new();
     let (kind, namespace, name) = match target {
         Target::Pod { namespace, name } => ("pod", namespace, name),
@@ -58,6 +72,45 @@ pub fn evaluate(config: &Config, target: &Target, facts: &Facts) -> Report {
     }
     let sa = service_account_checks(config, facts, bindings.as_ref(), &mut findings);
     let issuer = issuer_check(config, facts, &mut findings);
+    if let (Some(b), Some((ns, sa_name)), Ok(Some(account))) = (
+        &bindings,
+        &facts.service_account_name,
+        &facts.service_account,
+    ) {
+        let namespace_labels = match &facts.namespace_labels {
+            Ok(labels) => labels.clone(),
+            Err(e) => {
+                findings.push(
+                    Finding::new(
+                        "policy",
+                        None,
+                        Status::Warn,
+                        format!("cannot read the namespace's labels ({e}): the policy sees none"),
+                    )
+                    .fix("the doctor needs get on namespaces"),
+                );
+                BTreeMap::new()
+            }
+        };
+        let pod = match &facts.pod {
+            Some(Ok(Some(p))) => Some(AskingPod {
+                name: p.metadata.name.clone().unwrap_or_default(),
+                uid: p.metadata.uid.clone().unwrap_or_default(),
+                labels: p.metadata.labels.clone().unwrap_or_default(),
+                node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
+            }),
+            _ => None,
+        };
+        let asker = Asker {
+            namespace: ns,
+            service_account: sa_name,
+            labels: account.metadata.labels.clone().unwrap_or_default(),
+            annotations: annotations(account),
+            namespace_labels,
+            pod,
+        };
+        policy::check(config, policy_dir, &asker, b, &mut findings);
+    }
 
     let mut trust = Vec::new();
     if let (Some(b), Some((ns, sa_name)), Some(issuer)) =
@@ -680,6 +733,7 @@ mod tests {
             service_account: Ok(account),
             agents: Some(Ok(vec![agent(true)])),
             events: Some(Ok(Vec::new())),
+            namespace_labels: Ok(BTreeMap::new()),
         }
     }
 

@@ -7,7 +7,9 @@
 //! that fails is kept as its error, for the report to name; none stops
 //! the others.
 
-use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams};
 
@@ -22,6 +24,8 @@ pub struct Facts {
     pub pod: Option<Result<Option<Pod>, String>>,
     /// The ServiceAccount's namespace and name: the target's, or the pod's.
     pub service_account_name: Option<(String, String)>,
+    /// The labels of the ServiceAccount's namespace (for the policy).
+    pub namespace_labels: Result<BTreeMap<String, String>, String>,
     /// The ServiceAccount; `Ok(None)` when it does not exist.
     pub service_account: Result<Option<ServiceAccount>, String>,
     /// Every ServiceAccount of the cluster (for identities shared by many).
@@ -108,6 +112,14 @@ pub async fn gather(client: &kube::Client, target: &Target) -> Facts {
         ),
         _ => None,
     };
+    let namespace_labels = match &service_account_name {
+        Some((ns, _)) => Api::<Namespace>::all(client.clone())
+            .get_opt(ns)
+            .await
+            .map(|n| n.and_then(|n| n.metadata.labels).unwrap_or_default())
+            .map_err(|e| e.to_string()),
+        None => Ok(BTreeMap::new()),
+    };
     let all_service_accounts = Api::<ServiceAccount>::all(client.clone())
         .list(&ListParams::default())
         .await
@@ -118,6 +130,7 @@ pub async fn gather(client: &kube::Client, target: &Target) -> Facts {
         pod,
         service_account_name,
         service_account,
+        namespace_labels,
         all_service_accounts,
         agents,
         events,

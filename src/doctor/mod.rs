@@ -26,8 +26,10 @@
 
 mod checks;
 mod cluster;
+mod policy;
 mod report;
 
+use std::path::Path;
 use std::process::ExitCode;
 
 pub use report::{Finding, Report, Status};
@@ -92,14 +94,26 @@ fn split(spec: &str) -> Result<(String, String), TargetError> {
 
 /// Examines `target` in the cluster the kubeconfig (or the in-cluster
 /// ServiceAccount) names.
-pub async fn diagnose(config: &Config, client: &kube::Client, target: &Target) -> Report {
+/// The policy comes from `policy_dir`, else the configuration's
+/// `policy.dir`.
+pub async fn diagnose(
+    config: &Config,
+    client: &kube::Client,
+    target: &Target,
+    policy_dir: Option<&Path>,
+) -> Report {
     let facts = cluster::gather(client, target).await;
-    checks::evaluate(config, target, &facts)
+    checks::evaluate_with(config, target, &facts, policy_dir)
 }
 
 /// The command: diagnose, print, and exit 0 (all checks passed), 1 (a
 /// check failed) or 2 (no cluster to ask).
-pub async fn command(config: Config, target: Target, json: bool) -> ExitCode {
+pub async fn command(
+    config: Config,
+    target: Target,
+    policy_dir: Option<&Path>,
+    json: bool,
+) -> ExitCode {
     let client = match crate::http::kube_client().await {
         Ok(c) => c,
         Err(e) => {
@@ -109,7 +123,7 @@ pub async fn command(config: Config, target: Target, json: bool) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let report = diagnose(&config, &client, &target).await;
+    let report = diagnose(&config, &client, &target, policy_dir).await;
     if json {
         println!("{}", report.to_json());
     } else {

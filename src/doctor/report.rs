@@ -43,6 +43,7 @@ impl Status {
 pub struct Finding {
     /// The check's stable name (`pod`, `opted-in`, `sidecar`,
     /// `token-audience`, `agent`, `refusal`, `serviceaccount`, `binding`, `annotation`,
+    /// `policy`,
     /// `issuer`, `trust`, `fleet`).
     pub check: &'static str,
     /// The cloud it concerns, if one.
