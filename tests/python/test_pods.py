@@ -216,6 +216,14 @@ class E2E:
         wait_for(lambda: agent.proc.poll() is None and request(
             node.ns, "GET", f"http://127.0.0.1:{AGENT_ADMIN}/readyz").status == 200,
             f"the agent on {node.name} is ready", timeout=60)
+        # The DaemonSet's pod as the API server holds it once the kubelet
+        # reports it ready (what `kubectl get pods` and `lanyard doctor` see).
+        template = find(self.objects, "DaemonSet")["spec"]["template"]
+        self.kube.apply({"apiVersion": "v1", "kind": "Pod",
+                         "metadata": {"name": f"lanyard-agent-{node.name}", "namespace": "lanyard-system",
+                                      "labels": template["metadata"]["labels"]},
+                         "spec": {**copy.deepcopy(template["spec"]), "nodeName": node.name},
+                         "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}})
         return agent
 
     def upgrade_agent(self, node) -> dict:
@@ -605,6 +613,65 @@ def test_pods_of_other_service_accounts_get_their_own_identity_and_not_each_othe
                                f"http://127.0.0.1:{port}/computeMetadata/v1/instance/service-accounts/default/email"])
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.strip() == IDENTITIES[1]["gcp_service_account"]
+
+
+def doctor(e2e: E2E, tmp_path: Path, target: str) -> tuple[int, dict]:
+    """`lanyard doctor pod TARGET` as an operator runs it: the agent's
+    configuration and policies from the chart's ConfigMaps (as `kubectl
+    get configmap` gives them), the cluster's kubeconfig, from a host
+    that reaches the API server."""
+    config = tmp_path / "agent.yaml"
+    config.write_text(find(e2e.objects, "ConfigMap", "lanyard-config")["data"]["agent.yaml"])
+    policies = tmp_path / "policies"
+    policies.mkdir(exist_ok=True)
+    for name, text in find(e2e.objects, "ConfigMap", "lanyard-policies")["data"].items():
+        (policies / name).write_text(text)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LANYARD_", "KUBERNETES_"))}
+    env["KUBECONFIG"] = e2e.kube.kubeconfig
+    proc = subprocess.run(["ip", "netns", "exec", e2e.cluster.api, lanyard_binary(), "--config", str(config),
+                           "doctor", "pod", target, "--output", "json", "--policy-dir", str(policies)],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_lanyard_doctor_explains_a_running_pod_and_one_left_out(e2e, tmp_path):
+    """A pod admitted through the API server's whole admission chain and
+    running on a node with its agent: every check passes, the policy
+    allows each identity as the agent did, and the trust names the
+    cluster's issuer. A pod without the label is named as left out."""
+    etl = IDENTITIES[1]
+    node = e2e.nodes[0]
+    pod = e2e.run_pod(node, plain_template("etl-runner"), "etl-doctor-0", "etl")
+    assert_all_ok_and_owned(e2e, run_app(e2e, pod), etl)
+    code, report = doctor(e2e, tmp_path, "etl/etl-doctor-0")
+    assert code == 0, json.dumps(report, indent=2)
+    by = {}
+    for f in report["findings"]:
+        by.setdefault((f["check"], f.get("cloud")), []).append(f)
+    for check in ("pod", "opted-in", "sidecar", "agent", "serviceaccount", "issuer"):
+        assert by[(check, None)][0]["status"] == "ok", by.get((check, None))
+    for cloud in ("azure", "gcp", "aws"):
+        assert by[("token-audience", cloud)][0]["status"] == "ok"
+        assert by[("binding", cloud)][0]["status"] == "ok"
+        (policy,) = by[("policy", cloud)]
+        assert policy["status"] == "ok" and "allowed by allow-bound" in policy["message"], policy
+    trust = {t["cloud"]: t for t in report["trust"]}
+    assert set(trust) == {"azure", "gcp", "aws"}
+    assert trust["azure"]["identity"] == etl["azure_client_id"]
+    assert trust["azure"]["subject"] == "system:serviceaccount:etl:etl-runner"
+    assert trust["gcp"]["identity"] == etl["gcp_service_account"]
+    assert trust["aws"]["identity"] == etl["aws_role_arn"]
+    assert all(t["issuer"] == report["issuer"] for t in trust.values())
+
+    left_out = copy.deepcopy(plain_template("etl-runner"))
+    left_out["metadata"]["labels"] = {}
+    e2e.run_pod(node, left_out, "etl-plain-0", "etl")
+    code, report = doctor(e2e, tmp_path, "etl/etl-plain-0")
+    assert code == 1
+    failed = [f for f in report["findings"] if f["status"] == "fail"]
+    assert [f["check"] for f in failed] == ["opted-in"], failed
+    assert "lanyard.dev/inject" in failed[0]["fix"]
 
 
 def test_a_pod_on_another_node_is_refused_by_this_nodes_agent(e2e):
