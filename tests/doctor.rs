@@ -214,6 +214,29 @@ impl Cluster {
             .unwrap();
     }
 
+    /// The agent's configuration, as the doctor loads it.
+    fn config(&self) -> Config {
+        Config::load(
+            Some(&self.dir.path().join("agent.yaml")),
+            serde_json::json!({}),
+        )
+        .unwrap()
+    }
+
+    /// `ray/worker` with `annotations`, and its pod `ray/worker-0` as the
+    /// mutation injects it; the configuration and the ServiceAccount.
+    fn bound_worker(&self, annotations: &[(&str, &str)]) -> (Config, ServiceAccount) {
+        let config = self.config();
+        let sa = service_account("ray", "worker", annotations);
+        self.kube.apply_service_account(sa.clone());
+        self.kube.apply_pod(injected(
+            &written_pod("ray", "worker-0", "worker", true),
+            &config,
+            &sa,
+        ));
+        (config, sa)
+    }
+
     fn json(&self, args: &[&str]) -> (i32, Value) {
         let mut all = args.to_vec();
         all.extend(["--output", "json"]);
@@ -246,25 +269,10 @@ fn failed(report: &Value) -> Vec<(String, String)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_healthy_pod_passes_and_gets_each_clouds_exact_trust() {
     let c = cluster(config_yaml()).await;
-    let config = Config::load(
-        Some(&c.dir.path().join("agent.yaml")),
-        serde_json::json!({}),
-    )
-    .unwrap();
-    let sa = service_account(
-        "ray",
-        "worker",
-        &[
-            ("azure.workload.identity/client-id", CLIENT),
-            ("eks.amazonaws.com/role-arn", ROLE),
-        ],
-    );
-    c.kube.apply_service_account(sa.clone());
-    c.kube.apply_pod(injected(
-        &written_pod("ray", "worker-0", "worker", true),
-        &config,
-        &sa,
-    ));
+    c.bound_worker(&[
+        ("azure.workload.identity/client-id", CLIENT),
+        ("eks.amazonaws.com/role-arn", ROLE),
+    ]);
 
     let (code, report) = c.json(&["pod", "ray/worker-0"]);
     assert_eq!(code, 0, "{report:#}");
@@ -334,11 +342,7 @@ async fn a_healthy_pod_passes_and_gets_each_clouds_exact_trust() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_broken_case_is_named_with_its_fix() {
     let c = cluster(config_yaml()).await;
-    let config = Config::load(
-        Some(&c.dir.path().join("agent.yaml")),
-        serde_json::json!({}),
-    )
-    .unwrap();
+    let config = c.config();
     let bound = service_account(
         "ray",
         "worker",
@@ -470,25 +474,10 @@ async fn each_broken_case_is_named_with_its_fix() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_policy_decides_as_the_agent_would() {
     let c = cluster(config_yaml()).await;
-    let config = Config::load(
-        Some(&c.dir.path().join("agent.yaml")),
-        serde_json::json!({}),
-    )
-    .unwrap();
-    let sa = service_account(
-        "ray",
-        "worker",
-        &[
-            ("azure.workload.identity/client-id", CLIENT),
-            ("eks.amazonaws.com/role-arn", ROLE),
-        ],
-    );
-    c.kube.apply_service_account(sa.clone());
-    c.kube.apply_pod(injected(
-        &written_pod("ray", "worker-0", "worker", true),
-        &config,
-        &sa,
-    ));
+    let (config, sa) = c.bound_worker(&[
+        ("azure.workload.identity/client-id", CLIENT),
+        ("eks.amazonaws.com/role-arn", ROLE),
+    ]);
     let mut untrusted = written_pod("ray", "untrusted-0", "worker", true);
     untrusted
         .metadata
@@ -561,22 +550,7 @@ async fn the_policy_decides_as_the_agent_would() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_it_may_not_make_are_warnings_not_failures() {
     let c = cluster(config_yaml()).await;
-    let config = Config::load(
-        Some(&c.dir.path().join("agent.yaml")),
-        serde_json::json!({}),
-    )
-    .unwrap();
-    let sa = service_account(
-        "ray",
-        "worker",
-        &[("azure.workload.identity/client-id", CLIENT)],
-    );
-    c.kube.apply_service_account(sa.clone());
-    c.kube.apply_pod(injected(
-        &written_pod("ray", "worker-0", "worker", true),
-        &config,
-        &sa,
-    ));
+    c.bound_worker(&[("azure.workload.identity/client-id", CLIENT)]);
     // As the agent's ServiceAccount, which may not list Events.
     std::fs::copy(
         c.dir.path().join("agent.kubeconfig"),

@@ -40,7 +40,7 @@ import os
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from .oci import OCI_MANIFEST, Registry, sha256_digest
+from .oci import OCI_MANIFEST, Registry
 
 SIMPLESIGNING = "application/vnd.dev.cosign.simplesigning.v1+json"
 DSSE_ENVELOPE = "application/vnd.dsse.envelope.v1+json"
@@ -232,7 +232,3 @@ def attest(registry: Registry, repo: str, digest: str, statements: list[dict], k
     ]
     manifest = _attachment_manifest(registry, repo, layers)
     return registry.push_manifest(repo, tag_for(digest, "att"), manifest, OCI_MANIFEST)
-
-
-def manifest_digest(body: bytes) -> str:
-    return sha256_digest(body)

@@ -724,6 +724,16 @@ mod tests {
         }
     }
 
+    /// An injected pod of a ServiceAccount bound to Azure, on a node with
+    /// a ready agent.
+    fn healthy() -> Facts {
+        facts(
+            Some(pod(true, Some("api://AzureADTokenExchange"))),
+            Some(sa(&[("azure.workload.identity/client-id", CLIENT)])),
+            ISSUER,
+        )
+    }
+
     fn facts(pod: Option<Pod>, account: Option<ServiceAccount>, issuer: &str) -> Facts {
         Facts {
             issuer: Ok(issuer.into()),
@@ -761,12 +771,7 @@ mod tests {
     #[test]
     fn the_agent_on_the_node_must_be_ready() {
         let config = Config::default();
-        let bound = sa(&[("azure.workload.identity/client-id", CLIENT)]);
-        let mut f = facts(
-            Some(pod(true, Some("api://AzureADTokenExchange"))),
-            Some(bound),
-            ISSUER,
-        );
+        let mut f = healthy();
         for (agents, want) in [
             (vec![agent(false)], "is not ready (Running)"),
             (vec![], "no Lanyard agent runs on node node-a"),
@@ -801,12 +806,7 @@ mod tests {
             ..Default::default()
         };
         let config = Config::default();
-        let bound = sa(&[("azure.workload.identity/client-id", CLIENT)]);
-        let mut f = facts(
-            Some(pod(true, Some("api://AzureADTokenExchange"))),
-            Some(bound),
-            ISSUER,
-        );
+        let mut f = healthy();
         f.events = Some(Ok(vec![
             event("worker-0", &format!("azure access token for identity {CLIENT} was refused: AADSTS700213: No matching federated identity record found for presented assertion subject 'system:serviceaccount:ray:worker'"), Some(3)),
             event("other-pod", "aws credentials for identity x was refused: InvalidIdentityToken", None),
@@ -843,16 +843,7 @@ mod tests {
     #[test]
     fn a_healthy_pod_passes_and_gets_its_trust() {
         let config = Config::default();
-        let bound = sa(&[("azure.workload.identity/client-id", CLIENT)]);
-        let report = evaluate(
-            &config,
-            &target(),
-            &facts(
-                Some(pod(true, Some("api://AzureADTokenExchange"))),
-                Some(bound),
-                ISSUER,
-            ),
-        );
+        let report = evaluate(&config, &target(), &healthy());
         assert!(report.ok, "{}", report.to_table());
         assert_eq!(report.issuer.as_deref(), Some(ISSUER));
         assert_eq!(report.trust.len(), 1);
@@ -931,16 +922,7 @@ mod tests {
     fn an_issuer_that_differs_by_its_trailing_slash_is_named_so() {
         let mut config = Config::default();
         config.cluster.issuer = Some(ISSUER.trim_end_matches('/').into());
-        let bound = sa(&[("azure.workload.identity/client-id", CLIENT)]);
-        let report = evaluate(
-            &config,
-            &target(),
-            &facts(
-                Some(pod(true, Some("api://AzureADTokenExchange"))),
-                Some(bound),
-                ISSUER,
-            ),
-        );
+        let report = evaluate(&config, &target(), &healthy());
         let f = report
             .findings
             .iter()

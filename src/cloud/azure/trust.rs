@@ -178,12 +178,6 @@ fn federated(settings: &Settings, b: &Binding, workload: &Workload) -> Trust {
         "--output",
         "table",
     ]));
-    let app_parameters = serde_json::json!({
-        "name": name,
-        "issuer": t.issuer,
-        "subject": t.subject,
-        "audiences": [t.audience],
-    });
     t.notes.push(issuer_note(&t.issuer));
     t.notes.push(format!(
         "the subject is matched exactly, case included: another gets AADSTS700213, one differing only in case AADSTS7002138, and another issuer AADSTS700211 (no matching federated identity record): {}",
@@ -192,17 +186,7 @@ fn federated(settings: &Settings, b: &Binding, workload: &Workload) -> Trust {
     t.notes.push(format!(
         "if {} is an app registration rather than a managed identity: {}",
         b.client_id,
-        command(&[
-            "az",
-            "ad",
-            "app",
-            "federated-credential",
-            "create",
-            "--id",
-            &b.client_id,
-            "--parameters",
-            &app_parameters.to_string(),
-        ])
+        app_credential(&b.client_id, &name, &t)
     ));
     if let Some(n) = (workload.sharing)(Cloud::Azure, &b.client_id) {
         if n > MAX_FEDERATED_CREDENTIALS {
@@ -213,6 +197,28 @@ fn federated(settings: &Settings, b: &Binding, workload: &Workload) -> Trust {
         }
     }
     t
+}
+
+/// `az ad app federated-credential create` for the app `app`: a credential
+/// named `name` with `trust`'s issuer, subject and audience.
+fn app_credential(app: &str, name: &str, trust: &Trust) -> String {
+    let parameters = serde_json::json!({
+        "name": name,
+        "issuer": trust.issuer,
+        "subject": trust.subject,
+        "audiences": [trust.audience],
+    });
+    command(&[
+        "az",
+        "ad",
+        "app",
+        "federated-credential",
+        "create",
+        "--id",
+        app,
+        "--parameters",
+        &parameters.to_string(),
+    ])
 }
 
 fn identity_binding(settings: &Settings, b: &Binding, workload: &Workload) -> Trust {
@@ -307,23 +313,8 @@ fn app_hop(settings: &Settings, b: &Binding, node: bool) -> Trust {
             "tsv",
         ]));
     }
-    let parameters = serde_json::json!({
-        "name": format!("lanyard-mi-{}", b.client_id),
-        "issuer": t.issuer,
-        "subject": t.subject,
-        "audiences": [t.audience],
-    });
-    t.commands.push(command(&[
-        "az",
-        "ad",
-        "app",
-        "federated-credential",
-        "create",
-        "--id",
-        app,
-        "--parameters",
-        &parameters.to_string(),
-    ]));
+    let credential = app_credential(app, &format!("lanyard-mi-{}", b.client_id), &t);
+    t.commands.push(credential);
     t.notes.push(format!(
         "the subject is the managed identity {}'s principal (object) id, and the app must be registered in its tenant",
         b.client_id
