@@ -367,15 +367,16 @@ def test_the_chart_installs_from_the_registry_pinned_to_the_signed_image(publish
 def test_podman_pulls_the_image_by_digest_and_it_runs_as_65532(published):
     name, digest = image_ref(published)
     # podman refuses a run root longer than 50 characters.
-    store = Path(tempfile.mkdtemp(prefix="lanyard-pull-"))
-    podman = ["podman", "--storage-driver", "vfs", "--root", str(store / "s"), "--runroot", str(store / "r")]
-    subprocess.run(podman + ["pull", "--quiet", "--tls-verify=false", f"{name}@{digest}"], check=True,
-                   capture_output=True, timeout=300)
-    config = json.loads(subprocess.run(podman + ["image", "inspect", f"{name}@{digest}"], check=True,
-                                       capture_output=True, text=True).stdout)[0]
+    # The store is removed whatever happens (vfs copies every layer).
+    with tempfile.TemporaryDirectory(prefix="lanyard-pull-", ignore_cleanup_errors=True) as tmp:
+        store = Path(tmp)
+        podman = ["podman", "--storage-driver", "vfs", "--root", str(store / "s"), "--runroot", str(store / "r")]
+        subprocess.run(podman + ["pull", "--quiet", "--tls-verify=false", f"{name}@{digest}"], check=True,
+                       capture_output=True, timeout=300)
+        config = json.loads(subprocess.run(podman + ["image", "inspect", f"{name}@{digest}"], check=True,
+                                           capture_output=True, text=True).stdout)[0]
     assert config["Config"]["User"] == "65532:65532"
     assert config["Digest"] == digest
-    shutil.rmtree(store, ignore_errors=True)
 
 
 def test_a_wrong_passphrase_or_version_stops_the_release_before_anything_is_pushed(registry, keys, tmp_path):
