@@ -155,7 +155,10 @@ fn refusals_name_the_container_and_volume() {
     assert!(m.contains("container \"ray-worker\""), "{m}");
     assert!(m.contains("\"sts.amazonaws.com\""), "{m}");
     let m = message("the sidecar's image swapped on an update");
-    assert!(m.contains("init container \"lanyard\""), "{m}");
+    assert!(
+        m.contains("init container \"lanyard\" (not Lanyard's sidecar: it differs in image)"),
+        "{m}"
+    );
     let m = message("hostAliases naming the agent");
     assert!(m.contains("lanyard-agent.lanyard-system.svc"), "{m}");
 }

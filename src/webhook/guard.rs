@@ -35,26 +35,17 @@
 //!   it has that capability: with it, the sidecar's token volume is
 //!   readable through `/proc/PID/root`.
 //!
-//! Lanyard's sidecar is an init container that runs Lanyard's code with
-//! Lanyard's settings and sees only Lanyard's volumes: named `lanyard`,
-//! `restartPolicy: Always`, the configured image, command and arguments, no
-//! `envFrom`, only the sidecar's own variables with their values (its
-//! `IDENTITY_HEADER` is the pod's own), only the two token mounts at their
-//! paths (and the empty volume over the API token's path), no lifecycle hook but its own `wait-ready` (or none, as injected
-//! before it existed) and no exec probes ([`SidecarShape`]). These
-//! are the fields that decide what runs and where the tokens go; the CEL
-//! policy checks the same ones, field for field.
+//! Lanyard's sidecar is recognised by [`SidecarShape::recognise`], the
+//! function the mutation asks too (see [`super::recognise`] for the
+//! fields that decide it; the CEL policy checks the same ones, field for
+//! field).
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{
-    Container, Lifecycle, Pod, PodSpec, Probe, SecurityContext, VolumeMount,
-};
+use k8s_openapi::api::core::v1::{Pod, PodSpec, SecurityContext, VolumeMount};
 
-use super::vocabulary::{
-    InjectionConfig, API_TOKEN_DIR, API_TOKEN_SHIELD_VOLUME, APP_TOKEN_DIR, APP_TOKEN_VOLUME,
-    SIDECAR_NAME, TOKENS_VOLUME, TOKEN_DIR,
-};
+pub use super::recognise::{Recognised, SidecarShape};
+use super::vocabulary::{InjectionConfig, SIDECAR_NAME, TOKENS_VOLUME};
 use crate::config::Config;
 
 /// Why the guard refused a pod.
@@ -89,21 +80,6 @@ pub struct Refusal {
     pub rule: Rule,
     /// What the user is told.
     pub message: String,
-}
-
-/// What Lanyard's sidecar is, field by field (see the module doc).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SidecarShape {
-    /// The configured sidecar image.
-    pub image: String,
-    /// `command`.
-    pub command: Vec<String>,
-    /// `args`.
-    pub args: Vec<String>,
-    /// Variables with a fixed literal value.
-    pub fixed_env: BTreeMap<String, String>,
-    /// The postStart hook's command (`lanyard-sidecar wait-ready`).
-    pub post_start: Vec<String>,
 }
 
 /// The guard's settings, from the running configuration.
@@ -161,85 +137,6 @@ impl Guard {
     }
 }
 
-impl SidecarShape {
-    /// The shape of the sidecar [`InjectionConfig`] injects, read off the
-    /// container the mutation builds (with an AWS binding, so that every
-    /// variable it may carry is listed).
-    pub fn of(config: &InjectionConfig) -> SidecarShape {
-        let built = super::inject::sidecar(config, "", true);
-        let fixed_env = built
-            .env
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|e| e.value_from.is_none() && e.name != IDENTITY_HEADER)
-            .filter_map(|e| Some((e.name, e.value?)))
-            .collect();
-        SidecarShape {
-            image: config.sidecar_image.clone(),
-            command: built.command.unwrap_or_default(),
-            args: built.args.unwrap_or_default(),
-            fixed_env,
-            post_start: super::inject::wait_ready_command(config),
-        }
-    }
-
-    /// Whether `c`, an init container, is Lanyard's sidecar.
-    pub fn matches(&self, c: &Container) -> bool {
-        c.name == SIDECAR_NAME
-            && c.restart_policy.as_deref() == Some("Always")
-            && c.image.as_deref() == Some(self.image.as_str())
-            && c.command.as_deref().unwrap_or_default() == self.command.as_slice()
-            && c.args.as_deref().unwrap_or_default() == self.args.as_slice()
-            && c.env_from.as_deref().unwrap_or_default().is_empty()
-            && c.env.as_deref().unwrap_or_default().iter().all(|e| {
-                let from = e.value_from.as_ref();
-                match e.name.as_str() {
-                    HOST_IP => from
-                        .and_then(|f| f.field_ref.as_ref())
-                        .is_some_and(|f| f.field_path == "status.hostIP"),
-                    IDENTITY_HEADER => from.is_none(),
-                    name => {
-                        from.is_none()
-                            && self.fixed_env.get(name).map(String::as_str) == e.value.as_deref()
-                            && e.value.is_some()
-                    }
-                }
-            })
-            && c.volume_mounts
-                .as_deref()
-                .unwrap_or_default()
-                .iter()
-                .all(|m| {
-                    (m.name == TOKENS_VOLUME && m.mount_path == TOKEN_DIR)
-                        || (m.name == APP_TOKEN_VOLUME && m.mount_path == APP_TOKEN_DIR)
-                        || (m.name == API_TOKEN_SHIELD_VOLUME && m.mount_path == API_TOKEN_DIR)
-                })
-            && c.lifecycle.as_ref().is_none_or(|l| self.own_hook(l))
-            && [&c.startup_probe, &c.liveness_probe, &c.readiness_probe]
-                .into_iter()
-                .all(|p| p.as_ref().is_none_or(|p: &Probe| p.exec.is_none()))
-    }
-
-    /// Whether `lifecycle` is the sidecar's own: a postStart exec of
-    /// `wait-ready` and nothing else. Sidecars injected before the hook
-    /// existed have no lifecycle, and are Lanyard's too.
-    fn own_hook(&self, lifecycle: &Lifecycle) -> bool {
-        lifecycle.pre_stop.is_none()
-            && lifecycle.post_start.as_ref().is_some_and(|h| {
-                h.http_get.is_none()
-                    && h.sleep.is_none()
-                    && h.tcp_socket.is_none()
-                    && h.exec
-                        .as_ref()
-                        .and_then(|e| e.command.as_deref())
-                        .is_some_and(|c| c == self.post_start.as_slice())
-            })
-    }
-}
-
-const HOST_IP: &str = "LANYARD_HOST_IP";
-const IDENTITY_HEADER: &str = "IDENTITY_HEADER";
-
 /// The host name in `agent_url`, when it names one the pod could resolve
 /// its own way.
 pub(super) fn agent_host(agent_url: &str) -> Option<String> {
@@ -273,7 +170,7 @@ pub fn check(pod: &Pod, guard: &Guard) -> Result<(), Refusal> {
             cloud_volumes.insert(&volume.name, audience);
         }
     }
-    let refuse = |list: &str, container: &str, mount: &VolumeMount| {
+    let refuse = |list: &str, container: &str, mount: &VolumeMount, why: &str| {
         let (rule, what) = match cloud_volumes.get(mount.name.as_str()) {
             Some(audience) => (
                 Rule::CloudTokenMount,
@@ -287,7 +184,7 @@ pub fn check(pod: &Pod, guard: &Guard) -> Result<(), Refusal> {
         Err(Refusal {
             rule,
             message: format!(
-                "lanyard guard ({}): {list} {container:?} mounts volume {:?}, {what}; in this namespace only Lanyard's sidecar may hold such tokens (see docs/threat-model.md, \"Bypass\")",
+                "lanyard guard ({}): {list} {container:?}{why} mounts volume {:?}, {what}; in this namespace only Lanyard's sidecar may hold such tokens (see docs/threat-model.md, \"Bypass\")",
                 rule.name(),
                 mount.name
             ),
@@ -299,8 +196,12 @@ pub fn check(pod: &Pod, guard: &Guard) -> Result<(), Refusal> {
     for c in spec.init_containers.as_deref().unwrap_or_default() {
         let mounts = c.volume_mounts.as_deref().unwrap_or_default();
         if let Some(mount) = mounts.iter().find(holds_tokens) {
-            if !guard.sidecar.matches(c) {
-                return refuse("init container", &c.name, mount);
+            if let Recognised::Foreign(broken) = guard.sidecar.recognise(c, None) {
+                let why = format!(
+                    " (not Lanyard's sidecar: it differs in {})",
+                    broken.join(", ")
+                );
+                return refuse("init container", &c.name, mount, &why);
             }
             has_sidecar = true;
         }
@@ -318,7 +219,7 @@ pub fn check(pod: &Pod, guard: &Guard) -> Result<(), Refusal> {
         );
     for (list, name, mounts) in others {
         if let Some(mount) = mounts.iter().flatten().find(holds_tokens) {
-            return refuse(list, name, mount);
+            return refuse(list, name, mount, "");
         }
     }
     if has_sidecar {

@@ -42,11 +42,13 @@
 //! through `envFrom` get the webhook's value; list such containers in
 //! `lanyard.dev/skip-containers` to keep theirs.
 
+mod defaults;
 pub mod guard;
 mod inject;
 pub mod mutate;
 mod own;
 pub mod patch;
+mod recognise;
 pub mod review;
 pub mod server;
 pub mod vocabulary;

@@ -21,6 +21,7 @@ use super::inject::{
 };
 use super::own;
 use super::patch::{Op, Operation, Patch};
+use super::recognise::SidecarShape;
 use super::vocabulary::*;
 
 /// What a mutation did, for logs and tests.
@@ -167,18 +168,21 @@ fn mutate_with(
     // Built only to compare with a sidecar the pod already has.
     let own_sidecar = existing_sidecar.filter(|_| injects).map(|c| {
         let header = literal_env(c, "IDENTITY_HEADER");
-        sidecar(
+        let built = sidecar(
             config,
             header.as_deref().unwrap_or_default(),
             app_token_needed,
-        )
+        );
+        (SidecarShape::of(config), built)
     });
     let own_redirect = injects.then(|| redirect(config));
     let present = own::check(
         spec,
         &pod_ref,
         &own::Expected {
-            sidecar: own_sidecar.as_ref(),
+            sidecar: own_sidecar
+                .as_ref()
+                .map(|(shape, built)| own::OwnSidecar { shape, built }),
             redirect: own_redirect.as_ref(),
             tokens: tokens.as_ref(),
             app_token: app_token.as_ref(),
