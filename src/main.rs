@@ -3,16 +3,12 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use lanyard::cli::{self, GlobalArgs, Overrides, SidecarArgs, SidecarCommand};
 
 #[derive(Parser)]
-#[command(
-    name = "lanyard",
-    version,
-    about = "Node-local credential broker for Kubernetes: projected service-account tokens in, short-lived Entra ID, Google and AWS credentials out, on the endpoints the cloud SDKs already speak."
-)]
+#[command(name = "lanyard", version)]
 struct Cli {
     #[command(flatten)]
     global: GlobalArgs,
@@ -298,8 +294,24 @@ impl DevArgs {
     }
 }
 
+/// The command's description, naming the clouds from the cloud table.
+fn about() -> String {
+    let names: Vec<&str> = lanyard::cloud::Cloud::ALL
+        .iter()
+        .map(|c| c.upstream())
+        .collect();
+    let clouds = match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        _ => names.concat(),
+    };
+    format!(
+        "Node-local credential broker for Kubernetes: projected service-account tokens in, short-lived {clouds} credentials out, on the endpoints the cloud SDKs already speak."
+    )
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().about(about()).get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let global = &cli.global;
     match cli.command {
         #[cfg(feature = "dev")]

@@ -20,7 +20,7 @@ pub mod schema;
 
 use std::time::{Duration, SystemTime};
 
-use crate::cloud::{Identity, Source, TokenRequest};
+use crate::cloud::{Cloud, Identity, Source, TokenRequest};
 use crate::directory::Attributes;
 use crate::token::Caller;
 
@@ -85,14 +85,19 @@ pub trait Policy: Send + Sync {
 /// annotation anyone with `edit` on ServiceAccounts can write is not one.
 pub struct AllowBound;
 
-/// What a pod asking for a node identity without a policy is told.
-pub const NODE_IDENTITY_NEEDS_POLICY: &str = "a managed identity assigned to the node (azure.node_identities) is served only under a Cedar policy that permits it: its token comes from the node's IMDS, which checks nothing of the pod (policy.dir; docs/policy.md, resource.source)";
+/// What a pod asking for `cloud`'s node identity without a policy is told.
+pub fn node_identity_needs_policy(cloud: Cloud) -> String {
+    format!(
+        "an identity assigned to the node ({}.node_identities) is served only under a Cedar policy that permits it: its token comes from the node's metadata service, which checks nothing of the pod (policy.dir; docs/policy.md, resource.source)",
+        cloud.name()
+    )
+}
 
 impl Policy for AllowBound {
     fn decide(&self, input: &PolicyInput<'_>) -> Decision {
         if input.identity.source == Source::Node {
             return Decision::Deny {
-                reason: NODE_IDENTITY_NEEDS_POLICY.to_string(),
+                reason: node_identity_needs_policy(input.identity.cloud),
                 policies: Vec::new(),
             };
         }

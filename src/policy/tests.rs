@@ -548,6 +548,8 @@ fn without_a_policy_a_node_identity_is_refused() {
         })
     };
     assert!(matches!(input(&i), Decision::Allow { .. }));
+    // Azure's node-pool identities are the node identities there are.
+    i.cloud = crate::cloud::Cloud::Azure;
     i.source = crate::cloud::Source::Node;
     match input(&i) {
         Decision::Deny { reason, policies } => {

@@ -455,9 +455,16 @@ fn patch_container(
                 .iter()
                 .any(|m| m.mount_path.trim_end_matches('/') == APP_TOKEN_DIR)
             {
+                let clouds: Vec<&str> = plan
+                    .clouds
+                    .iter()
+                    .filter(|c| c.app_token())
+                    .map(|c| c.name())
+                    .collect();
                 warnings.push(format!(
-                    "lanyard: container {:?} already mounts something at {APP_TOKEN_DIR}; the app token is not mounted and its AWS credential requests will be refused",
-                    container.name
+                    "lanyard: container {:?} already mounts something at {APP_TOKEN_DIR}; the app token is not mounted and its {} credential requests will be refused",
+                    container.name,
+                    clouds.join(" and ")
                 ));
             } else {
                 push_list_items(
