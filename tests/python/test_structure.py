@@ -44,25 +44,64 @@ def test_the_measure_counts_up_to_the_test_module():
 
 
 def test_the_files_a_new_cloud_touches_are_the_ones_docs_list():
-    """scripts/cloud-files: every file whose code names a cloud is an
-    existing cloud's own or on docs/adding-a-cloud.md's list, and the list
+    """scripts/cloud-files: every file of the repository that names a
+    cloud (code, strings, tests, the chart) is an existing cloud's own,
+    a file of cases, or on docs/adding-a-cloud.md's list, and the list
     stays within its bound."""
     run = subprocess.run([sys.executable, str(ROOT / "scripts" / "cloud-files"), "-v"],
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "10 files:" in run.stdout, run.stdout
+    assert "19 files:" in run.stdout, run.stdout
 
 
-def test_the_cloud_files_check_fails_on_a_file_that_names_a_cloud(tmp_path):
-    """The control: in a copy of the tree, a product file that
-    special-cases a cloud, and is on no list, fails the check."""
-    for part in ["src", "crates", "emulators/src", "docs"]:
-        shutil.copytree(ROOT / part, tmp_path / part)
-    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "cloud-files"), "--root", str(tmp_path)],
-                         capture_output=True, text=True)
+def _tree_copy(tmp_path):
+    """The tracked tree, as a plain directory (no git)."""
+    files = subprocess.run(["git", "-C", str(ROOT), "ls-files"], capture_output=True,
+                           text=True, check=True).stdout.split("\n")
+    for rel in filter(None, files):
+        source = ROOT / rel
+        if source.is_file():
+            (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, tmp_path / rel)
+    return tmp_path
+
+
+def _check(root):
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "cloud-files"), "--root", str(root)],
+                          capture_output=True, text=True)
+
+
+def test_the_cloud_files_check_fails_on_each_file_that_names_a_cloud(tmp_path):
+    """The control: in a copy of the tree, each file that names a cloud
+    and is on no list fails the check: product code that special-cases
+    one, a string naming one, a test's list of the clouds, the chart; and
+    a product file whose shipped code names a cloud cannot pass as
+    `cases`."""
+    root = _tree_copy(tmp_path / "tree")
+    run = _check(root)
     assert run.returncode == 0, run.stdout
-    (tmp_path / "src" / "stray.rs").write_text("fn f(c: Cloud) -> bool { c == Cloud::Aws }\n")
-    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "cloud-files"), "--root", str(tmp_path)],
-                         capture_output=True, text=True)
-    assert run.returncode == 1
-    assert "src/stray.rs names a cloud (Aws)" in run.stdout, run.stdout
+    strays = {
+        "src/stray.rs": ("fn f(c: Cloud) -> bool { c == Cloud::Aws }\n",
+                         "src/stray.rs names a cloud (Aws)"),
+        "crates/core/src/stray.rs": ('pub const SECTION: &str = "gcp";\n',
+                                     "crates/core/src/stray.rs names a cloud (gcp)"),
+        "tests/python/test_stray.py": ('CLOUDS = ["azure", "gcp", "aws"]  # every cloud\n',
+                                       "tests/python/test_stray.py names a cloud in its tests (aws, azure, gcp)"),
+        "charts/lanyard/templates/stray.yaml": ("region: {{ .Values.aws.region }}\n",
+                                                "charts/lanyard/templates/stray.yaml names a cloud (aws)"),
+    }
+    for rel, (text, message) in strays.items():
+        (root / rel).write_text(text)
+        run = _check(root)
+        assert run.returncode == 1, (rel, run.stdout)
+        assert message in run.stdout, run.stdout
+        (root / rel).unlink()
+    # Comments name no cloud.
+    (root / "src" / "quiet.rs").write_text("// Azure, GCP and AWS alike.\nfn f() {}\n")
+    assert _check(root).returncode == 0
+    # A product file whose code names a cloud is not a file of cases.
+    doc = root / "docs" / "adding-a-cloud.md"
+    text = doc.read_text()
+    doc.write_text(text.replace("\nshared src/dev.rs\n", "\ncases src/dev.rs\n"))
+    run = _check(root)
+    assert run.returncode == 1 and "src/dev.rs names a cloud" in run.stdout, run.stdout
