@@ -209,6 +209,10 @@ mod tests {
         let own = built(&config);
         assert_eq!(shape.recognise(&own, Some(&own)), Recognised::Exact);
         assert_eq!(shape.recognise(&own, None), Recognised::Shape(vec![]));
+        // Without an AWS binding the sidecar carries fewer variables, each
+        // with the shape's value.
+        let plain = super::super::inject::sidecar(&config, "0123abcd", false);
+        assert_eq!(shape.recognise(&plain, Some(&plain)), Recognised::Exact);
 
         // Another pod's identity header: still Lanyard's shape, not exact.
         let other = super::super::inject::sidecar(&config, "ffff0000", true);
