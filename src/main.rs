@@ -348,3 +348,18 @@ fn main() -> ExitCode {
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_description_names_each_clouds_upstream_in_one_list() {
+        let about = super::about();
+        for cloud in lanyard::cloud::Cloud::ALL {
+            assert!(about.contains(cloud.upstream()), "{about}");
+        }
+        assert!(
+            about.contains("short-lived Entra ID, Google and AWS STS credentials"),
+            "{about}"
+        );
+    }
+}

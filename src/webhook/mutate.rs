@@ -459,12 +459,12 @@ fn patch_container(
                     .clouds
                     .iter()
                     .filter(|c| c.app_token())
-                    .map(|c| c.name())
+                    .map(|c| c.upstream())
                     .collect();
                 warnings.push(format!(
                     "lanyard: container {:?} already mounts something at {APP_TOKEN_DIR}; the app token is not mounted and its {} credential requests will be refused",
                     container.name,
-                    clouds.join(" and ")
+                    clouds.join(", ")
                 ));
             } else {
                 push_list_items(

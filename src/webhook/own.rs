@@ -88,7 +88,19 @@ pub(super) fn check(spec: &PodSpec, pod_ref: &str, expected: &Expected) -> Resul
                 match own.shape.recognise(container, Some(own.built)) {
                     Recognised::Exact => Ok(()),
                     Recognised::Shape(differ) => Err(differ),
-                    Recognised::Foreign(differ) => Err(differ),
+                    // Named with every field that differs from the built
+                    // one, not only the shape's.
+                    Recognised::Foreign(mut differ) => {
+                        for field in equal(container, own.built, defaulted_container)
+                            .err()
+                            .unwrap_or_default()
+                        {
+                            if !differ.contains(&field) {
+                                differ.push(field);
+                            }
+                        }
+                        Err(differ)
+                    }
                 }
             }),
             REDIRECT_NAME => claim(&mut present.redirect, expected.redirect, |want| {

@@ -89,6 +89,19 @@ def test_the_cloud_files_check_fails_on_each_file_that_names_a_cloud(tmp_path):
                                        "tests/python/test_stray.py names a cloud in its tests (aws, azure, gcp)"),
         "charts/lanyard/templates/stray.yaml": ("region: {{ .Values.aws.region }}\n",
                                                 "charts/lanyard/templates/stray.yaml names a cloud (aws)"),
+        # A template action in a YAML comment still runs.
+        "charts/lanyard/templates/commented.yaml": ("# {{ .Values.gcp.projectId }}\n",
+                                                   "charts/lanyard/templates/commented.yaml names a cloud (gcp)"),
+        # A quote in a comment opens no string that would hide the code.
+        "src/quoted.rs": ('// the base64url of `{"`\nfn f(c: Cloud) -> bool { c == Cloud::Aws }\n',
+                          "src/quoted.rs names a cloud (Aws)"),
+        # Code after a test module is code; the test module's names are
+        # its tests'.
+        "src/after_tests.rs": ("#[cfg(test)]\nmod tests { fn t() { let _ = Cloud::Gcp; } }\n"
+                               "fn f(c: Cloud) -> bool { c == Cloud::Azure }\n",
+                               "src/after_tests.rs names a cloud (Azure)"),
+        "src/tested.rs": ("fn f() {}\n#[cfg(test)]\nmod tests { fn t() { let _ = Cloud::Gcp; } }\n",
+                          "src/tested.rs names a cloud in its tests (Gcp)"),
     }
     for rel, (text, message) in strays.items():
         (root / rel).write_text(text)
@@ -98,10 +111,27 @@ def test_the_cloud_files_check_fails_on_each_file_that_names_a_cloud(tmp_path):
         (root / rel).unlink()
     # Comments name no cloud.
     (root / "src" / "quiet.rs").write_text("// Azure, GCP and AWS alike.\nfn f() {}\n")
-    assert _check(root).returncode == 0
-    # A product file whose code names a cloud is not a file of cases.
+    (root / "tests" / "python" / "quiet.py").write_text("# Azure, GCP and AWS alike.\nx = 1  # aws\n")
+    assert _check(root).returncode == 0, _check(root).stdout
     doc = root / "docs" / "adding-a-cloud.md"
     text = doc.read_text()
-    doc.write_text(text.replace("\nshared src/dev.rs\n", "\ncases src/dev.rs\n"))
-    run = _check(root)
+
+    def with_list(old, new):
+        doc.write_text(text.replace(old, new))
+        return _check(root)
+
+    # A file whose tests alone name a cloud may be a file of cases.
+    (root / "src" / "tested.rs").write_text(strays["src/tested.rs"][0])
+    assert with_list("\ncases tests/upstream_faults.rs\n",
+                     "\ncases tests/upstream_faults.rs src/tested.rs\n").returncode == 0
+    (root / "src" / "tested.rs").unlink()
+    # A product file whose code names a cloud is not a file of cases.
+    run = with_list("\nshared src/dev.rs\n", "\ncases src/dev.rs\n")
     assert run.returncode == 1 and "src/dev.rs names a cloud" in run.stdout, run.stdout
+    # A shared file that names no cloud any more is stale.
+    run = with_list("\nshared src/dev.rs\n", "\nshared src/dev.rs\nshared src/quiet.rs\n")
+    assert "src/quiet.rs is listed but names no cloud any more" in run.stdout, run.stdout
+    # The bound holds.
+    run = with_list("\nshared src/dev.rs\n", "\nshared src/dev.rs\nnew src/NEW/extra.rs\n")
+    assert run.returncode == 1 and "a new cloud touches 20 files, more than 19" in run.stdout, run.stdout
+    doc.write_text(text)
