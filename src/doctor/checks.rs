@@ -360,6 +360,7 @@ fn agent_check(facts: &Facts, agents: &Result<Vec<Pod>, String>, findings: &mut 
             Status::Ok,
             format!("{ns}/{pod} is ready on node {node}"),
         ));
+        release_check(facts, p, findings);
     } else if let Some(p) = agents.first() {
         let status = p.status.clone().unwrap_or_default();
         let why = status
@@ -387,6 +388,45 @@ fn agent_check(facts: &Facts, agents: &Result<Vec<Pod>, String>, findings: &mut 
         );
     }
 }
+
+/// Whether the pod's sidecar is of the node agent's release: the chart
+/// runs both from one image, and a pod keeps the sidecar of the release
+/// that created it. Another is no fault (the agent API is versioned), but
+/// it is what a user asks after an upgrade.
+fn release_check(facts: &Facts, agent: &Pod, findings: &mut Vec<Finding>) {
+    let image_of = |containers: Option<&Vec<k8s_openapi::api::core::v1::Container>>, name: &str| {
+        containers
+            .into_iter()
+            .flatten()
+            .find(|c| c.name == name)
+            .and_then(|c| c.image.clone())
+    };
+    let Some(Ok(Some(pod))) = &facts.pod else {
+        return;
+    };
+    let sidecar = pod
+        .spec
+        .as_ref()
+        .and_then(|s| image_of(s.init_containers.as_ref(), SIDECAR_NAME));
+    let agent_image = agent
+        .spec
+        .as_ref()
+        .and_then(|s| image_of(Some(&s.containers), AGENT_CONTAINER));
+    let (Some(sidecar), Some(agent_image)) = (sidecar, agent_image) else {
+        return;
+    };
+    if sidecar != agent_image {
+        findings.push(Finding::new(
+            "release",
+            None,
+            Status::Info,
+            format!("the sidecar runs {sidecar}, the node's agent {agent_image}: a pod keeps the sidecar of the release that created it, until it is recreated"),
+        ));
+    }
+}
+
+/// The agent's container in the chart's DaemonSet.
+const AGENT_CONTAINER: &str = "agent";
 
 /// Refusals the agent recorded on the pod (Events with reason
 /// `CredentialDenied`, note `CLOUD KIND for identity ID was refused:
@@ -783,6 +823,50 @@ mod tests {
             assert!(found.message.contains(want), "{}", found.message);
             assert!(found.fix.is_some());
         }
+    }
+
+    #[test]
+    fn a_sidecar_of_another_release_is_named() {
+        use k8s_openapi::api::core::v1::{Container, PodSpec};
+        let config = Config::default();
+        let mut f = healthy();
+        let with_image = |image: &str| {
+            let mut a = agent(true);
+            a.spec = Some(PodSpec {
+                containers: vec![Container {
+                    name: AGENT_CONTAINER.into(),
+                    image: Some(image.into()),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            });
+            a
+        };
+        let sidecar = evaluate(&config, &target(), &f)
+            .findings
+            .iter()
+            .find(|x| x.check == "sidecar")
+            .map(|x| x.message.clone())
+            .unwrap();
+        let image = sidecar
+            .strip_prefix("injected, image ")
+            .unwrap()
+            .to_string();
+
+        f.agents = Some(Ok(vec![with_image(&image)]));
+        let report = evaluate(&config, &target(), &f);
+        assert!(!report.findings.iter().any(|x| x.check == "release"));
+
+        f.agents = Some(Ok(vec![with_image("registry.example/lanyard:9.9.9")]));
+        let report = evaluate(&config, &target(), &f);
+        let found = report
+            .findings
+            .iter()
+            .find(|x| x.check == "release")
+            .unwrap();
+        assert_eq!(found.status, Status::Info);
+        assert!(found.message.contains("lanyard:9.9.9"), "{}", found.message);
+        assert!(report.ok, "another release is no failure");
     }
 
     #[test]

@@ -42,8 +42,8 @@ impl Status {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Finding {
     /// The check's stable name (`pod`, `opted-in`, `sidecar`,
-    /// `token-audience`, `agent`, `refusal`, `serviceaccount`, `binding`,
-    /// `annotation`, `policy`, `issuer`, `trust`, `fleet`).
+    /// `token-audience`, `agent`, `release`, `refusal`, `serviceaccount`,
+    /// `binding`, `annotation`, `policy`, `issuer`, `trust`, `fleet`).
     pub check: &'static str,
     /// The cloud it concerns, if one.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -651,6 +651,8 @@ def test_lanyard_doctor_explains_a_running_pod_and_one_left_out(e2e, tmp_path):
         by.setdefault((f["check"], f.get("cloud")), []).append(f)
     for check in ("pod", "opted-in", "sidecar", "agent", "serviceaccount", "issuer"):
         assert by[(check, None)][0]["status"] == "ok", by.get((check, None))
+    # The chart runs the sidecar and the agent from one image.
+    assert ("release", None) not in by, by[("release", None)]
     for cloud in ("azure", "gcp", "aws"):
         assert by[("token-audience", cloud)][0]["status"] == "ok"
         assert by[("binding", cloud)][0]["status"] == "ok"
