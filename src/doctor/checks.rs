@@ -764,6 +764,15 @@ mod tests {
         }
     }
 
+    /// The report's first finding of `check`.
+    fn finding<'r>(report: &'r Report, check: &str) -> &'r Finding {
+        report
+            .findings
+            .iter()
+            .find(|f| f.check == check)
+            .unwrap_or_else(|| panic!("no {check} finding in {report:?}"))
+    }
+
     /// An injected pod of a ServiceAccount bound to Azure, on a node with
     /// a ready agent.
     fn healthy() -> Facts {
@@ -818,7 +827,7 @@ mod tests {
         ] {
             f.agents = Some(Ok(agents));
             let report = evaluate(&config, &target(), &f);
-            let found = report.findings.iter().find(|x| x.check == "agent").unwrap();
+            let found = finding(&report, "agent");
             assert_eq!(found.status, Status::Fail);
             assert!(found.message.contains(want), "{}", found.message);
             assert!(found.fix.is_some());
@@ -842,12 +851,9 @@ mod tests {
             });
             a
         };
-        let sidecar = evaluate(&config, &target(), &f)
-            .findings
-            .iter()
-            .find(|x| x.check == "sidecar")
-            .map(|x| x.message.clone())
-            .unwrap();
+        let sidecar = finding(&evaluate(&config, &target(), &f), "sidecar")
+            .message
+            .clone();
         let image = sidecar
             .strip_prefix("injected, image ")
             .unwrap()
@@ -859,11 +865,7 @@ mod tests {
 
         f.agents = Some(Ok(vec![with_image("registry.example/lanyard:9.9.9")]));
         let report = evaluate(&config, &target(), &f);
-        let found = report
-            .findings
-            .iter()
-            .find(|x| x.check == "release")
-            .unwrap();
+        let found = finding(&report, "release");
         assert_eq!(found.status, Status::Info);
         assert!(found.message.contains("lanyard:9.9.9"), "{}", found.message);
         assert!(report.ok, "another release is no failure");
@@ -1007,11 +1009,7 @@ mod tests {
         let mut config = Config::default();
         config.cluster.issuer = Some(ISSUER.trim_end_matches('/').into());
         let report = evaluate(&config, &target(), &healthy());
-        let f = report
-            .findings
-            .iter()
-            .find(|f| f.check == "issuer")
-            .unwrap();
+        let f = finding(&report, "issuer");
         assert_eq!(f.status, Status::Fail);
         assert!(f.message.contains("trailing '/'"), "{}", f.message);
         assert!(f.fix.as_deref().unwrap().contains(ISSUER));

@@ -87,20 +87,7 @@ pub(super) fn check(spec: &PodSpec, pod_ref: &str, expected: &Expected) -> Resul
             SIDECAR_NAME => claim(&mut present.sidecar, expected.sidecar, |own| {
                 match own.shape.recognise(container, Some(own.built)) {
                     Recognised::Exact => Ok(()),
-                    Recognised::Shape(differ) => Err(differ),
-                    // Named with every field that differs from the built
-                    // one, not only the shape's.
-                    Recognised::Foreign(mut differ) => {
-                        for field in equal(container, own.built, defaulted_container)
-                            .err()
-                            .unwrap_or_default()
-                        {
-                            if !differ.contains(&field) {
-                                differ.push(field);
-                            }
-                        }
-                        Err(differ)
-                    }
+                    Recognised::Shape(differ) | Recognised::Foreign(differ) => Err(differ),
                 }
             }),
             REDIRECT_NAME => claim(&mut present.redirect, expected.redirect, |want| {

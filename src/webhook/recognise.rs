@@ -57,7 +57,8 @@ pub enum Recognised {
     /// Lanyard's sidecar by its shape; when an exact sidecar was asked for,
     /// the fields in which it differs from it.
     Shape(Vec<String>),
-    /// Not Lanyard's sidecar: the fields of the shape it breaks.
+    /// Not Lanyard's sidecar: the fields of the shape it breaks, then,
+    /// when an exact sidecar was asked for, the others that differ from it.
     Foreign(Vec<String>),
 }
 
@@ -97,18 +98,28 @@ impl SidecarShape {
     /// is Lanyard's: the exact comparison runs after the shape's, never
     /// instead of it.
     pub fn recognise(&self, c: &Container, exact: Option<&Container>) -> Recognised {
-        let broken = self.broken_fields(c);
+        let broken: Vec<String> = self
+            .broken_fields(c)
+            .into_iter()
+            .map(String::from)
+            .collect();
+        let differ = exact
+            .map(|exact| {
+                differing_fields(
+                    &defaulted_container(c.clone()),
+                    &defaulted_container(exact.clone()),
+                )
+            })
+            .unwrap_or_default();
         if !broken.is_empty() {
-            return Recognised::Foreign(broken.into_iter().map(String::from).collect());
-        }
-        let Some(exact) = exact else {
-            return Recognised::Shape(Vec::new());
-        };
-        let differ = differing_fields(
-            &defaulted_container(c.clone()),
-            &defaulted_container(exact.clone()),
-        );
-        if differ.is_empty() {
+            let mut fields = broken;
+            for field in differ {
+                if !fields.contains(&field) {
+                    fields.push(field);
+                }
+            }
+            Recognised::Foreign(fields)
+        } else if exact.is_some() && differ.is_empty() {
             Recognised::Exact
         } else {
             Recognised::Shape(differ)

@@ -313,8 +313,11 @@ fn app_hop(settings: &Settings, b: &Binding, node: bool) -> Trust {
             "tsv",
         ]));
     }
-    let credential = app_credential(app, &format!("lanyard-mi-{}", b.client_id), &t);
-    t.commands.push(credential);
+    t.commands.push(app_credential(
+        app,
+        &format!("lanyard-mi-{}", b.client_id),
+        &t,
+    ));
     t.notes.push(format!(
         "the subject is the managed identity {}'s principal (object) id, and the app must be registered in its tenant",
         b.client_id
